@@ -1,0 +1,274 @@
+"""Trajectory files: record what a vector env and an agent did, reload it, cut it into episodes.
+
+A trajectory file is an ``.npz`` archive written by NumPy and read with ``allow_pickle=False``. Its keys are
+digideep's flattened paths; every per-step array is batch-major, ``(num_envs, T, ...)``:
+
+- ``/observations``: the observation each action was taken from.
+- ``/actions``, ``/rewards``, ``/terminations``, ``/truncations``.
+- ``/masks``: 1.0 while the episode goes on, 0.0 on its last step (digideep's convention).
+- ``/agents/<name>/<field>``: per-agent outputs such as log-probs, values and hidden states.
+- ``/infos/<key>``: numeric per-env entries of the env's ``infos``; steps where a key was absent hold NaN.
+- ``/meta/args``: the run's arguments as JSON text (a 0-d string array); ``/meta/format``: the format version.
+
+``python -m common.trajectories PATH`` prints a summary of a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.data_helpers import (
+    convert_time_to_batch_major,
+    describe,
+    flatten_dict,
+    list_of_dicts_to_flattened_dict_of_lists,
+    unflatten_dict,
+)
+
+FORMAT_VERSION = 1
+STEP_KEYS = ("/observations", "/actions", "/rewards", "/terminations", "/truncations", "/masks")
+"""Keys every trajectory file holds."""
+
+
+class TrajectoryFileError(ValueError):
+    """A trajectory file is missing, corrupt, or not in this format."""
+
+
+def _numeric_info(value: Any, num_envs: int) -> np.ndarray | None:
+    """An info entry as a numeric ``(num_envs, ...)`` array, or None when it has no numeric form.
+
+    Object arrays (gymnasium's ``final_obs``) become float arrays with NaN for the envs that have no entry.
+    """
+    if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != num_envs:
+        return None
+    if value.dtype != object:
+        return value.copy() if np.issubdtype(value.dtype, np.number) or value.dtype == bool else None
+    present = [np.asarray(item) for item in value if item is not None]
+    if not present or any(p.shape != present[0].shape or not np.issubdtype(p.dtype, np.number) for p in present):
+        return None
+    dense = np.full((num_envs, *present[0].shape), np.nan, dtype=np.result_type(present[0].dtype, np.float32))
+    for env_index, item in enumerate(value):
+        if item is not None:
+            dense[env_index] = item
+    return dense
+
+
+class TrajectoryWriter:
+    """Collects per-step data from a vector env and writes it as a trajectory file.
+
+    Call :meth:`add_step` once per vector-env step, then :meth:`save`::
+
+        writer = TrajectoryWriter(num_envs=4, meta={"args": vars(args)})
+        obs, _ = envs.reset(seed=1)
+        for _ in range(num_steps):
+            action = ...
+            next_obs, reward, terminated, truncated, infos = envs.step(action)
+            writer.add_step(obs, action, reward, terminated, truncated,
+                            agents={"policy": {"logprobs": logprob, "values": value}}, infos=infos)
+            obs = next_obs
+        writer.save("rollouts.npz")
+
+    Arrays are copied when added, so the caller may reuse its buffers. Info entries with no numeric per-env form
+    (gymnasium's ``final_info`` dicts, strings) are left out, with one warning per key.
+    """
+
+    def __init__(self, num_envs: int, meta: Mapping[str, Any] | None = None):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be positive, got {num_envs}")
+        self.num_envs = num_envs
+        self.meta = dict(meta or {})
+        self.steps: list[dict[str, Any]] = []
+        self._skipped_info_keys: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def add_step(
+        self,
+        observations: Any,
+        actions: Any,
+        rewards: Any,
+        terminations: Any,
+        truncations: Any,
+        agents: Mapping[str, Mapping[str, Any]] | None = None,
+        infos: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one vector-env step. Every value has the leading dimension ``num_envs`` (tensors are accepted)."""
+        terminations = self._per_env("terminations", terminations).astype(bool)
+        truncations = self._per_env("truncations", truncations).astype(bool)
+        step: dict[str, Any] = {
+            "observations": self._per_env("observations", observations),
+            "actions": self._per_env("actions", actions),
+            "rewards": self._per_env("rewards", rewards),
+            "terminations": terminations,
+            "truncations": truncations,
+            "masks": (~(terminations | truncations)).astype(np.float32),
+        }
+        if agents:
+            step["agents"] = {
+                name: {field: self._per_env(f"agents/{name}/{field}", value) for field, value in fields.items()}
+                for name, fields in agents.items()
+            }
+        if infos:
+            step["infos"] = unflatten_dict(self._numeric_infos(infos))
+        self.steps.append(step)
+
+    def _per_env(self, name: str, value: Any) -> np.ndarray:
+        if hasattr(value, "detach"):  # torch tensors, without importing torch here
+            value = value.detach().cpu().numpy()
+        array = np.array(value, copy=True)
+        if array.ndim == 0 or array.shape[0] != self.num_envs:
+            raise ValueError(f"{name}: expected a leading dimension of num_envs={self.num_envs}, got {array.shape}")
+        return array
+
+    def _numeric_infos(self, infos: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        numeric = {}
+        for key, value in flatten_dict(infos).items():
+            array = _numeric_info(value, self.num_envs)
+            if array is not None:
+                numeric[key] = array
+            elif key not in self._skipped_info_keys:
+                self._skipped_info_keys.add(key)
+                warnings.warn(
+                    f"trajectory writer: info {key!r} has no numeric per-env form; not recorded", stacklevel=3
+                )
+        return numeric
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        """The recorded steps as the flattened, batch-major dict that :meth:`save` writes."""
+        if not self.steps:
+            raise ValueError("no steps recorded")
+        time_major = list_of_dicts_to_flattened_dict_of_lists(self.steps, len(self.steps))
+        data = convert_time_to_batch_major(time_major)
+        data["/meta/format"] = np.array(FORMAT_VERSION)
+        for key, value in self.meta.items():
+            data[f"/meta/{key}"] = np.array(json.dumps(value, default=str))
+        return data
+
+    def save(self, path: str | Path) -> Path:
+        """Write the file atomically (a temporary file in the same folder, then a rename) and return its path.
+
+        The ``.npz`` suffix is added when missing.
+        """
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_name(path.name + ".npz")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.tmp")
+        with open(temporary, "wb") as handle:
+            np.savez(handle, **self.to_dict())
+        temporary.replace(path)
+        return path
+
+
+def load_trajectories(path: str | Path) -> dict[str, np.ndarray]:
+    """Read a trajectory file into a flat dict of arrays, never unpickling.
+
+    ``/meta/*`` entries are returned as they are stored (JSON text in 0-d string arrays; ``json.loads(str(x))`` reads
+    them). Raises :class:`TrajectoryFileError` for a missing, corrupt or foreign file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TrajectoryFileError(f"trajectory file {str(path)!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            data = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        reason = "it holds pickled data" if "pickle" in str(exc) else str(exc)
+        raise TrajectoryFileError(f"{str(path)!r} is not a readable .npz trajectory file ({reason})") from None
+    missing = [key for key in STEP_KEYS if key not in data]
+    if missing:
+        raise TrajectoryFileError(f"{str(path)!r} is not a trajectory file: it lacks {', '.join(missing)}")
+    shape = data["/rewards"].shape
+    if len(shape) != 2:
+        raise TrajectoryFileError(f"{str(path)!r}: /rewards should be (num_envs, T), got {shape}")
+    for key, value in data.items():
+        if not key.startswith("/meta/") and value.shape[:2] != shape:
+            raise TrajectoryFileError(f"{str(path)!r}: {key} has shape {value.shape}, expected {shape} + (...)")
+    return data
+
+
+@dataclass
+class Episode:
+    """One env's stream between two episode ends."""
+
+    env: int
+    """Which env of the vector env it came from."""
+    start: int
+    """Index of its first step in the recording."""
+    finished: bool
+    """False for the unfinished tail of a stream: the recording stopped before the episode ended."""
+    data: dict[str, np.ndarray]
+    """Every per-step key, time-major ``(length, ...)``."""
+
+    @property
+    def length(self) -> int:
+        return len(self.data["/rewards"])
+
+    @property
+    def total_reward(self) -> float:
+        """The undiscounted return."""
+        return float(self.data["/rewards"].sum())
+
+
+def split_episodes(data: Mapping[str, np.ndarray]) -> list[Episode]:
+    """Cut every env's stream at terminations and truncations, in env order then time order.
+
+    An episode ends on the step whose termination or truncation is set. Steps after the last end of a stream form a
+    final episode with ``finished=False``.
+    """
+    ends = np.asarray(data["/terminations"], dtype=bool) | np.asarray(data["/truncations"], dtype=bool)
+    per_step = {key: value for key, value in data.items() if not key.startswith("/meta/")}
+    episodes = []
+    for env_index in range(ends.shape[0]):
+        start = 0
+        stops = [int(t) + 1 for t in np.flatnonzero(ends[env_index])]
+        if not stops or stops[-1] < ends.shape[1]:
+            stops.append(ends.shape[1])
+        for stop in stops:
+            episode_data = {key: value[env_index, start:stop] for key, value in per_step.items()}
+            episodes.append(Episode(env_index, start, bool(ends[env_index, stop - 1]), episode_data))
+            start = stop
+    return episodes
+
+
+def summarize(data: Mapping[str, np.ndarray]) -> str:
+    """A human-readable summary: envs, steps, episodes, returns of finished episodes, and every key's statistics."""
+    num_envs, num_steps = data["/rewards"].shape
+    episodes = split_episodes(data)
+    returns = np.array([episode.total_reward for episode in episodes if episode.finished])
+    lines = [
+        f"envs: {num_envs}  steps per env: {num_steps}  transitions: {num_envs * num_steps}",
+        f"episodes: {len(returns)} finished, {len(episodes) - len(returns)} unfinished",
+    ]
+    if returns.size:
+        lines.append(f"return: mean {returns.mean():.4g}  min {returns.min():.4g}  max {returns.max():.4g}")
+    lines.append(describe({key: value for key, value in data.items() if not key.startswith("/meta/")}))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m common.trajectories", description="Summarize a trajectory file.")
+    parser.add_argument("path", help="a .npz trajectory file")
+    path = parser.parse_args(argv).path
+    try:
+        data = load_trajectories(path)
+    except TrajectoryFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(summarize(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

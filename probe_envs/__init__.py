@@ -1,0 +1,80 @@
+"""Small gymnasium environments that each pin down one way an agent can be broken.
+
+Importing this package registers the ids below with gymnasium:
+
+- ``Probe1-v0`` ... ``Probe7-v0``: Andy Jones' probes (1-5), a longer-horizon observation-following probe (6) and a
+  memory probe (7); discrete actions.
+- ``ContinuousProbe1-v0`` ... ``ContinuousProbe5-v0``: the same ideas with a Box(-1, 1, (1,)) action.
+- ``CartPoleNoVel-v1``, ``PendulumNoVel-v1``: classic control with velocities hidden (partially observed).
+
+Each class docstring states the optimal policy and the true values for any discount.
+"""
+
+from gymnasium.envs.registration import register, registry
+
+from probe_envs.no_velocity import CartPoleNoVelEnv, PendulumNoVelEnv
+from probe_envs.probes import (
+    ContinuousProbe1,
+    ContinuousProbe2,
+    ContinuousProbe3,
+    ContinuousProbe4,
+    ContinuousProbe5,
+    Probe1,
+    Probe2,
+    Probe3,
+    Probe4,
+    Probe5,
+    Probe6,
+    Probe7,
+    ProbeEnv,
+)
+
+PROBES = {
+    "Probe1-v0": Probe1,
+    "Probe2-v0": Probe2,
+    "Probe3-v0": Probe3,
+    "Probe4-v0": Probe4,
+    "Probe5-v0": Probe5,
+    "Probe6-v0": Probe6,
+    "Probe7-v0": Probe7,
+    "ContinuousProbe1-v0": ContinuousProbe1,
+    "ContinuousProbe2-v0": ContinuousProbe2,
+    "ContinuousProbe3-v0": ContinuousProbe3,
+    "ContinuousProbe4-v0": ContinuousProbe4,
+    "ContinuousProbe5-v0": ContinuousProbe5,
+}
+"""Every probe id and its class."""
+
+PARTIALLY_OBSERVED = {
+    "CartPoleNoVel-v1": (CartPoleNoVelEnv, 500, 475.0),
+    "PendulumNoVel-v1": (PendulumNoVelEnv, 200, None),
+}
+"""Partially observed ids: class, episode step limit, reward threshold."""
+
+# Probes always terminate at their horizon, so they get no TimeLimit. Registering twice (a re-import under another name, a reload) would only warn; skip ids that already exist.
+for _env_id, _cls in PROBES.items():
+    if _env_id not in registry:
+        register(id=_env_id, entry_point=_cls)
+for _env_id, (_cls, _steps, _threshold) in PARTIALLY_OBSERVED.items():
+    if _env_id not in registry:
+        register(id=_env_id, entry_point=_cls, max_episode_steps=_steps, reward_threshold=_threshold)
+
+__all__ = [
+    "PARTIALLY_OBSERVED",
+    "PROBES",
+    "CartPoleNoVelEnv",
+    "ContinuousProbe1",
+    "ContinuousProbe2",
+    "ContinuousProbe3",
+    "ContinuousProbe4",
+    "ContinuousProbe5",
+    "PendulumNoVelEnv",
+    "Probe1",
+    "Probe2",
+    "Probe3",
+    "Probe4",
+    "Probe5",
+    "Probe6",
+    "Probe7",
+    "ProbeEnv",
+]
