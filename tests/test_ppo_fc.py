@@ -17,7 +17,9 @@ import ppo_fc
 from common.trajectories import load_trajectories, split_episodes
 
 REPO = Path(__file__).resolve().parents[1]
-CONTINUOUS = dict(num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, learning_rate=3e-4, ent_coef=0.0)
+CONTINUOUS = dict(
+    num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, learning_rate=3e-4, ent_coef=0.0, anneal_lr=False
+)
 """CleanRL's continuous-control settings."""
 
 
@@ -185,8 +187,8 @@ def on_policy_value(env, policy, samples: int = 4000) -> float:
         ("ContinuousProbe1-v0", 8_192),
         ("ContinuousProbe2-v0", 8_192),
         ("ContinuousProbe3-v0", 8_192),
-        ("ContinuousProbe4-v0", 40_960),
-        ("ContinuousProbe5-v0", 40_960),
+        ("ContinuousProbe4-v0", 24_576),
+        ("ContinuousProbe5-v0", 24_576),
     ],
 )
 def test_continuous_probes(tmp_path, env_id, steps):
