@@ -226,11 +226,11 @@ class Agent(nn.Module):
         return self.critic(self.obs_norm(x)).squeeze(-1)
 
     def distribution(self, x: torch.Tensor) -> Categorical | Normal:
-        """The policy at observations `x` (already normalised)."""
+        """The policy at observations `x` as a torch distribution (for evaluation and inspection)."""
+        out = self.actor(self.obs_norm(x))
         if self.discrete:
-            return Categorical(logits=self.actor(x))
-        mean = self.actor(x)
-        return Normal(mean, self.actor_logstd.expand_as(mean).exp())
+            return Categorical(logits=out)
+        return Normal(out, self.actor_logstd.expand_as(out).exp())
 
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None
@@ -568,7 +568,7 @@ def train(args: Args) -> TrainResult:
                         trajectory_writer.add_step(
                             obs[step], sent_action, raw_reward, terminated, truncated, {"policy": agent_fields}, infos
                         )
-                    next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+                    next_obs = torch.from_numpy(next_obs_np).to(device, torch.float32)
 
                 if args.norm_obs:
                     agent.obs_norm.update(torch.as_tensor(obs, device=device).reshape(-1, *obs_shape))
@@ -609,7 +609,7 @@ def train(args: Args) -> TrainResult:
                         approx_kl = ((ratio - 1) - logratio).mean()
                         clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
 
-                    mb_advantages = b_advantages[mb_inds]
+                    mb_advantages, mb_returns, mb_values = b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds]
                     if args.norm_adv and minibatch_size > 1:
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
@@ -620,14 +620,12 @@ def train(args: Args) -> TrainResult:
 
                     # Value loss
                     if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                        v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
-                        )
-                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
+                        v_loss_unclipped = (newvalue - mb_returns) ** 2
+                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+                        v_loss_clipped = (v_clipped - mb_returns) ** 2
                         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                     else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
+                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
 
                     entropy_loss = entropy.mean()
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
@@ -730,7 +728,7 @@ def compute_gae(
 
 def select_action(agent: Agent, obs: torch.Tensor, method: str, temperature: float = 1.0, k: int = 2) -> torch.Tensor:
     """An action for evaluation: greedy (argmax / mean), basic (sample), temperature, topk or bottomk (discrete)."""
-    dist = agent.distribution(agent.obs_norm(obs))
+    dist = agent.distribution(obs)
     if method == "greedy":
         return dist.probs.argmax(-1) if agent.discrete else dist.mean
     if method == "basic":

@@ -113,6 +113,44 @@ def test_learning_rate_falls_linearly_to_the_end_value(tmp_path):
     )
 
 
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
+def test_written_out_policy_equals_torch_distributions(action_space):
+    torch.manual_seed(0)
+    agent = ppo_fc.Agent(4, action_space, 16, norm_obs=False)
+    with torch.no_grad():
+        for parameter in agent.actor[-1].parameters():
+            parameter.normal_()  # a policy far from uniform
+        if not agent.discrete:
+            agent.actor_logstd.normal_()
+        observations = torch.randn(50_000, 4)
+        actions, log_probs, entropies, values = agent.get_action_and_value(observations)
+        policy = agent.distribution(observations)
+        expected_log_probs, expected_entropies = policy.log_prob(actions), policy.entropy()
+        if not agent.discrete:
+            expected_log_probs, expected_entropies = expected_log_probs.sum(-1), expected_entropies.sum(-1)
+        torch.testing.assert_close(log_probs, expected_log_probs)
+        torch.testing.assert_close(entropies, expected_entropies)
+        torch.testing.assert_close(values, agent.get_value(observations))
+        # Samples follow the policy: action frequencies at one observation, or standardised Gaussian noise.
+        if agent.discrete:
+            one = observations[:1].expand(50_000, 4)
+            frequencies = torch.bincount(agent.get_action_and_value(one)[0], minlength=3) / 50_000
+            torch.testing.assert_close(frequencies, agent.distribution(one[:1]).probs[0], atol=0.01, rtol=0)
+        else:
+            noise = (actions - policy.mean) / policy.stddev
+            assert noise.mean().abs() < 0.02 and (noise.std() - 1).abs() < 0.02
+
+
+def test_env_action_offsets_discrete_start_and_clips_boxes():
+    shifted = ppo_fc.env_action(torch.tensor([0, 2]), gym.spaces.Discrete(3, start=-1))
+    assert shifted.tolist() == [-1, 1]
+    box = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32))
+    clipped = ppo_fc.env_action(torch.tensor([[-3.0, 1.0], [0.5, 9.0]]), box)
+    np.testing.assert_array_equal(clipped, [[-1.0, 1.0], [0.5, 2.0]])
+    square = gym.spaces.Box(-1, 1, (2, 2), np.float32)
+    assert ppo_fc.env_action(torch.zeros(3, 4), square).shape == (3, 2, 2)
+
+
 # --- learning on the probes ----------------------------------------------------------------------------------------
 
 
@@ -131,7 +169,7 @@ def agent_at(agent: ppo_fc.Agent, observation: np.ndarray):
     """The agent's value and policy at one observation."""
     x = torch.as_tensor(observation[None], dtype=torch.float32)
     with torch.no_grad():
-        return agent.get_value(x).item(), agent.distribution(agent.obs_norm(x))
+        return agent.get_value(x).item(), agent.distribution(x)
 
 
 @pytest.mark.parametrize(
