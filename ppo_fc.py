@@ -851,7 +851,13 @@ def main() -> int:
         if args.eval_checkpoint:
             evaluate_checkpoint(args)
         else:
-            train(args)
+            result = train(args)
+            summary = f"{result.run_dir}: {result.global_step} steps, {len(result.episode_returns)} episodes"
+            if result.episode_returns:
+                summary += f", last-100 return {np.mean(result.episode_returns[-100:]):.2f}"
+            if result.eval_returns:
+                summary += f", eval return {np.mean(result.eval_returns):.2f} +- {np.std(result.eval_returns):.2f}"
+            print(summary)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

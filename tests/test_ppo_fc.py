@@ -382,6 +382,7 @@ def test_cli_run_writes_the_conventional_log_keys(tmp_path):
     assert completed.returncode == 0, completed.stderr
     (run,) = tmp_path.iterdir()
     assert run.name.startswith("CartPole-v1__ppo_fc__1__")
+    assert completed.stdout.startswith(f"{run}: 1024 steps, ") and "eval return" in completed.stdout
     scalars = read_scalars(run)
     expected = {
         "charts/episodic_return",
