@@ -19,7 +19,9 @@ import math
 import os
 import random
 import resource
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -44,6 +46,7 @@ torch.distributions.Distribution.set_default_validate_args(False)
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 1
+CHECKPOINT_KEYS = ("model", "optimizer", "args", "global_step", "iteration", "rng")
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -86,7 +89,7 @@ class Args:
     eval_episodes: int = 10
     """episodes of evaluation with the deterministic policy after training (0: none)"""
     sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
-    """how evaluation draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
+    """how --eval-checkpoint draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk (evaluation after training is greedy)"""
     temperature: float = 1.0
     """with --sampling-method temperature: divides the logits (discrete) or multiplies the std (continuous)"""
     sampling_k: int = 2
@@ -108,7 +111,7 @@ class Args:
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     end_learning_rate: float = 0.0
-    """with --anneal-lr, the learning rate falls linearly towards this value, reached at the end of training"""
+    """with --anneal-lr, the learning rate falls linearly towards this value (CleanRL's schedule: the last iteration uses lr + (end - lr) * (N - 1) / N)"""
     anneal_lr: bool = True
     """toggle learning rate annealing"""
     gamma: float = 0.99
@@ -289,6 +292,10 @@ def check_args(args: Args) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be zero or more, got {getattr(args, name)}")
     if args.video_every <= 0 or args.sampling_k <= 0 or args.temperature <= 0 or args.learning_rate <= 0:
         raise UsageError("--video-every, --sampling-k, --temperature and --learning-rate must be positive")
+    if args.end_learning_rate < 0 or args.clip_coef <= 0 or args.max_grad_norm <= 0:
+        raise UsageError("--end-learning-rate must be zero or more, --clip-coef and --max-grad-norm positive")
+    if args.target_kl is not None and args.target_kl <= 0:
+        raise UsageError(f"--target-kl must be positive when given, got {args.target_kl}")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         raise UsageError(f"--gamma and --gae-lambda must lie in [0, 1], got {args.gamma} and {args.gae_lambda}")
     batch_size = args.num_envs * args.num_steps
@@ -305,12 +312,14 @@ def probe_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """The (flattened) observation space and the action space of `env_id`, or a UsageError saying what is wrong."""
     try:
         env = make_env(env_id, 0, False, "", 1)()
-    except gym.error.Error as exc:
-        raise UsageError(f"cannot make env {env_id!r}: {exc}") from None
-    except (NotImplementedError, TypeError, ValueError) as exc:
-        raise UsageError(f"cannot flatten the observation space of {env_id!r}: {exc}") from None
+    except Exception as exc:  # unknown ids, missing modules or extras, observation spaces that cannot be flattened
+        raise UsageError(f"cannot make env {env_id!r}: {type(exc).__name__}: {exc}") from None
     observation_space, action_space = env.observation_space, env.action_space
     env.close()
+    if not isinstance(observation_space, gym.spaces.Box) or observation_space.shape is None:
+        raise UsageError(
+            f"{env_id!r} has an observation space gymnasium cannot flatten to a vector: {observation_space}"
+        )
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
         raise UsageError(f"{env_id!r} has a {type(action_space).__name__} action space; ppo_fc takes Discrete or Box")
     return observation_space, action_space
@@ -323,10 +332,17 @@ def load_checkpoint(path: str) -> dict:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a corrupt file; all mean "cannot read it"
-        raise UsageError(f"cannot read checkpoint {path!r}: {str(exc).splitlines()[0]}") from None
+        raise UsageError(
+            f"cannot read checkpoint {path!r}: corrupt, or holds pickled objects ({type(exc).__name__})"
+        ) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("script") != SCRIPT:
         found = checkpoint.get("script") if isinstance(checkpoint, dict) else type(checkpoint).__name__
         raise UsageError(f"{path!r} is not a {SCRIPT} checkpoint (it is from {found!r})")
+    missing = [key for key in CHECKPOINT_KEYS if key not in checkpoint]
+    if checkpoint.get("format") != CHECKPOINT_FORMAT or missing:
+        raise UsageError(f"{path!r} is a {SCRIPT} checkpoint of another format (missing {missing or 'nothing'})")
+    if checkpoint["args"].get("norm_reward") and "reward_rms" not in checkpoint:
+        raise UsageError(f"{path!r} lacks the reward-normalisation statistics its run used")
     return checkpoint
 
 
@@ -407,6 +423,8 @@ def rss_mb() -> float:
 def train(args: Args) -> TrainResult:
     check_args(args)
     checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint is not None and Path(args.resume).resolve().parent.name != "checkpoints":
+        raise UsageError(f"--resume takes a checkpoint inside a run's checkpoints/ folder, got {args.resume!r}")
     if checkpoint is not None:
         # The checkpoint's settings define the run; only how it is shown and tracked comes from the command line.
         shown = {name: getattr(args, name) for name in ("progress", "track", "cuda", "resume", "torch_threads")}
@@ -463,7 +481,6 @@ def train(args: Args) -> TrainResult:
             reward_normalizer.return_rms.mean = checkpoint["reward_rms"]["mean"].numpy()
             reward_normalizer.return_rms.var = checkpoint["reward_rms"]["var"].numpy()
             reward_normalizer.return_rms.count = float(checkpoint["reward_rms"]["count"])
-            reward_normalizer.accumulated_reward = checkpoint["reward_rms"]["accumulated"].numpy().copy()
 
     # Rollout storage: env data in NumPy (filled without conversions), agent outputs in torch on the device.
     obs_shape = envs.single_observation_space.shape
@@ -519,12 +536,22 @@ def train(args: Args) -> TrainResult:
                 "mean": torch.as_tensor(rms.mean),
                 "var": torch.as_tensor(rms.var),
                 "count": float(rms.count),
-                "accumulated": torch.as_tensor(reward_normalizer.accumulated_reward),
             }
         return state
 
     completed = (start_iteration - 1, global_step)
     uploaded_videos: set[str] = set()
+    stop_requested = False
+
+    def request_stop(signum, frame) -> None:
+        nonlocal stop_requested
+        if stop_requested:
+            raise KeyboardInterrupt
+        stop_requested = True
+        print("\ninterrupt: stopping after this iteration (Ctrl-C again to stop now)", file=sys.stderr)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_handler = signal.signal(signal.SIGINT, request_stop) if in_main_thread else None
     try:
         for iteration in range(start_iteration, num_iterations + 1):
             if args.anneal_lr:
@@ -570,8 +597,6 @@ def train(args: Args) -> TrainResult:
                         )
                     next_obs = torch.from_numpy(next_obs_np).to(device, torch.float32)
 
-                if args.norm_obs:
-                    agent.obs_norm.update(torch.as_tensor(obs, device=device).reshape(-1, *obs_shape))
                 next_value = agent.get_value(next_obs)
                 advantages = compute_gae(
                     torch.as_tensor(rewards, device=device),
@@ -644,6 +669,9 @@ def train(args: Args) -> TrainResult:
                     break
             if not all(torch.isfinite(p).all() for p in agent.parameters()):
                 raise TrainingDiverged(f"a parameter became NaN or inf at step {global_step}")
+            if args.norm_obs:
+                # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
+                agent.obs_norm.update(b_obs)
             update_seconds = time.time() - update_start
 
             y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
@@ -671,13 +699,14 @@ def train(args: Args) -> TrainResult:
                 result.checkpoint = save_checkpoint(state, run_path / "checkpoints", global_step)
             if args.track and args.capture_video:
                 upload_videos(video_folder, uploaded_videos)
-    except KeyboardInterrupt:
-        # The rollout in progress is dropped; the step count and schedule are those of the last completed iteration.
-        if args.save_model or args.checkpoint_every:
-            saved = save_checkpoint(checkpoint_state(*completed), run_path / "checkpoints", completed[1])
-            print(f"interrupted: checkpoint written to {saved}", file=sys.stderr)
-        raise
+            if stop_requested:
+                if args.save_model or args.checkpoint_every:
+                    saved = save_checkpoint(checkpoint_state(*completed), run_path / "checkpoints", global_step)
+                    print(f"interrupted: checkpoint written to {saved}", file=sys.stderr)
+                raise KeyboardInterrupt
     finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous_handler)
         progress.close()
         envs.close()
         writer.flush()

@@ -3,8 +3,10 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -303,10 +305,14 @@ def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
     torch.save({"script": "ddpg", "model": {}}, foreign)
     pickled = tmp_path / "pickled.pt"
     torch.save({"script": "ppo_fc", "payload": Path("x")}, pickled)  # needs unpickling of a Python class
+    incomplete = tmp_path / "checkpoints" / "incomplete.pt"
+    incomplete.parent.mkdir()
+    torch.save({"script": "ppo_fc", "format": 1, "model": {}, "args": {}}, incomplete)
     for path, message in [
         (corrupt, "cannot read checkpoint"),
         (foreign, "not a ppo_fc checkpoint"),
         (pickled, "cannot read checkpoint"),
+        (incomplete, "another format"),
         (tmp_path / "missing.pt", "does not exist"),
     ]:
         for flag in ("--eval-checkpoint", "--resume"):
@@ -450,6 +456,8 @@ def test_capture_video_writes_an_mp4(tmp_path):
         (["--total-timesteps", "100"], "less than one batch"),
         (["--gamma", "1.5"], "[0, 1]"),
         (["--num-envs", "four"], "--num-envs"),
+        (["--end-learning-rate", "-1"], "--end-learning-rate"),
+        (["--env-id", "no_such_module:Env-v0"], "cannot make env"),
         (["--no-such-flag"], "no-such-flag"),
     ],
 )
@@ -528,3 +536,45 @@ def test_async_envs_train_exactly_like_sync_envs(tmp_path):
     assert sync.episode_returns == subprocesses.episode_returns and len(sync.episode_returns) > 10
     for expected, actual in zip(sync.agent.parameters(), subprocesses.agent.parameters(), strict=True):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def test_resume_needs_a_checkpoint_inside_a_run_folder(tmp_path):
+    result = ppo_fc.train(quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True))
+    loose = tmp_path / "loose.pt"
+    shutil.copy(result.checkpoint, loose)
+    with pytest.raises(ppo_fc.UsageError, match="checkpoints/ folder"):
+        ppo_fc.train(quick_args(tmp_path, resume=str(loose)))
+
+
+def test_observation_spaces_that_do_not_flatten_are_refused(tmp_path):
+    class SequenceObservations(NanRewardEnv):
+        observation_space = gym.spaces.Sequence(gym.spaces.Box(-1, 1, (2,), np.float32))
+
+    gym.register("SequenceObservations-v0", entry_point=SequenceObservations)
+    with pytest.raises(ppo_fc.UsageError, match="cannot flatten"):
+        ppo_fc.train(quick_args(tmp_path, env_id="SequenceObservations-v0", total_timesteps=512))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ctrl_c_stops_after_the_iteration_with_a_consistent_checkpoint(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "ppo_fc.py", "--total-timesteps", "10000000", "--no-progress", "--run-dir", str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("*/events.*")) and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # a few iterations
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "interrupted: checkpoint written" in stderr and "Traceback" not in stderr
+    (run,) = tmp_path.iterdir()
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert checkpoint["global_step"] == checkpoint["iteration"] * 512 > 0
+    assert (run / "checkpoints" / f"step_{checkpoint['global_step']}.pt").is_file()
+    logged = read_scalars(run)["charts/learning_rate"]
+    assert logged[-1][0] == checkpoint["global_step"]  # the checkpoint is the state after the last logged iteration
