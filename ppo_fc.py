@@ -366,7 +366,8 @@ def save_checkpoint(state: dict, folder: Path, global_step: int) -> Path:
     return folder / "latest.pt"
 
 
-def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> tuple[Agent, gym.Space, gym.Space]:
+def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> tuple[Agent, gym.Space]:
+    """The agent for `args.env_id` (with the checkpoint's weights, if given) and the env's action space."""
     observation_space, action_space = probe_spaces(args.env_id)
     agent = Agent(int(np.prod(observation_space.shape)), action_space, args.hidden_size, args.norm_obs).to(device)
     if checkpoint is not None:
@@ -374,7 +375,7 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> tu
             agent.load_state_dict(checkpoint["model"])
         except (RuntimeError, KeyError) as exc:
             raise UsageError(f"the checkpoint does not fit the agent for {args.env_id!r}: {str(exc)[:200]}") from None
-    return agent, observation_space, action_space
+    return agent, action_space
 
 
 def env_action(action: torch.Tensor, action_space: gym.Space) -> np.ndarray:
@@ -434,7 +435,7 @@ def train(args: Args) -> TrainResult:
     num_iterations = args.total_timesteps // batch_size
 
     device = seed_and_pick_device(args)
-    agent, _, action_space = build_agent(args, checkpoint, device)
+    agent, action_space = build_agent(args, checkpoint, device)
     # The fused kernel updates every parameter in one call: a fifth of the update time for a network this small.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     if checkpoint is not None:
@@ -572,8 +573,8 @@ def train(args: Args) -> TrainResult:
                     rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
 
                     final_values[step] = 0.0
-                    bootstrap = truncated & ~terminated if args.bootstrap_truncation else None
-                    if bootstrap is not None and bootstrap.any():
+                    bootstrap = truncated & ~terminated
+                    if args.bootstrap_truncation and bootstrap.any():
                         final_obs = np.stack(infos["final_obs"][bootstrap]).astype(np.float32)
                         final_obs = torch.as_tensor(final_obs, device=device)
                         final_values[step, bootstrap] = agent.get_value(final_obs).cpu().numpy()
@@ -839,14 +840,12 @@ def evaluate_checkpoint(args: Args) -> list[float]:
         )
     }
     trained = args_from_checkpoint(checkpoint, evaluation)
-    if trained.sampling_method in ("topk", "bottomk") and not isinstance(
-        probe_spaces(trained.env_id)[1], gym.spaces.Discrete
-    ):
-        raise UsageError(f"--sampling-method {trained.sampling_method} needs a discrete action space")
     if trained.eval_episodes <= 0:
         raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     device = seed_and_pick_device(trained)
-    agent, _, _ = build_agent(trained, checkpoint, device)
+    agent, _ = build_agent(trained, checkpoint, device)
+    if trained.sampling_method in ("topk", "bottomk") and not agent.discrete:
+        raise UsageError(f"--sampling-method {trained.sampling_method} needs a discrete action space")
     agent.eval()
     run_path = Path(args.run_dir) / f"{new_run_name(trained)}__eval"
     writer = SummaryWriter(str(run_path))

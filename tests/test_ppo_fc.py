@@ -444,7 +444,8 @@ def test_capture_video_writes_an_mp4(tmp_path):
     )
     assert completed.returncode == 0, completed.stderr
     (run,) = tmp_path.iterdir()
-    assert [video.stat().st_size > 0 for video in run.glob("videos/*.mp4")][:1] == [True]
+    videos = list(run.glob("videos/*.mp4"))
+    assert videos and all(video.stat().st_size > 0 for video in videos)
 
 
 @pytest.mark.parametrize(
@@ -578,3 +579,12 @@ def test_ctrl_c_stops_after_the_iteration_with_a_consistent_checkpoint(tmp_path)
     assert (run / "checkpoints" / f"step_{checkpoint['global_step']}.pt").is_file()
     logged = read_scalars(run)["charts/learning_rate"]
     assert logged[-1][0] == checkpoint["global_step"]  # the checkpoint is the state after the last logged iteration
+
+
+def test_topk_sampling_of_a_continuous_agent_is_refused_before_anything_is_written(tmp_path):
+    args = quick_args(tmp_path, env_id="ContinuousProbe1-v0", total_timesteps=512, save_model=True)
+    checkpoint = ppo_fc.train(args).checkpoint
+    evaluation = quick_args(tmp_path / "eval", eval_checkpoint=str(checkpoint), eval_episodes=1, sampling_method="topk")
+    with pytest.raises(ppo_fc.UsageError, match="discrete action space"):
+        ppo_fc.evaluate_checkpoint(evaluation)
+    assert not (tmp_path / "eval").exists()
