@@ -85,19 +85,9 @@ def test_gae_equals_the_reference_loop(seed):
     terminations[0, 3], truncations[0, 3] = False, True  # truncated on the first step
     final_values = rng.normal(size=(num_steps, num_envs))
     gamma, lam = 0.97, 0.9
-    as_tensor = torch.as_tensor
-    computed = ppo_fc.compute_gae(
-        as_tensor(rewards),
-        as_tensor(values),
-        as_tensor(next_value),
-        as_tensor(terminations),
-        as_tensor(truncations),
-        as_tensor(final_values),
-        gamma,
-        lam,
-    )
+    computed = ppo_fc.compute_gae(rewards, values, next_value, terminations, truncations, final_values, gamma, lam)
     expected = reference_gae(rewards, values, next_value, terminations, truncations, final_values, gamma, lam)
-    np.testing.assert_allclose(computed.numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(computed, expected, rtol=1e-10, atol=1e-10)
 
 
 def test_learning_rate_falls_linearly_to_the_end_value(tmp_path):
@@ -120,7 +110,7 @@ def test_written_out_policy_equals_torch_distributions(action_space):
     torch.manual_seed(0)
     agent = ppo_fc.Agent(4, action_space, 16, norm_obs=False)
     with torch.no_grad():
-        for parameter in agent.actor[-1].parameters():
+        for parameter in agent.actor.layers[-1].parameters():
             parameter.normal_()  # a policy far from uniform
         if not agent.discrete:
             agent.actor_logstd.normal_()
@@ -141,6 +131,25 @@ def test_written_out_policy_equals_torch_distributions(action_space):
         else:
             noise = (actions - policy.mean) / policy.stddev
             assert noise.mean().abs() < 0.02 and (noise.std() - 1).abs() < 0.02
+
+
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
+def test_fused_rollout_network_equals_actor_and_critic(action_space):
+    torch.manual_seed(0)
+    agent = ppo_fc.Agent(5, action_space, 16, norm_obs=False)
+    fused = agent.fused_copy()
+    observations = torch.randn(64, 5)
+    with torch.no_grad():
+        for parameter in agent.parameters():
+            parameter.normal_()  # weights that differ from the copy's
+        stale = fused(observations)
+        agent.fused_copy(into=fused)
+        out = fused(observations)
+        torch.testing.assert_close(out[:, :-1], agent.actor(observations))
+        torch.testing.assert_close(out[:, -1], agent.get_value(observations))
+    assert not torch.allclose(stale, out), "the refresh must copy the new weights"
+    assert not any(parameter.requires_grad for parameter in fused.parameters())
+    assert len(list(agent.parameters())) == 6 + 6 + (0 if agent.discrete else 1), "the copy is not part of the agent"
 
 
 def test_env_action_offsets_discrete_start_and_clips_boxes():
@@ -527,7 +536,7 @@ def test_dict_observations_are_flattened(tmp_path):
 
     gym.register("DictObservations-v0", entry_point=DictObservations)
     result = ppo_fc.train(quick_args(tmp_path, env_id="DictObservations-v0", total_timesteps=512))
-    assert result.agent.critic[0].in_features == 2 + 3 and result.global_step == 512
+    assert result.agent.critic.layers[0].in_features == 2 + 3 and result.global_step == 512
 
 
 def test_async_envs_train_exactly_like_sync_envs(tmp_path):
