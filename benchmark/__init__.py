@@ -1,4 +1,5 @@
-"""Benchmarks of the single-file scripts: learning results, speed, and baselines to compare them with.
+"""The benchmark harness: learning curves, a results table and a speed comparison for every script.
 
-Run them from the repository root, e.g. ``python -m benchmark.ppo_fc_bench``; results go to ``benchmark/results/``.
+``python -m benchmark run --suite full --baselines`` runs the standard cases of benchmark/cases.py;
+``python -m benchmark plot RUN_DIR ...`` draws the same figures for any runs. Results go to ``benchmark/results/``.
 """

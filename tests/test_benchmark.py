@@ -1,0 +1,163 @@
+"""The benchmark harness: the event reader, the case table, and a tiny suite end to end (table, figures, failures)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+import benchmark.__main__ as harness
+from benchmark import cases
+from benchmark.results import find_run_dirs, parse_run_name, read_scalars, summarise_run
+
+REPO = Path(__file__).resolve().parent.parent
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(folder: Path, returns: list[float], sps_walltimes: list[tuple[int, float]], evals=(), rss=()) -> Path:
+    """A run folder as the scripts write it, with chosen values, steps and wall times."""
+    writer = SummaryWriter(str(folder))
+    for step, value in enumerate(returns, start=1):
+        writer.add_scalar("charts/episodic_return", value, step * 10, walltime=1_000.0 + step)
+    for step, walltime in sps_walltimes:
+        writer.add_scalar("charts/SPS", 123, step, walltime=walltime)
+    for index, value in enumerate(evals):
+        writer.add_scalar("eval/episodic_return", value, 10_000 + index)
+    for step, value in rss:
+        writer.add_scalar("system/rss_mb", value, step)
+    writer.close()
+    return folder
+
+
+def test_reader_gives_back_every_scalar_exactly(tmp_path):
+    rng = np.random.default_rng(0)
+    # float32 values (what the event files hold), more than EventAccumulator keeps by default (10,000)
+    returns = rng.normal(size=12_345).astype(np.float32).tolist()
+    run = write_run(
+        tmp_path / "CartPole-v1__ppo_fc__7__1700000000",
+        returns,
+        sps_walltimes=[(512, 2_000.0), (1_024, 2_000.5), (5_120, 2_002.0)],
+        evals=[1.5, 2.5],
+        rss=[(512, 300.25), (1_024, 310.5), (5_120, 305.0)],
+    )
+    scalars = read_scalars(run)
+    assert [event.value for event in scalars["charts/episodic_return"]] == returns
+    summary = summarise_run(run)
+    assert (summary.script, summary.env_id, summary.seed) == ("ppo_fc", "CartPole-v1", 7)
+    assert summary.episode_returns.tolist() == returns
+    assert summary.episode_steps.tolist() == [10 * step for step in range(1, len(returns) + 1)]
+    assert summary.last_return == pytest.approx(np.mean(np.array(returns[-100:], dtype=np.float64)), abs=1e-12)
+    assert summary.eval_returns == [1.5, 2.5] and summary.eval_return == 2.0
+    assert summary.sps == (5_120 - 512) / 2.0  # steps over wall time, first to last SPS record
+    assert summary.steps == 5_120 and summary.peak_rss_mb == 310.5
+
+
+def test_steps_to_threshold_uses_the_trailing_100_episode_mean(tmp_path):
+    # 150 episodes of 0, then 1s: the trailing mean of 100 reaches 0.5 at the 200th episode (50 zeros, 50 ones)
+    run = summarise_run(write_run(tmp_path / "Probe1-v0__ppo_fc__1__1", [0.0] * 150 + [1.0] * 100, [(512, 1.0)]))
+    assert run.steps_to_reach(0.5) == 200 * 10
+    assert run.steps_to_reach(1.0) == 250 * 10
+    assert run.steps_to_reach(1.5) is None
+    early = summarise_run(write_run(tmp_path / "Probe1-v0__ppo_fc__2__1", [3.0, 1.0], [(512, 1.0)]))
+    assert early.steps_to_reach(2.0) == 10  # fewer than 100 episodes so far: the mean of all of them
+
+
+def test_run_names_and_folders(tmp_path):
+    assert parse_run_name("ALE-Pong-v5__ppo_fc__3__1795324882") == ("ALE-Pong-v5", "ppo_fc", 3)
+    assert parse_run_name("CartPole-v1__my__exp__1__17") == ("CartPole-v1", "my__exp", 1)
+    assert parse_run_name("whatever") == ("?", "whatever", None)
+    write_run(tmp_path / "a" / "CartPole-v1__ppo_fc__1__1", [1.0], [(512, 1.0)])
+    write_run(tmp_path / "a" / "CartPole-v1__ppo_fc__1__2__eval", [1.0], [(512, 1.0)])
+    assert [path.name for path in find_run_dirs([tmp_path])] == ["CartPole-v1__ppo_fc__1__1"]
+
+
+def test_case_table_lookup():
+    full = cases.find_case("ppo_fc", "CartPole-v1")
+    assert full.total_timesteps == 500_000 and full.threshold == 490.0
+    assert cases.find_case("ppo_fc", "CartPole-v1", 100_000).threshold == 150.0
+    shorter = cases.find_case("ppo_fc", "CartPole-v1", 30_000)
+    assert shorter.total_timesteps == 30_000 and shorter.threshold is None  # a threshold is for its own length
+    unlisted = cases.find_case("ppo_fc", "Acrobot-v1")
+    assert unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS and unlisted.threshold is None and not unlisted.flags
+    for entries, seeds in cases.SUITES.values():
+        assert seeds and all(cases.find_case(*entry).threshold is not None for entry in entries)
+
+
+def test_baseline_gets_only_the_flags_it_shares_with_the_script():
+    case = cases.Case(
+        "ppo_fc", "Pendulum-v1", 1000, flags=("--num-envs", "1", "--no-bootstrap-truncation", "--norm-obs")
+    )
+    assert harness.sb3_flags(case) == ["--num-envs", "1", "--norm-obs"]
+
+
+def test_tiny_suite_table_figures_and_failures(tmp_path, monkeypatch, capsys):
+    # Probe1 pays 1 per episode: a threshold of 0.5 passes, 2.0 cannot; 7 minibatches do not divide 512: a crash.
+    table = (
+        cases.Case("ppo_fc", "Probe1-v0", 1024, threshold=0.5),
+        cases.Case("ppo_fc", "Probe2-v0", 1024, threshold=2.0),
+        cases.Case("ppo_fc", "Probe3-v0", 1024, threshold=0.0, flags=("--num-minibatches", "7")),
+    )
+    monkeypatch.setattr(cases, "CASES", table)
+    args = harness.Run(
+        envs=("Probe1-v0", "Probe2-v0", "Probe3-v0"),
+        seeds=(1, 2),
+        total_timesteps=1024,
+        eval_episodes=2,
+        baselines=True,
+        workers=2,
+        out=str(tmp_path / "out"),
+    )
+    assert harness.run(args) == 1
+    printed = capsys.readouterr().out
+    assert printed.count("ppo_fc Probe") == 6 and "FAILED" in printed  # a line per finished run
+    results = (tmp_path / "out" / "results.md").read_text()
+    results_section = results.split("## Results")[1].split("##")[0]
+    rows = {line.split(" | ")[1]: line for line in results_section.splitlines() if line.startswith("| ppo_fc |")}
+    assert rows.keys() == {"Probe1-v0", "Probe2-v0", "Probe3-v0"}
+    assert "| 1 2 | 1,024 | 1.0 ± 0.0 | 1.0 ± 0.0 |" in rows["Probe1-v0"] and rows["Probe1-v0"].endswith("| PASS |")
+    assert rows["Probe2-v0"].endswith("| FAIL |") and "not reached" in rows["Probe2-v0"]
+    assert "1 (failed) 2 (failed)" in rows["Probe3-v0"] and rows["Probe3-v0"].endswith("| FAIL |")
+    assert "error: --num-minibatches 7 does not divide" in results  # the crash's own message, under Failures
+    assert any(line.startswith("| sb3_ppo | Probe1-v0 | 1 2 |") for line in results.splitlines())
+    assert "## Speed against the baselines" in results
+    for name in ("sps.png", "return_vs_steps_Probe1-v0.png", "return_vs_time_Probe2-v0.png"):
+        figure = tmp_path / "out" / name
+        assert figure.read_bytes()[:8] == PNG_MAGIC and f"]({name})" in results
+    record = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert sum(job["error"] is not None for job in record["jobs"]) == 2
+
+    # The same figures for runs made outside the harness.
+    plot = subprocess.run(
+        [sys.executable, "-m", "benchmark", "plot", str(tmp_path / "out" / "runs"), "--out", str(tmp_path / "plots")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert plot.returncode == 0, plot.stderr
+    plotted = (tmp_path / "plots" / "results.md").read_text()
+    assert "| ppo_fc | Probe1-v0 | 1 2 |" in plotted and "| sb3_ppo | Probe2-v0 | 1 2 |" in plotted
+    assert (tmp_path / "plots" / "return_vs_steps_Probe2-v0.png").read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--scripts", "no_such_script"], "no script no_such_script.py"),
+        (["run", "--seeds", "1", "1"], "distinct"),
+        (["plot", "/nonexistent-folder"], "no TensorBoard event files"),
+    ],
+)
+def test_bad_input_is_one_error_line(argv, message, tmp_path):
+    process = subprocess.run(
+        [sys.executable, "-m", "benchmark", *argv, "--out", str(tmp_path / "out")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert process.returncode == 2
+    assert process.stderr.startswith("error: ") and message in process.stderr
+    assert len(process.stderr.strip().splitlines()) == 1 and "Traceback" not in process.stderr
+    assert not (tmp_path / "out").exists()
