@@ -92,6 +92,8 @@ class Job:
     error: str | None = None
     output: dict[str, Any] = field(default_factory=dict)
     """the JSON a baseline printed"""
+    summary: RunSummary | None = None
+    """the run the job made, read back from its events"""
 
     @property
     def label(self) -> str:
@@ -171,37 +173,46 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
 
 
 def run_job(job: Job, logs: Path) -> Job:
-    """Run the job's process; record how it ended and, for a baseline, the JSON it printed."""
+    """Run the job's process; record how it ended, then what it printed (a baseline) or the run it made (the rest)."""
     start = time.perf_counter()
     process = subprocess.run(job.command, cwd=REPO, capture_output=True, text=True)
     job.wall_seconds, job.returncode = time.perf_counter() - start, process.returncode
-    log_name = job.run_dir.name
-    (logs / f"{log_name}.stdout").write_text(process.stdout)
-    (logs / f"{log_name}.stderr").write_text(process.stderr)
+    (logs / f"{job.run_dir.name}.stdout").write_text(process.stdout)
+    (logs / f"{job.run_dir.name}.stderr").write_text(process.stderr)
     if process.returncode != 0:
         stderr_tail = "\n".join(process.stderr.strip().splitlines()[-STDERR_TAIL_LINES:]) or "(no stderr)"
         job.error = f"exit status {process.returncode}: {stderr_tail}"
-    elif job.kind != "script":
+    elif job.kind == "raw-env":
         try:
             job.output = json.loads(process.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
             job.error = "printed no JSON result"
+    else:
+        made = find_run_dirs([job.run_dir]) if job.run_dir.is_dir() else []
+        if len(made) != 1:
+            job.error = f"expected one run folder in {job.run_dir}, found {len(made)}"
+            return job
+        try:
+            job.summary = summarise_run(made[0], script=job.script, env_id=job.case.env_id)
+        except Exception as exc:  # a corrupt events file is reported like a crash
+            job.error = f"reading the events of {made[0]} failed: {exc!r}"
     return job
 
 
-def summarise_job(job: Job) -> RunSummary | None:
-    """The run the job made, read from its events; a missing or unreadable run becomes the job's error."""
-    if job.error is not None or job.kind == "raw-env":
-        return None
-    made = find_run_dirs([job.run_dir]) if job.run_dir.is_dir() else []
-    if len(made) != 1:
-        job.error = f"expected one run folder in {job.run_dir}, found {len(made)}"
-        return None
-    try:
-        return summarise_run(made[0], script=job.script, env_id=job.case.env_id)
-    except Exception as exc:  # a corrupt events file is reported like a crash
-        job.error = f"reading the events of {made[0]} failed: {exc!r}"
-        return None
+def run_jobs(jobs: list[Job], workers: int, logs: Path) -> None:
+    """Run the jobs, `workers` at a time, printing a line as each ends."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run_job, job, logs) for job in jobs]
+        for done, future in enumerate(as_completed(futures), start=1):
+            job = future.result()
+            if job.error is not None:
+                status = f"FAILED: {job.error.splitlines()[-1]}"
+            elif job.summary is not None:
+                run = job.summary
+                status = f"last-100 return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS {fmt(run.sps, 0)}"
+            else:
+                status = f"SPS {fmt(job.output.get('sps'), 0)}"
+            print(f"[{done}/{len(jobs)}] {job.label}: {job.wall_seconds:.0f} s, {status}", flush=True)
 
 
 def verdict(case: Case, runs: list[RunSummary], failed: list[Job]) -> str:
@@ -327,58 +338,25 @@ def run(args: Run) -> int:
     cases, seeds = cases_to_run(args)
     check(args, cases, seeds)
     out = Path(args.out or REPO / "benchmark" / "results" / datetime.now().strftime("%Y-%m-%d_%H%M%S")).resolve()
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     jobs = make_jobs(args, cases, seeds, out)
     print(f"benchmark: {len(jobs)} processes, {args.workers} at a time; results in {out}", flush=True)
-    with ThreadPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_job, job, logs) for job in jobs]
-        for done, future in enumerate(as_completed(futures), start=1):
-            job = future.result()
-            summary = summarise_job(job)
-            if job.error is not None:
-                status = f"FAILED: {job.error.splitlines()[-1]}"
-            elif summary is not None:
-                status = f"last-100 return {fmt(summary.last_return)}, eval {fmt(summary.eval_return)}, SPS {fmt(summary.sps, 0)}"
-            else:
-                status = f"SPS {fmt(job.output.get('sps'), 0)}"
-            print(f"[{done}/{len(jobs)}] {job.label}: {job.wall_seconds:.0f} s, {status}", flush=True)
+    run_jobs(jobs, args.workers, out / "logs")
 
-    summaries: dict[int, RunSummary] = {}
-    for index, job in enumerate(jobs):
-        summary = summarise_job(job) if job.error is None else None
-        if summary is not None:
-            summaries[index] = summary
     rows = []
     for case in cases:
         for kind in ("script", "sb3"):
-            case_jobs = [(i, job) for i, job in enumerate(jobs) if job.case == case and job.kind == kind]
+            case_jobs = [job for job in jobs if job.case == case and job.kind == kind]
             if case_jobs:
-                runs = [summaries[i] for i, _ in case_jobs if i in summaries]
-                failed = [job for i, job in case_jobs if i not in summaries]
-                rows.append((case_jobs[0][1].script, case.env_id, case if kind == "script" else None, runs, failed))
-    groups = group_runs(summaries.values())
-    raw = {job.case.env_id: job.output["sps"] for job in jobs if job.kind == "raw-env" and "sps" in job.output}
+                runs = [job.summary for job in case_jobs if job.summary is not None]
+                failed = [job for job in case_jobs if job.summary is None]
+                rows.append((case_jobs[0].script, case.env_id, case if kind == "script" else None, runs, failed))
+    groups = group_runs(job.summary for job in jobs if job.summary is not None)
+    raw = {job.case.env_id: job.output["sps"] for job in jobs if "sps" in job.output}
     figures = draw(groups, raw, out)
-    ours = sorted({case.script for case in cases})
-    command = (
-        shlex.join(["python", "-m", "benchmark", "run", *sys.argv[2:]])
-        if sys.argv[1:2] == ["run"]
-        else "(called from Python)"
-    )
-    header_lines = [
-        f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}; git {git_revision()}",
-        f"- machine: {machine()}",
-        f"- command: `{command}`",
-        "- cases: "
-        + "; ".join(
-            f"{case.name} {case.total_timesteps:,} steps" + (f" {shlex.join(case.flags)}" if case.flags else "")
-            for case in cases
-        ),
-        f"- seeds {' '.join(map(str, seeds))}; {args.workers} process{'es' if args.workers > 1 else ''} at a time",
-    ]
     tables = ["## Results", "", *results_table(rows)]
     if args.baselines:
+        ours = sorted({case.script for case in cases})
         tables += ["", "## Speed against the baselines (same run)", "", *speed_table(groups, raw, ours)]
     tables += ["", *HOW_MEASURED]
     failures = [job for job in jobs if job.error is not None]
@@ -386,46 +364,63 @@ def run(args: Run) -> int:
         tables += ["", "## Failures", ""]
         for job in failures:
             tables += [f"### {job.label}", "", "```", shlex.join(job.command), job.error, "```", ""]
-    report("Benchmark", header_lines, tables, figures, out)
-    (out / "results.json").write_text(
-        json.dumps(
+    report("Benchmark", run_header(args, cases, seeds), tables, figures, out)
+    write_json(out / "results.json", args, cases, seeds, jobs)
+    failed_cases = [row for row in rows if row[2] is not None and verdict(row[2], row[3], row[4]) == "FAIL"]
+    print(f"{'FAIL' if failed_cases or failures else 'PASS'}: wrote {out / 'results.md'}", flush=True)
+    return 1 if failed_cases or failures else 0
+
+
+def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> list[str]:
+    """Date, machine, command, cases and seeds: what is needed to reproduce the results."""
+    command = "python -m benchmark " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["run"] else "(called from Python)"
+    described = [
+        f"{case.name} {case.total_timesteps:,} steps" + (f" {shlex.join(case.flags)}" if case.flags else "")
+        for case in cases
+    ]
+    return [
+        f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}; git {git_revision()}",
+        f"- machine: {machine()}",
+        f"- command: `{command}`",
+        "- cases: " + "; ".join(described),
+        f"- seeds {' '.join(map(str, seeds))}; {args.workers} process{'es' if args.workers > 1 else ''} at a time",
+    ]
+
+
+def write_json(path: Path, args: Run, cases: list[Case], seeds: tuple[int, ...], jobs: list[Job]) -> None:
+    """The same results as results.md, for scripts: every job and every run's numbers."""
+    record = {
+        "args": asdict(args),
+        "cases": [asdict(case) for case in cases],
+        "seeds": list(seeds),
+        "jobs": [
             {
-                "args": asdict(args),
-                "cases": [asdict(case) for case in cases],
-                "seeds": list(seeds),
-                "jobs": [
-                    {
-                        "label": job.label,
-                        "command": job.command,
-                        "returncode": job.returncode,
-                        "wall_seconds": job.wall_seconds,
-                        "error": job.error,
-                        "output": job.output,
-                    }
-                    for job in jobs
-                ],
-                "runs": [
-                    {
-                        "script": run.script,
-                        "env_id": run.env_id,
-                        "seed": run.seed,
-                        "run_dir": run.run_dir,
-                        "steps": run.steps,
-                        "last100_return": run.last_return,
-                        "eval_return": run.eval_return,
-                        "sps": run.sps,
-                        "peak_rss_mb": run.peak_rss_mb,
-                    }
-                    for run in summaries.values()
-                ],
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-    verdicts = [row for row in rows if row[2] is not None and verdict(row[2], row[3], row[4]) == "FAIL"]
-    print(f"{'FAIL' if verdicts or failures else 'PASS'}: wrote {out / 'results.md'}", flush=True)
-    return 1 if verdicts or failures else 0
+                "label": job.label,
+                "command": job.command,
+                "returncode": job.returncode,
+                "wall_seconds": job.wall_seconds,
+                "error": job.error,
+                "output": job.output,
+            }
+            for job in jobs
+        ],
+        "runs": [
+            {
+                "script": run.script,
+                "env_id": run.env_id,
+                "seed": run.seed,
+                "run_dir": run.run_dir,
+                "steps": run.steps,
+                "last100_return": run.last_return,
+                "eval_return": run.eval_return,
+                "sps": run.sps,
+                "peak_rss_mb": run.peak_rss_mb,
+            }
+            for run in (job.summary for job in jobs)
+            if run is not None
+        ],
+    }
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 HOW_MEASURED = [
