@@ -161,3 +161,25 @@ def test_bad_input_is_one_error_line(argv, message, tmp_path):
     assert process.stderr.startswith("error: ") and message in process.stderr
     assert len(process.stderr.strip().splitlines()) == 1 and "Traceback" not in process.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "algo, env_id, flags",
+    [
+        ("recurrent_ppo", "Probe1-v0", ["--num-steps", "64"]),
+        ("ddpg", "ContinuousProbe1-v0", ["--num-envs", "1", "--learning-starts", "64", "--batch-size", "32"]),
+    ],
+)
+def test_sb3_baselines_write_runs_the_reader_understands(algo, env_id, flags, tmp_path):
+    command = [sys.executable, "-m", "benchmark.baselines", "sb3", "--algo", algo, "--env-id", env_id]
+    command += ["--total-timesteps", "1024", "--eval-episodes", "3", "--run-dir", str(tmp_path), *flags]
+    process = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert process.returncode == 0, process.stderr
+    printed = json.loads(process.stdout.strip().splitlines()[-1])
+    [run_dir] = find_run_dirs([tmp_path])
+    assert Path(printed["run_dir"]).resolve() == run_dir
+    run = summarise_run(run_dir)
+    assert (run.script, run.env_id, run.seed) == (f"sb3_{algo}", env_id, 1)
+    # one-step episodes paying 1, each logged: about one per env step
+    assert len(run.episode_returns) >= 1000 and set(run.episode_returns.tolist()) == {1.0}
+    assert run.sps is not None and run.peak_rss_mb is not None and run.eval_returns == [1.0, 1.0, 1.0]
