@@ -181,7 +181,7 @@ def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 
 
 class RunningNorm(nn.Module):
     """Normalises inputs by running mean and variance. The statistics are buffers, so they live in the state dict
-    (and checkpoints); they change only when `update` is called, which only the training rollout does."""
+    (and checkpoints); they change only when `update` is called, which only training does, after each update."""
 
     def __init__(self, size: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -618,7 +618,6 @@ def train(args: Args) -> TrainResult:
                     next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                     rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
 
-                    final_values[step] = 0.0
                     bootstrap = truncated & ~terminated
                     if args.bootstrap_truncation and bootstrap.any():
                         final_obs = np.stack(infos["final_obs"][bootstrap]).astype(np.float32)
@@ -668,6 +667,7 @@ def train(args: Args) -> TrainResult:
             b_values = values.reshape(-1)
 
             clipfracs = []
+            losses_finite = torch.ones((), dtype=torch.bool, device=device)
             for _epoch in range(args.update_epochs):
                 permutation = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
@@ -702,11 +702,7 @@ def train(args: Args) -> TrainResult:
 
                     entropy_loss = entropy.mean()
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                    if not torch.isfinite(loss):
-                        raise TrainingDiverged(
-                            f"the loss became {loss.item()} at step {global_step} (policy {pg_loss.item():.4g}, "
-                            f"value {v_loss.item():.4g}, entropy {entropy_loss.item():.4g})"
-                        )
+                    losses_finite &= torch.isfinite(loss)
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -715,8 +711,12 @@ def train(args: Args) -> TrainResult:
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
-            if not all(torch.isfinite(p).all() for p in agent.parameters()):
-                raise TrainingDiverged(f"a parameter became NaN or inf at step {global_step}")
+            # Checked once per update, not per minibatch: on a GPU every check waits for the device.
+            if not losses_finite or not all(torch.isfinite(p).all() for p in agent.parameters()):
+                raise TrainingDiverged(
+                    f"a loss or parameter became NaN or inf in the update at step {global_step} (last minibatch: "
+                    f"policy loss {pg_loss.item():.4g}, value loss {v_loss.item():.4g}, entropy {entropy_loss.item():.4g})"
+                )
             if args.norm_obs:
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
                 agent.obs_norm.update(b_obs)
@@ -793,7 +793,7 @@ def compute_gae(
     recursion runs one small operation after another, and each costs a fraction of a torch call's overhead.
     """
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    bootstrap = final_values * (truncations & ~terminations)
+    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)  # other entries may be stale: not read
     following_values = np.concatenate([values[1:], next_value[None]])
     deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
     advantages = np.zeros_like(deltas)

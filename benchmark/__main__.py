@@ -36,6 +36,7 @@ from benchmark.results import (
     mean_std,
     plot_learning_curves,
     plot_sps,
+    safe_name,
     summarise_run,
 )
 
@@ -134,17 +135,13 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
         sys.exit(2)
 
 
-def flag_names(flags: tuple[str, ...]) -> set[str]:
-    return {flag[2:].split("=")[0].replace("-", "_").removeprefix("no_") for flag in flags if flag.startswith("--")}
-
-
 def sb3_flags(case: Case) -> list[str]:
     """The case's flags that the SB3 baseline also has (the same names), so it runs with the same settings."""
     known = {item.name for item in fields(Sb3Args)}
     kept, keep = [], False
     for token in case.flags:
         if token.startswith("--"):
-            keep = flag_names((token,)) <= known
+            keep = token[2:].split("=")[0].replace("-", "_").removeprefix("no_") in known
         if keep:
             kept.append(token)
     return kept
@@ -153,20 +150,20 @@ def sb3_flags(case: Case) -> list[str]:
 def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -> list[Job]:
     jobs = []
     for case in cases:
+        env_name = safe_name(case.env_id)
         if args.baselines:
-            run_dir = out / "runs" / f"raw-env__{case.env_id.replace('/', '-')}"
             command = [sys.executable, "-m", "benchmark.baselines", "raw-env", "--env-id", case.env_id]
             command += ["--num-envs", str(case.num_envs), "--steps", str(min(case.total_timesteps, 200_000))]
-            jobs.append(Job("raw-env", case, 0, command, run_dir))
+            jobs.append(Job("raw-env", case, 0, command, out / "runs" / f"raw-env__{env_name}"))
         for seed in seeds:
             common = ["--env-id", case.env_id, "--total-timesteps", str(case.total_timesteps), "--seed", str(seed)]
             common += ["--eval-episodes", str(args.eval_episodes)]
-            run_dir = out / "runs" / f"{case.script}__{case.env_id.replace('/', '-')}__{seed}"
+            run_dir = out / "runs" / f"{case.script}__{env_name}__{seed}"
             command = [sys.executable, str(REPO / f"{case.script}.py"), *common, "--run-dir", str(run_dir)]
             jobs.append(Job("script", case, seed, [*command, "--no-progress", *case.flags], run_dir))
             if args.baselines:
                 algo = SB3_ALGOS[case.script]
-                run_dir = out / "runs" / f"sb3_{algo}__{case.env_id.replace('/', '-')}__{seed}"
+                run_dir = out / "runs" / f"sb3_{algo}__{env_name}__{seed}"
                 command = [sys.executable, "-m", "benchmark.baselines", "sb3", "--algo", algo, *common]
                 jobs.append(Job("sb3", case, seed, [*command, "--run-dir", str(run_dir), *sb3_flags(case)], run_dir))
     return jobs

@@ -27,21 +27,16 @@ SMOOTHING_EPISODES = 20
 CURVE_POINTS = 200
 
 
-def read_scalars(run_dir: str | Path) -> dict[str, list[event_accumulator.ScalarEvent]]:
-    """Every scalar record of a run folder, by tag, in the order written (size guidance 0: nothing sampled away)."""
+def load_events(run_dir: str | Path) -> tuple[dict[str, list[event_accumulator.ScalarEvent]], float | None]:
+    """Every scalar record of a run folder, by tag, in the order written (size guidance 0: nothing sampled away),
+    and the wall time of the folder's first event (when its writer was made, near the run's start)."""
     accumulator = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
     accumulator.Reload()
-    return {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()["scalars"]}
-
-
-def first_event_time(run_dir: str | Path) -> float | None:
-    """The wall time of the first event in the run folder: when its writer was created, near the run's start."""
-    accumulator = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 1})
-    accumulator.Reload()
+    scalars = {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()["scalars"]}
     try:
-        return accumulator.FirstEventTimestamp()
+        return scalars, accumulator.FirstEventTimestamp()
     except ValueError:  # no events at all
-        return None
+        return scalars, None
 
 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
@@ -64,6 +59,13 @@ def parse_run_name(name: str) -> tuple[str, str, int | None]:
     if match is None:
         return "?", name, None
     return match["env"], match["exp"], int(match["seed"])
+
+
+def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """At each position, the mean of the last `window` values (of all of them, while fewer have come)."""
+    sums = np.cumsum(values, dtype=np.float64)
+    sums[window:] -= sums[:-window].copy()
+    return sums / np.minimum(np.arange(1, len(values) + 1), window)
 
 
 @dataclass
@@ -98,13 +100,7 @@ class RunSummary:
     def steps_to_reach(self, threshold: float) -> int | None:
         """The first global step at which the mean of the last `LAST_EPISODES` episodes (all of them, while fewer
         have ended) reaches `threshold`; None if it never does."""
-        returns = self.episode_returns
-        if not len(returns):
-            return None
-        sums = np.cumsum(returns)
-        counts = np.minimum(np.arange(1, len(returns) + 1), LAST_EPISODES)
-        window_sums = sums - np.concatenate([np.zeros(LAST_EPISODES), sums[:-LAST_EPISODES]])[: len(returns)]
-        reached = np.flatnonzero(window_sums / counts >= threshold)
+        reached = np.flatnonzero(trailing_mean(self.episode_returns, LAST_EPISODES) >= threshold)
         return int(self.episode_steps[reached[0]]) if len(reached) else None
 
 
@@ -113,8 +109,7 @@ def summarise_run(run_dir: str | Path, script: str | None = None, env_id: str | 
     run_dir = Path(run_dir)
     named_env, exp_name, seed = parse_run_name(run_dir.name)
     summary = RunSummary(str(run_dir), script or exp_name, env_id or named_env, seed)
-    scalars = read_scalars(run_dir)
-    start = first_event_time(run_dir)
+    scalars, start = load_events(run_dir)
     episodes = scalars.get(RETURN_TAG, [])
     summary.episode_steps = np.array([event.step for event in episodes], dtype=np.int64)
     summary.episode_returns = np.array([event.value for event in episodes], dtype=np.float64)
@@ -181,10 +176,8 @@ def _curve(runs: Sequence[RunSummary], x_of: str) -> tuple[np.ndarray, np.ndarra
     grid = np.linspace(0.0, end, CURVE_POINTS) if end > 0 else np.zeros(1)
     curves = []
     for run in usable:
-        kernel = np.ones(SMOOTHING_EPISODES)
-        sums = np.convolve(run.episode_returns, kernel)[: len(run.episode_returns)]
-        counts = np.convolve(np.ones(len(run.episode_returns)), kernel)[: len(run.episode_returns)]
-        curves.append(np.interp(grid, getattr(run, x_of), sums / counts))
+        smoothed = trailing_mean(run.episode_returns, SMOOTHING_EPISODES)
+        curves.append(np.interp(grid, getattr(run, x_of), smoothed))
     return grid, np.array(curves)
 
 

@@ -11,7 +11,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import benchmark.__main__ as harness
 from benchmark import cases
-from benchmark.results import find_run_dirs, parse_run_name, read_scalars, summarise_run
+from benchmark.results import find_run_dirs, load_events, parse_run_name, summarise_run, trailing_mean
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -43,7 +43,7 @@ def test_reader_gives_back_every_scalar_exactly(tmp_path):
         evals=[1.5, 2.5],
         rss=[(512, 300.25), (1_024, 310.5), (5_120, 305.0)],
     )
-    scalars = read_scalars(run)
+    scalars, _ = load_events(run)
     assert [event.value for event in scalars["charts/episodic_return"]] == returns
     summary = summarise_run(run)
     assert (summary.script, summary.env_id, summary.seed) == ("ppo_fc", "CartPole-v1", 7)
@@ -183,3 +183,10 @@ def test_sb3_baselines_write_runs_the_reader_understands(algo, env_id, flags, tm
     # one-step episodes paying 1, each logged: about one per env step
     assert len(run.episode_returns) >= 1000 and set(run.episode_returns.tolist()) == {1.0}
     assert run.sps is not None and run.peak_rss_mb is not None and run.eval_returns == [1.0, 1.0, 1.0]
+
+
+def test_trailing_mean_equals_a_plain_loop():
+    values = np.random.default_rng(1).normal(size=250)
+    for window in (1, 20, 100, 300):
+        expected = [np.mean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
+        np.testing.assert_allclose(trailing_mean(values, window), expected, rtol=1e-12, atol=1e-12)
