@@ -253,51 +253,36 @@ class Agent(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`."""
         x = self.obs_norm(x)
-        return *self.sample_and_score(self.actor(x), action), self.critic(x).squeeze(-1)
+        actor_out = self.actor(x)
+        if action is None:
+            action = self.sample(actor_out, self.sampling_noise(actor_out.shape[:-1]))
+        return action, *self.score(actor_out, action), self.critic(x).squeeze(-1)
 
-    def sample_and_score(
-        self, actor_out: torch.Tensor, action: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """From the actor's output: the action (sampled when not given), its log-probability and the entropy.
+    def sampling_noise(self, batch_shape: tuple[int, ...]) -> torch.Tensor:
+        """The randomness of `sample` for a batch of actor outputs. A rollout draws all of its steps' in one call."""
+        out_layer = self.actor.layers[-1]
+        noise = torch.empty((*batch_shape, out_layer.out_features), device=out_layer.weight.device)
+        if self.discrete:
+            return noise.exponential_().log_().neg_()  # -log(Exp(1)) is Gumbel noise
+        return noise.normal_()
 
-        The same policy as `distribution`, written out: torch.distributions objects cost more than this small
-        network's forward pass, in the rollout and in every minibatch.
-        """
+    def sample(self, actor_out: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """An action from the actor's output and `sampling_noise`: the policy of `distribution`, in two operations,
+        since torch.distributions objects cost more than this small network's forward pass."""
+        if self.discrete:
+            return torch.argmax(actor_out + noise, -1)  # Gumbel-max: a sample of the categorical of these logits
+        return actor_out + self.actor_logstd.exp() * noise
+
+    def score(self, actor_out: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The log-probability of `action` and the policy's entropy, from the actor's output."""
         if self.discrete:
             log_probs = torch.log_softmax(actor_out, -1)
-            if action is None:
-                # Gumbel-max: argmax(logits + Gumbel noise) samples the categorical; -log(Exp(1)) is Gumbel noise.
-                action = torch.argmax(log_probs - torch.empty_like(log_probs).exponential_().log(), -1)
             log_prob = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
-            return action, log_prob, entropy
+            return log_prob, -(log_probs.exp() * log_probs).sum(-1)
         logstd = self.actor_logstd.expand_as(actor_out)
-        if action is None:
-            action = actor_out + logstd.exp() * torch.randn_like(actor_out)
         # Independent Gaussian action dimensions: log-probabilities and entropies add up.
         log_prob = (-0.5 * ((action - actor_out) * torch.exp(-logstd)).square() - logstd - HALF_LOG_2PI).sum(-1)
-        entropy = (0.5 + HALF_LOG_2PI + logstd).sum(-1)
-        return action, log_prob, entropy
-
-    @torch.no_grad()
-    def fused_copy(self, into: MLP | None = None) -> MLP:
-        """Actor and critic copied into one MLP whose output is the actor's with the value as its last column.
-
-        Its layers stack the two networks' (block-diagonal weights after the first layer), so a rollout step runs half
-        as many operations; on a CPU each costs more than its arithmetic at this size. A copy: refresh it (pass it as
-        `into`) after the weights change.
-        """
-        actor, critic = self.actor.layers, self.critic.layers
-        if into is None:
-            in_size, hidden_size = actor[0].in_features, actor[0].out_features + critic[0].out_features
-            into = MLP(in_size, hidden_size, actor[-1].out_features + 1, out_std=1.0).requires_grad_(False)
-            into = into.to(actor[0].weight.device)
-        weights = [torch.cat([actor[0].weight, critic[0].weight])]
-        weights += [torch.block_diag(a.weight, c.weight) for a, c in zip(actor[1:], critic[1:], strict=True)]
-        for layer, weight, a, c in zip(into.layers, weights, actor, critic, strict=True):
-            layer.weight.copy_(weight)
-            layer.bias.copy_(torch.cat([a.bias, c.bias]))
-        return into
+        return log_prob, (0.5 + HALF_LOG_2PI + logstd).sum(-1)
 
 
 @dataclass
@@ -415,9 +400,8 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> tu
     return agent, action_space
 
 
-def env_action(action: torch.Tensor, action_space: gym.Space) -> np.ndarray:
+def env_action(action: np.ndarray, action_space: gym.Space) -> np.ndarray:
     """The agent's action as the env takes it: offset by `start` (Discrete) or clipped to the bounds (Box)."""
-    action = action.cpu().numpy()
     if isinstance(action_space, gym.spaces.Discrete):
         return action + int(action_space.start) if action_space.start else action
     action = action.reshape(action.shape[0], *action_space.shape)
@@ -473,13 +457,6 @@ def train(args: Args) -> TrainResult:
 
     device = seed_and_pick_device(args)
     agent, action_space = build_agent(args, checkpoint, device)
-    rollout_network = agent.fused_copy()
-
-    def actor_out_and_value(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rollout's forward pass: the actor's output and the value, by the fused copy of the two networks."""
-        out = rollout_network(agent.obs_norm(obs))
-        return out[:, :-1], out[:, -1]
-
     # The fused kernel updates every parameter in one call: a fifth of the update time for a network this small.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     if checkpoint is not None:
@@ -527,17 +504,15 @@ def train(args: Args) -> TrainResult:
             reward_normalizer.return_rms.var = checkpoint["reward_rms"]["var"].numpy()
             reward_normalizer.return_rms.count = float(checkpoint["reward_rms"]["count"])
 
-    # Rollout storage: env data in NumPy (filled without conversions), agent outputs in torch on the device.
+    # Rollout storage, in NumPy: filled step by step without conversions.
     obs_shape = envs.single_observation_space.shape
     action_shape = () if agent.discrete else (int(np.prod(action_space.shape)),)
     obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=np.float32)
+    final_obs = np.zeros_like(obs)  # where an episode was truncated: its last observation, to bootstrap from
+    actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     truncations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    actions = torch.zeros((args.num_steps, args.num_envs, *action_shape), device=device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
     trajectory_writer = None
     if args.save_trajectories:
         trajectory_writer = TrajectoryWriter(args.num_envs, meta={"args": asdict(args)})
@@ -606,23 +581,24 @@ def train(args: Args) -> TrainResult:
                 )
             rollout_start = time.time()
 
-            agent.fused_copy(into=rollout_network)  # the weights changed in the last update
+            # The rollout asks the agent only for actions, and draws their noise for all steps at once. Log-probs and
+            # values come after it, from one pass over all steps: on a CPU, each torch call per step costs more than
+            # its arithmetic at this size.
+            noise = agent.sampling_noise((args.num_steps, args.num_envs))
+            recorded_steps = []  # with --save-trajectories: what the trajectory file needs once log-probs are known
             with torch.inference_mode():
                 for step in range(args.num_steps):
                     global_step += args.num_envs
                     obs[step] = next_obs_np
-                    actor_out, value = actor_out_and_value(next_obs)
-                    action, logprob, _ = agent.sample_and_score(actor_out)
-                    actions[step], logprobs[step], values[step] = action, logprob, value
+                    action = agent.sample(agent.actor(agent.obs_norm(next_obs)), noise[step]).cpu().numpy()
+                    actions[step] = action
                     sent_action = env_action(action, action_space)
                     next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                     rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
 
                     bootstrap = truncated & ~terminated
                     if args.bootstrap_truncation and bootstrap.any():
-                        final_obs = np.stack(infos["final_obs"][bootstrap]).astype(np.float32)
-                        final_obs = torch.as_tensor(final_obs, device=device)
-                        final_values[step, bootstrap] = actor_out_and_value(final_obs)[1].cpu().numpy()
+                        final_obs[step, bootstrap] = np.stack(infos["final_obs"][bootstrap])
                     if "_episode" in infos:
                         finished = infos["_episode"]
                         episodic_returns = infos["episode"]["r"][finished].tolist()
@@ -635,15 +611,20 @@ def train(args: Args) -> TrainResult:
                         raw_reward = reward
                         if reward_normalizer is not None:  # record what the env paid, not the scaled reward
                             raw_reward = reward * np.sqrt(reward_normalizer.return_rms.var + reward_normalizer.epsilon)
-                        agent_fields = {"logprobs": logprob, "values": value}
-                        if not agent.discrete:
-                            agent_fields["actions"] = action  # the unclipped sample that `logprobs` belong to
-                        trajectory_writer.add_step(
-                            obs[step], sent_action, raw_reward, terminated, truncated, {"policy": agent_fields}, infos
-                        )
+                        recorded_steps.append((sent_action, raw_reward, terminated, truncated, infos))
                     next_obs = torch.from_numpy(next_obs_np).to(device, torch.float32)
 
-                next_value = actor_out_and_value(next_obs)[1]
+                b_obs = torch.as_tensor(obs, device=device).reshape(-1, *obs_shape)
+                b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
+                _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
+                values = b_values.reshape(args.num_steps, args.num_envs)
+                next_value = agent.get_value(next_obs)
+                # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
+                final_values = np.zeros_like(rewards)
+                truncated_only = truncations & ~terminations
+                if args.bootstrap_truncation and truncated_only.any():
+                    truncated_final_obs = torch.as_tensor(final_obs[truncated_only], device=device)
+                    final_values[truncated_only] = agent.get_value(truncated_final_obs).cpu().numpy()
                 advantages = compute_gae(
                     rewards,
                     values.cpu().numpy(),
@@ -656,15 +637,20 @@ def train(args: Args) -> TrainResult:
                 )
                 advantages = torch.as_tensor(advantages, device=device)
                 returns = advantages + values
+            if trajectory_writer is not None:
+                logprobs = b_logprobs.reshape(args.num_steps, args.num_envs)
+                for step, (sent_action, raw_reward, terminated, truncated, infos) in enumerate(recorded_steps):
+                    agent_fields = {"logprobs": logprobs[step], "values": values[step]}
+                    if not agent.discrete:
+                        agent_fields["actions"] = actions[step]  # the unclipped sample that `logprobs` belong to
+                    trajectory_writer.add_step(
+                        obs[step], sent_action, raw_reward, terminated, truncated, {"policy": agent_fields}, infos
+                    )
             rollout_seconds = time.time() - rollout_start
 
             update_start = time.time()
-            b_obs = torch.as_tensor(obs, device=device).reshape(-1, *obs_shape)
-            b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape(-1, *action_shape)
             b_advantages = advantages.reshape(-1)
             b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
 
             clipfracs = []
             losses_finite = torch.ones((), dtype=torch.bool, device=device)
@@ -846,7 +832,7 @@ def evaluate(
         while len(returns) < args.eval_episodes:
             obs = torch.as_tensor(obs_np, dtype=torch.float32, device=device)
             action = select_action(agent, obs, method, args.temperature, args.sampling_k)
-            sent_action = env_action(action, env.single_action_space)
+            sent_action = env_action(action.cpu().numpy(), env.single_action_space)
             next_obs_np, reward, terminated, truncated, infos = env.step(sent_action)
             if trajectory_writer is not None:
                 trajectory_writer.add_step(obs_np, sent_action, reward, terminated, truncated, infos=infos)

@@ -133,33 +133,35 @@ def test_written_out_policy_equals_torch_distributions(action_space):
             assert noise.mean().abs() < 0.02 and (noise.std() - 1).abs() < 0.02
 
 
-@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
-def test_fused_rollout_network_equals_actor_and_critic(action_space):
-    torch.manual_seed(0)
-    agent = ppo_fc.Agent(5, action_space, 16, norm_obs=False)
-    fused = agent.fused_copy()
-    observations = torch.randn(64, 5)
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "ContinuousProbe3-v0"])
+def test_rollout_log_probs_and_values_belong_to_the_policy_that_acted(tmp_path, env_id):
+    # The rollout samples actions only; log-probabilities and values come from one pass after it. One iteration,
+    # recorded: they must be the initial agent's at the recorded observations and actions.
+    path = tmp_path / "rollout.npz"
+    args = quick_args(
+        tmp_path, env_id=env_id, num_envs=2, num_steps=64, total_timesteps=128, save_trajectories=str(path)
+    )
+    ppo_fc.train(args)
+    ppo_fc.seed_and_pick_device(args)
+    agent, _ = ppo_fc.build_agent(args, None, torch.device("cpu"))
+    data = load_trajectories(path)
+    observations = torch.as_tensor(data["/observations"], dtype=torch.float32)
+    actions = torch.as_tensor(data["/actions"] if agent.discrete else data["/agents/policy/actions"])
     with torch.no_grad():
-        for parameter in agent.parameters():
-            parameter.normal_()  # weights that differ from the copy's
-        stale = fused(observations)
-        agent.fused_copy(into=fused)
-        out = fused(observations)
-        torch.testing.assert_close(out[:, :-1], agent.actor(observations))
-        torch.testing.assert_close(out[:, -1], agent.get_value(observations))
-    assert not torch.allclose(stale, out), "the refresh must copy the new weights"
-    assert not any(parameter.requires_grad for parameter in fused.parameters())
-    assert len(list(agent.parameters())) == 6 + 6 + (0 if agent.discrete else 1), "the copy is not part of the agent"
+        _, log_probs, _, values = agent.get_action_and_value(observations, actions)
+    torch.testing.assert_close(torch.as_tensor(data["/agents/policy/logprobs"]), log_probs)
+    torch.testing.assert_close(torch.as_tensor(data["/agents/policy/values"]), values)
+    assert log_probs.std() > 0 and values.std() > 0
 
 
 def test_env_action_offsets_discrete_start_and_clips_boxes():
-    shifted = ppo_fc.env_action(torch.tensor([0, 2]), gym.spaces.Discrete(3, start=-1))
+    shifted = ppo_fc.env_action(np.array([0, 2]), gym.spaces.Discrete(3, start=-1))
     assert shifted.tolist() == [-1, 1]
     box = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32))
-    clipped = ppo_fc.env_action(torch.tensor([[-3.0, 1.0], [0.5, 9.0]]), box)
+    clipped = ppo_fc.env_action(np.array([[-3.0, 1.0], [0.5, 9.0]]), box)
     np.testing.assert_array_equal(clipped, [[-1.0, 1.0], [0.5, 2.0]])
     square = gym.spaces.Box(-1, 1, (2, 2), np.float32)
-    assert ppo_fc.env_action(torch.zeros(3, 4), square).shape == (3, 2, 2)
+    assert ppo_fc.env_action(np.zeros((3, 4)), square).shape == (3, 2, 2)
 
 
 # --- learning on the probes ----------------------------------------------------------------------------------------
