@@ -14,6 +14,7 @@ Correctness details that PPO implementations often get wrong, handled here:
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import math
 import os
@@ -24,6 +25,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -272,6 +274,26 @@ class Agent(nn.Module):
         if self.discrete:
             return torch.argmax(actor_out + noise, -1)  # Gumbel-max: a sample of the categorical of these logits
         return actor_out + self.actor_logstd.exp() * noise
+
+    @torch.no_grad()
+    def numpy_policy(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """`sample` at the current weights as a NumPy function of (float32 observations, `sampling_noise`), for the
+        rollout. On a CPU, a NumPy call on arrays this small costs a third of a torch call: per 512-step rollout with
+        the default network, 5 ms against 17 ms, measured in place. A snapshot: take a new one after an update."""
+        *hidden, out = [
+            (layer.weight.T.cpu().numpy().copy(), layer.bias.cpu().numpy().copy()) for layer in self.actor.layers
+        ]
+        normalize = copy.deepcopy(self.obs_norm).cpu()
+        std = None if self.discrete else self.actor_logstd.exp().cpu().numpy()
+
+        def policy(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+            x = normalize(torch.from_numpy(obs)).numpy()
+            for weight, bias in hidden:
+                x = np.tanh(x @ weight + bias)
+            actor_out = x @ out[0] + out[1]
+            return np.argmax(actor_out + noise, -1) if self.discrete else actor_out + std * noise
+
+        return policy
 
     def score(self, actor_out: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The log-probability of `action` and the policy's entropy, from the actor's output."""
@@ -527,7 +549,6 @@ def train(args: Args) -> TrainResult:
         random.setstate((3, tuple(checkpoint["rng"]["python"].tolist()), None))
     # Env internals cannot be saved without pickling: a resumed run starts fresh episodes, seeded apart from the first.
     next_obs_np, _ = envs.reset(seed=args.seed + global_step)
-    next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
 
     result = TrainResult(agent=agent, global_step=global_step, run_dir=run_path)
     recent_returns: deque[float] = deque(maxlen=20)
@@ -581,17 +602,17 @@ def train(args: Args) -> TrainResult:
                 )
             rollout_start = time.time()
 
-            # The rollout asks the agent only for actions, and draws their noise for all steps at once. Log-probs and
-            # values come after it, from one pass over all steps: on a CPU, each torch call per step costs more than
-            # its arithmetic at this size.
-            noise = agent.sampling_noise((args.num_steps, args.num_envs))
+            # The rollout asks the agent only for actions, from a NumPy snapshot of its policy, with the noise of all
+            # steps drawn at once. Log-probs and values come after it, from one torch pass over all steps: per step,
+            # each torch call would cost more than its arithmetic at this size.
+            policy = agent.numpy_policy()
+            noise = agent.sampling_noise((args.num_steps, args.num_envs)).cpu().numpy()
             recorded_steps = []  # with --save-trajectories: what the trajectory file needs once log-probs are known
             with torch.inference_mode():
                 for step in range(args.num_steps):
                     global_step += args.num_envs
                     obs[step] = next_obs_np
-                    action = agent.sample(agent.actor(agent.obs_norm(next_obs)), noise[step]).cpu().numpy()
-                    actions[step] = action
+                    action = actions[step] = policy(obs[step], noise[step])
                     sent_action = env_action(action, action_space)
                     next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                     rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
@@ -612,13 +633,12 @@ def train(args: Args) -> TrainResult:
                         if reward_normalizer is not None:  # record what the env paid, not the scaled reward
                             raw_reward = reward * np.sqrt(reward_normalizer.return_rms.var + reward_normalizer.epsilon)
                         recorded_steps.append((sent_action, raw_reward, terminated, truncated, infos))
-                    next_obs = torch.from_numpy(next_obs_np).to(device, torch.float32)
 
                 b_obs = torch.as_tensor(obs, device=device).reshape(-1, *obs_shape)
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
                 _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
                 values = b_values.reshape(args.num_steps, args.num_envs)
-                next_value = agent.get_value(next_obs)
+                next_value = agent.get_value(torch.as_tensor(next_obs_np, dtype=torch.float32, device=device))
                 # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
                 final_values = np.zeros_like(rewards)
                 truncated_only = truncations & ~terminations
@@ -692,7 +712,8 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    # foreach: the default loops over the gradients one by one on a CPU.
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
                 if args.target_kl is not None and approx_kl > args.target_kl:

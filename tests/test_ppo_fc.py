@@ -133,6 +133,31 @@ def test_written_out_policy_equals_torch_distributions(action_space):
             assert noise.mean().abs() < 0.02 and (noise.std() - 1).abs() < 0.02
 
 
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(5), gym.spaces.Box(-1, 1, (3,), np.float32)])
+def test_numpy_policy_equals_sample_and_is_a_snapshot(action_space):
+    torch.manual_seed(0)
+    agent = ppo_fc.Agent(4, action_space, 16, norm_obs=True)
+    with torch.no_grad():
+        for parameter in agent.parameters():
+            parameter.normal_()  # a policy far from uniform
+    agent.obs_norm.update(torch.randn(100, 4) * 3 + 1)
+    observations = torch.randn(256, 4) * 3 + 1
+    noise = agent.sampling_noise((256,))
+    policy = agent.numpy_policy()
+    with torch.no_grad():
+        expected = agent.sample(agent.actor(agent.obs_norm(observations)), noise)
+        actions = torch.as_tensor(policy(observations.numpy(), noise.numpy()))
+        if agent.discrete:
+            assert (actions == expected).float().mean() > 0.99  # ties of float32 rounding aside
+            assert len(actions.unique()) > 2
+        else:
+            torch.testing.assert_close(actions, expected)
+        for parameter in agent.parameters():
+            parameter.zero_()
+    after = policy(observations.numpy(), noise.numpy())
+    np.testing.assert_array_equal(after, actions.numpy())  # later changes to the agent do not reach the snapshot
+
+
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "ContinuousProbe3-v0"])
 def test_rollout_log_probs_and_values_belong_to_the_policy_that_acted(tmp_path, env_id):
     # The rollout samples actions only; log-probabilities and values come from one pass after it. One iteration,
