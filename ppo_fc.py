@@ -208,8 +208,8 @@ class RunningNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    """A tanh MLP with orthogonal initialisation. `forward` applies the layers' weights itself: each nn.Module call
-    costs a few µs on a CPU, as much as a 64-unit layer's arithmetic on a few rows, and this runs in every step."""
+    """A tanh MLP with orthogonal initialisation. `forward` applies the layers' weights itself, which saves the few µs
+    that each nn.Module call costs on a CPU, in every minibatch."""
 
     def __init__(self, in_size: int, hidden_size: int, out_size: int, out_std: float):
         super().__init__()
