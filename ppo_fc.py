@@ -283,11 +283,11 @@ class Agent(nn.Module):
         *hidden, out = [
             (layer.weight.T.cpu().numpy().copy(), layer.bias.cpu().numpy().copy()) for layer in self.actor.layers
         ]
-        normalize = copy.deepcopy(self.obs_norm).cpu()
+        normalize = None if isinstance(self.obs_norm, nn.Identity) else copy.deepcopy(self.obs_norm).cpu()
         std = None if self.discrete else self.actor_logstd.exp().cpu().numpy()
 
         def policy(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-            x = normalize(torch.from_numpy(obs)).numpy()
+            x = obs if normalize is None else normalize(torch.from_numpy(obs)).numpy()
             for weight, bias in hidden:
                 x = np.tanh(x @ weight + bias)
             actor_out = x @ out[0] + out[1]
@@ -530,7 +530,7 @@ def train(args: Args) -> TrainResult:
     obs_shape = envs.single_observation_space.shape
     action_shape = () if agent.discrete else (int(np.prod(action_space.shape)),)
     obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=np.float32)
-    final_obs = np.zeros_like(obs)  # where an episode was truncated: its last observation, to bootstrap from
+    final_obs = np.zeros_like(obs)  # where an episode was truncated: its real last observation
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
@@ -617,9 +617,8 @@ def train(args: Args) -> TrainResult:
                     next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                     rewards[step], terminations[step], truncations[step] = reward, terminated, truncated
 
-                    bootstrap = truncated & ~terminated
-                    if args.bootstrap_truncation and bootstrap.any():
-                        final_obs[step, bootstrap] = np.stack(infos["final_obs"][bootstrap])
+                    if args.bootstrap_truncation and truncated.any():
+                        final_obs[step, truncated] = np.stack(infos["final_obs"][truncated])
                     if "_episode" in infos:
                         finished = infos["_episode"]
                         episodic_returns = infos["episode"]["r"][finished].tolist()

@@ -145,10 +145,15 @@ def test_numpy_policy_equals_sample_and_is_a_snapshot(action_space):
     noise = agent.sampling_noise((256,))
     policy = agent.numpy_policy()
     with torch.no_grad():
-        expected = agent.sample(agent.actor(agent.obs_norm(observations)), noise)
+        actor_out = agent.actor(agent.obs_norm(observations))
+        expected = agent.sample(actor_out, noise)
         actions = torch.as_tensor(policy(observations.numpy(), noise.numpy()))
         if agent.discrete:
-            assert (actions == expected).float().mean() > 0.99  # ties of float32 rounding aside
+            # NumPy and torch round differently in the last bits: an action may differ only where two scores tie
+            scores = actor_out + noise
+            differ = actions != expected
+            gaps = scores[differ, expected[differ]] - scores[differ, actions[differ]]
+            assert differ.sum() <= 2 and (gaps.abs() < 1e-4).all()
             assert len(actions.unique()) > 2
         else:
             torch.testing.assert_close(actions, expected)
