@@ -266,13 +266,16 @@ def results_table(rows: list[tuple[str, str, Case | None, list[RunSummary], list
 
 def speed_table(groups: dict[tuple[str, str], list[RunSummary]], raw: dict[str, float], ours: list[str]) -> list[str]:
     """Each of our scripts' SPS as a ratio to the raw env and to the SB3 rows on the same env."""
+
+    def mean_sps(runs: list[RunSummary]) -> float:
+        return float(np.mean([run.sps for run in runs if run.sps is not None] or [np.nan]))
+
     rows = []
     for (script, env_id), runs in sorted(groups.items()):
         if script not in ours:
             continue
-        sps = float(np.mean([run.sps for run in runs if run.sps is not None] or [np.nan]))
-        sb3_runs = groups.get((f"sb3_{SB3_ALGOS.get(script, '?')}", env_id), [])
-        sb3_sps = float(np.mean([run.sps for run in sb3_runs if run.sps is not None] or [np.nan]))
+        sps = mean_sps(runs)
+        sb3_sps = mean_sps(groups.get((f"sb3_{SB3_ALGOS.get(script, '?')}", env_id), []))
         raw_sps = raw.get(env_id, np.nan)
         rows.append(
             [

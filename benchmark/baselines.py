@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 import probe_envs  # noqa: F401  (registers the probe ids)
+from benchmark.results import safe_name
 
 
 def peak_rss_mb() -> float:
@@ -157,8 +158,7 @@ def sb3(args: Sb3Args) -> None:
 
     torch.set_num_threads(args.torch_threads)
     exp_name = f"sb3_{args.algo}"
-    safe_env_id = args.env_id.replace("/", "-").replace(":", "-")
-    run_path = Path(args.run_dir) / f"{safe_env_id}__{exp_name}__{args.seed}__{int(time.time())}"
+    run_path = Path(args.run_dir) / f"{safe_name(args.env_id)}__{exp_name}__{args.seed}__{int(time.time())}"
     writer = SummaryWriter(str(run_path))
     envs = make_vec_env(args.env_id, n_envs=args.num_envs, seed=args.seed)  # DummyVecEnv of Monitor-wrapped envs
     if args.norm_obs or args.norm_reward:

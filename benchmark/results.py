@@ -181,14 +181,20 @@ def _curve(runs: Sequence[RunSummary], x_of: str) -> tuple[np.ndarray, np.ndarra
     return grid, np.array(curves)
 
 
-def plot_learning_curves(groups: dict[tuple[str, str], list[RunSummary]], out: Path) -> list[Path]:
-    """Per env, two figures with a line per script: the episodic return against env steps and against wall-clock
-    time; the line is the mean across seeds, the band spans the lowest to the highest seed."""
+def _pyplot():
+    """matplotlib's pyplot, drawing to files only (imported here: reading runs does not need matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_learning_curves(groups: dict[tuple[str, str], list[RunSummary]], out: Path) -> list[Path]:
+    """Per env, two figures with a line per script: the episodic return against env steps and against wall-clock
+    time; the line is the mean across seeds, the band spans the lowest to the highest seed."""
+    plt = _pyplot()
     written = []
     for env_id in sorted({env_id for _, env_id in groups}):
         for x_of, label, stem in (
@@ -221,11 +227,7 @@ def plot_learning_curves(groups: dict[tuple[str, str], list[RunSummary]], out: P
 
 def plot_sps(bars: Sequence[tuple[str, list[float]]], path: Path) -> Path:
     """A bar per (label, SPS of each seed): the mean, with the lowest and highest seed as the error bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     figure, axes = plt.subplots(figsize=(max(5, 1.4 * len(bars) + 2), 4.5))
     means = [float(np.mean(values)) if values else 0.0 for _, values in bars]
     low = [mean - min(values) if values else 0.0 for mean, (_, values) in zip(means, bars, strict=True)]
