@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from common.cli import notice
 from common.data_helpers import (
     convert_time_to_batch_major,
     describe,
@@ -34,10 +35,13 @@ from common.data_helpers import (
     list_of_dicts_to_flattened_dict_of_lists,
     unflatten_dict,
 )
+from common.run_folder import unused_path
 
 FORMAT_VERSION = 1
 STEP_KEYS = ("/observations", "/actions", "/rewards", "/terminations", "/truncations", "/masks")
 """Keys every trajectory file holds."""
+SILENTLY_SKIPPED_INFOS = frozenset({"/final_info"})
+"""Info keys that are never numeric and left out without a warning: gymnasium's finished episodes' info dicts."""
 
 
 class TrajectoryFileError(ValueError):
@@ -79,7 +83,8 @@ class TrajectoryWriter:
         writer.save("rollouts.npz")
 
     Arrays are copied when added, so the caller may reuse its buffers. Info entries with no numeric per-env form
-    (gymnasium's ``final_info`` dicts, strings) are left out, with one warning per key.
+    (strings, dicts) are left out, with one warning per key; gymnasium's ``final_info`` (the finished episodes' info
+    dicts, which every vector env with autoreset returns) is left out without one.
     """
 
     def __init__(self, num_envs: int, meta: Mapping[str, Any] | None = None):
@@ -137,7 +142,7 @@ class TrajectoryWriter:
             array = _numeric_info(value, self.num_envs)
             if array is not None:
                 numeric[key] = array
-            elif key not in self._skipped_info_keys:
+            elif key not in self._skipped_info_keys and key not in SILENTLY_SKIPPED_INFOS:
                 self._skipped_info_keys.add(key)
                 warnings.warn(
                     f"trajectory writer: info {key!r} has no numeric per-env form; not recorded", stacklevel=3
@@ -160,15 +165,30 @@ class TrajectoryWriter:
 
         The ``.npz`` suffix is added when missing.
         """
-        path = Path(path)
-        if path.suffix != ".npz":
-            path = path.with_name(path.name + ".npz")
+        path = npz_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.tmp")
         with open(temporary, "wb") as handle:
             np.savez(handle, **self.to_dict())
         temporary.replace(path)
         return path
+
+
+def npz_path(path: str | Path) -> Path:
+    """`path` with the `.npz` suffix that :meth:`TrajectoryWriter.save` gives it."""
+    path = Path(path)
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+
+
+def unused_npz_path(path: str | Path) -> Path:
+    """The `.npz` path for `path` where a new trajectory file goes: `path` itself, or, when a file is there
+    already (an earlier run's, or the first part of a resumed run), the first free `stem_2.npz`, `stem_3.npz`, ...,
+    with a notice. A trajectory file is never overwritten."""
+    wanted = npz_path(path)
+    free = unused_path(wanted)
+    if free != wanted:
+        notice(f"{wanted} exists; the trajectories go to {free}")
+    return free
 
 
 def load_trajectories(path: str | Path) -> dict[str, np.ndarray]:

@@ -1,5 +1,6 @@
 """ppo_fc.py: GAE, the learning-rate schedule, learning on the probes, checkpoints, trajectories and the CLI."""
 
+import importlib.util
 import json
 import os
 import shutil
@@ -7,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -16,6 +18,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_fc
+from common.errors import PolicyMismatch
+from common.seeding import seed_and_pick_device
 from common.trajectories import load_trajectories, split_episodes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,75 +109,137 @@ def test_learning_rate_falls_linearly_to_the_end_value(tmp_path):
     )
 
 
+def sharp_agent(agent_class, seed: int = 0):
+    """A subclass of `agent_class` whose policy is far from uniform (and whose value is far from zero): at
+    initialisation the policy is nearly uniform, which hides most ways of acting with the wrong policy."""
+
+    class SharpAgent(agent_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            generator = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for module in self.modules():
+                    if isinstance(module, torch.nn.Linear):
+                        module.weight.normal_(0, module.in_features**-0.5, generator=generator)
+                        module.bias.normal_(0, 0.3, generator=generator)
+
+    return SharpAgent
+
+
 @pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
-def test_written_out_policy_equals_torch_distributions(action_space):
+def test_sample_draws_from_the_policy_definition(action_space):
+    # `sample` turns noise into actions (Gumbel-max, mean + std * noise), so that the rollout can be checked; it must
+    # draw from `distribution`, the policy's one definition.
     torch.manual_seed(0)
-    agent = ppo_fc.Agent(4, action_space, 16, norm_obs=False)
+    agent = sharp_agent(ppo_fc.Agent)(4, action_space, 16, norm_obs=False)
     with torch.no_grad():
-        for parameter in agent.actor.layers[-1].parameters():
-            parameter.normal_()  # a policy far from uniform
         if not agent.discrete:
             agent.actor_logstd.normal_()
-        observations = torch.randn(50_000, 4)
-        actions, log_probs, entropies, values = agent.get_action_and_value(observations)
-        policy = agent.distribution(observations)
-        expected_log_probs, expected_entropies = policy.log_prob(actions), policy.entropy()
-        if not agent.discrete:
-            expected_log_probs, expected_entropies = expected_log_probs.sum(-1), expected_entropies.sum(-1)
-        torch.testing.assert_close(log_probs, expected_log_probs)
-        torch.testing.assert_close(entropies, expected_entropies)
-        torch.testing.assert_close(values, agent.get_value(observations))
-        # Samples follow the policy: action frequencies at one observation, or standardised Gaussian noise.
-        if agent.discrete:
-            one = observations[:1].expand(50_000, 4)
-            frequencies = torch.bincount(agent.get_action_and_value(one)[0], minlength=3) / 50_000
-            torch.testing.assert_close(frequencies, agent.distribution(one[:1]).probs[0], atol=0.01, rtol=0)
-        else:
-            noise = (actions - policy.mean) / policy.stddev
-            assert noise.mean().abs() < 0.02 and (noise.std() - 1).abs() < 0.02
+        observation = torch.randn(1, 4).expand(100_000, 4)
+        policy = agent.distribution(observation)
+        actions = agent.sample(policy, agent.sampling_noise((100_000,)))
+    if agent.discrete:
+        frequencies = torch.bincount(actions, minlength=3) / 100_000
+        assert policy.probs[0].max() < 0.95  # a policy where the frequencies say something
+        torch.testing.assert_close(frequencies, policy.probs[0], atol=0.006, rtol=0)
+    else:
+        standardised = (actions - policy.mean) / policy.stddev
+        assert standardised.mean(0).abs().max() < 0.02 and (standardised.std(0) - 1).abs().max() < 0.02
 
 
 @pytest.mark.parametrize("action_space", [gym.spaces.Discrete(5), gym.spaces.Box(-1, 1, (3,), np.float32)])
-def test_numpy_policy_equals_sample_and_is_a_snapshot(action_space):
+def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_space):
     torch.manual_seed(0)
-    agent = ppo_fc.Agent(4, action_space, 16, norm_obs=True)
-    with torch.no_grad():
-        for parameter in agent.parameters():
-            parameter.normal_()  # a policy far from uniform
+    agent = sharp_agent(ppo_fc.Agent)(4, action_space, 16, norm_obs=True)
     agent.obs_norm.update(torch.randn(100, 4) * 3 + 1)
-    observations = torch.randn(256, 4) * 3 + 1
-    noise = agent.sampling_noise((256,))
-    policy = agent.numpy_policy()
+    observations = (torch.randn(256, 4) * 3 + 1).numpy()
+    noise = agent.sampling_noise((256,)).numpy()
+    numpy_policy = ppo_fc.rollout_policy(agent, torch.device("cpu"), numpy_rollout=True)
+    torch_policy = ppo_fc.rollout_policy(agent, torch.device("cpu"), numpy_rollout=False)
+    assert not hasattr(numpy_policy, "__wrapped__")  # the NumPy form, not the torch function
+    actions = numpy_policy(observations, noise)
+    ppo_fc.check_rollout_actions(agent, torch.as_tensor(observations), torch.as_tensor(noise), torch.as_tensor(actions))
+    if agent.discrete:
+        assert (actions == torch_policy(observations, noise)).mean() > 0.99 and len(np.unique(actions)) > 2
+    else:
+        np.testing.assert_allclose(actions, torch_policy(observations, noise), rtol=1e-5, atol=1e-5)
     with torch.no_grad():
-        actor_out = agent.actor(agent.obs_norm(observations))
-        expected = agent.sample(actor_out, noise)
-        actions = torch.as_tensor(policy(observations.numpy(), noise.numpy()))
-        if agent.discrete:
-            # NumPy and torch round differently in the last bits: an action may differ only where two scores tie
-            scores = actor_out + noise
-            differ = actions != expected
-            gaps = scores[differ, expected[differ]] - scores[differ, actions[differ]]
-            assert differ.sum() <= 2 and (gaps.abs() < 1e-4).all()
-            assert len(actions.unique()) > 2
-        else:
-            torch.testing.assert_close(actions, expected)
         for parameter in agent.parameters():
             parameter.zero_()
-    after = policy(observations.numpy(), noise.numpy())
-    np.testing.assert_array_equal(after, actions.numpy())  # later changes to the agent do not reach the snapshot
+    np.testing.assert_array_equal(numpy_policy(observations, noise), actions)  # later updates do not reach it
+
+
+def test_rollout_check_stops_a_policy_that_is_not_the_definition():
+    torch.manual_seed(0)
+    agent = sharp_agent(ppo_fc.Agent)(4, gym.spaces.Discrete(3), 16, norm_obs=False)
+    observations = torch.randn(512, 4)
+    noise = agent.sampling_noise((512,))
+    with torch.no_grad():
+        actions = agent.sample(agent.distribution(observations), noise)
+        ppo_fc.check_rollout_actions(agent, observations, noise, actions)
+        colder = torch.argmax(agent.distribution(observations).logits * 2 + noise, -1)
+    with pytest.raises(PolicyMismatch, match=r"actions differ"):
+        ppo_fc.check_rollout_actions(agent, observations, noise, colder)
+
+
+def test_value_reads_the_normalised_observation():
+    torch.manual_seed(0)
+    agent = sharp_agent(ppo_fc.Agent)(3, gym.spaces.Discrete(2), 8, norm_obs=True)
+    agent.obs_norm.update(torch.randn(1000, 3) * 5 + 2)
+    observations = torch.randn(16, 3) * 5 + 2
+    mean, var = agent.obs_norm.mean.float(), agent.obs_norm.var.float()
+    normalised = ((observations - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10)
+    with torch.no_grad():
+        expected = agent.critic(normalised).squeeze(-1)
+        torch.testing.assert_close(agent.get_value(observations), expected)
+        torch.testing.assert_close(agent.get_action_and_value(observations)[3], expected)
+        assert not torch.allclose(agent.critic(observations).squeeze(-1), expected, atol=0.1)
+
+
+def action_frequencies_match_recorded_log_probs(data: dict) -> None:
+    """On an env with one constant observation, the recorded log-probabilities of a one-layer-Gaussian or categorical
+    policy pin the policy down; the actions taken must be drawn from it (5 standard errors)."""
+    log_probs = data["/agents/policy/logprobs"].reshape(-1)
+    if "/agents/policy/actions" not in data:  # two discrete actions
+        actions = data["/actions"].reshape(-1)
+        p_one = np.where(actions == 1, np.exp(log_probs), 1 - np.exp(log_probs))
+        assert np.ptp(p_one) < 1e-4  # one observation, one policy
+        assert 0.03 < p_one[0] < 0.97, p_one[0]  # far from uniform, not degenerate
+        error = 5 * np.sqrt(p_one[0] * (1 - p_one[0]) / len(actions))
+        assert abs((actions == 1).mean() - p_one[0]) < error, ((actions == 1).mean(), p_one[0])
+    else:  # one Gaussian action dimension: log p(a) is a quadratic in a whose coefficients give mean and std
+        actions = data["/agents/policy/actions"].reshape(-1)
+        quadratic, linear, _ = np.polyfit(actions, log_probs, 2)
+        std = np.sqrt(-0.5 / quadratic)
+        mean = linear * std**2
+        assert abs(actions.mean() - mean) < 5 * std / np.sqrt(len(actions)), (actions.mean(), mean)
+        assert abs(actions.std() / std - 1) < 5 / np.sqrt(2 * len(actions)), (actions.std(), std)
+
+
+@pytest.mark.parametrize("numpy_rollout", [True, False])
+@pytest.mark.parametrize("env_id", ["Probe4-v0", "ContinuousProbe4-v0"])
+def test_rollout_acts_with_the_policy_whose_log_probs_it_records(tmp_path, monkeypatch, env_id, numpy_rollout):
+    monkeypatch.setattr(ppo_fc, "Agent", sharp_agent(ppo_fc.Agent, seed=3))
+    path = tmp_path / "rollout.npz"
+    args = quick_args(
+        tmp_path, env_id=env_id, num_steps=512, total_timesteps=2048, numpy_rollout=numpy_rollout,
+        save_trajectories=str(path),
+    )  # fmt: skip
+    ppo_fc.train(args)
+    action_frequencies_match_recorded_log_probs(load_trajectories(path))
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "ContinuousProbe3-v0"])
-def test_rollout_log_probs_and_values_belong_to_the_policy_that_acted(tmp_path, env_id):
-    # The rollout samples actions only; log-probabilities and values come from one pass after it. One iteration,
-    # recorded: they must be the initial agent's at the recorded observations and actions.
+def test_recorded_log_probs_and_values_are_the_acting_agents(tmp_path, env_id):
+    # One recorded iteration: its log-probs and values must be the initial agent's (rebuilt from the seed) at the
+    # recorded observations and actions.
     path = tmp_path / "rollout.npz"
     args = quick_args(
         tmp_path, env_id=env_id, num_envs=2, num_steps=64, total_timesteps=128, save_trajectories=str(path)
     )
     ppo_fc.train(args)
-    ppo_fc.seed_and_pick_device(args)
-    agent, _ = ppo_fc.build_agent(args, None, torch.device("cpu"))
+    seed_and_pick_device(args.seed, args.torch_deterministic, args.torch_threads, cuda=False)
+    agent = ppo_fc.build_agent(args, None, torch.device("cpu"))
     data = load_trajectories(path)
     observations = torch.as_tensor(data["/observations"], dtype=torch.float32)
     actions = torch.as_tensor(data["/actions"] if agent.discrete else data["/agents/policy/actions"])
@@ -182,6 +248,63 @@ def test_rollout_log_probs_and_values_belong_to_the_policy_that_acted(tmp_path, 
     torch.testing.assert_close(torch.as_tensor(data["/agents/policy/logprobs"]), log_probs)
     torch.testing.assert_close(torch.as_tensor(data["/agents/policy/values"]), values)
     assert log_probs.std() > 0 and values.std() > 0
+
+
+# Edits a researcher makes to a copy of the script: (text replaced, replacement, what the copy must do). Each copy must
+# act with exactly the policy whose log-probabilities it records, or stop with an error; never train another policy.
+NETWORK_EDITS = {
+    "relu": ("nn.Tanh()", "nn.ReLU()", "numpy"),
+    "layer_norm": (
+        "            nn.Tanh(),\n            layer_init(nn.Linear(hidden_size, self.action_size)",
+        "            nn.LayerNorm(hidden_size),\n            nn.Tanh(),\n"
+        "            layer_init(nn.Linear(hidden_size, self.action_size)",
+        "numpy",
+    ),
+    "scaled_linear_subclass": (
+        "def layer_init(",
+        "class ScaledLinear(nn.Linear):\n    def forward(self, x):\n        return 2 * super().forward(x)\n\n\n"
+        "def layer_init(",
+        "torch",
+    ),
+    "scaled_linear_hook": (
+        "    nn.init.orthogonal_(layer.weight, std)",
+        "    layer.register_forward_hook(lambda module, inputs, output: 2 * output)\n"
+        "    nn.init.orthogonal_(layer.weight, std)",
+        "torch",
+    ),
+    "colder_distribution": ("return Categorical(logits=actor_out)", "return Categorical(logits=2 * actor_out)", "stop"),
+}
+
+
+@pytest.mark.parametrize("edit", NETWORK_EDITS)
+def test_an_edited_copy_acts_with_its_own_policy_or_stops(tmp_path, monkeypatch, capsys, edit):
+    old, new, outcome = NETWORK_EDITS[edit]
+    source = (REPO / "ppo_fc.py").read_text()
+    assert old in source, f"the edit {edit!r} no longer applies to ppo_fc.py: update this test"
+    if edit == "scaled_linear_subclass":  # every Linear of the network becomes a ScaledLinear
+        source = source.replace(old, new).replace("layer_init(nn.Linear(", "layer_init(ScaledLinear(")
+    else:
+        source = source.replace(old, new)
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "ppo_fc.py").write_text(source)
+    spec = importlib.util.spec_from_file_location(f"edited_ppo_fc_{edit}", tmp_path / "copy" / "ppo_fc.py")
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, copy)  # dataclasses look their module up there
+    spec.loader.exec_module(copy)
+    monkeypatch.setattr(copy, "Agent", sharp_agent(copy.Agent, seed=1))
+    path = tmp_path / "rollout.npz"
+    args = copy.Args(
+        env_id="Probe4-v0", num_steps=512, total_timesteps=2048, run_dir=str(tmp_path / "runs"), progress=False,
+        eval_episodes=0, save_model=False, save_trajectories=str(path),
+    )  # fmt: skip
+    if outcome == "stop":
+        with pytest.raises(PolicyMismatch, match="--no-numpy-rollout"):
+            copy.train(args)
+        return
+    copy.train(args)
+    falls_back = "the rollout calls the torch policy at every step" in capsys.readouterr().err
+    assert falls_back == (outcome == "torch")
+    action_frequencies_match_recorded_log_probs(load_trajectories(path))
 
 
 def test_env_action_offsets_discrete_start_and_clips_boxes():
@@ -298,7 +421,8 @@ def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
     assert middle.is_file() and whole.checkpoint == whole.run_dir / "checkpoints" / "latest.pt"
 
     copy = tmp_path / "copy" / whole.run_dir.name
-    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("events.*", "step_3072.pt", "latest.pt"))
+    # The copy keeps the whole run's events past the checkpoint, as a crashed run leaves them.
+    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_3072.pt", "latest.pt"))
     resumed = ppo_fc.train(quick_args(tmp_path, resume=str(copy / "checkpoints" / "step_1536.pt")))
     assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 3072
     for (name, expected), actual in zip(
@@ -306,7 +430,10 @@ def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
     ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
     logged = read_scalars(copy)["charts/learning_rate"]
-    assert [step for step, _ in logged] == [2048, 2560, 3072]  # the schedule went on where it stopped
+    assert [step for step, _ in logged] == [512 * k for k in range(1, 7)]  # each step once
+    np.testing.assert_allclose(
+        [value for _, value in logged], [v for _, v in read_scalars(whole.run_dir)["charts/learning_rate"]]
+    )
 
 
 def test_checkpoints_hold_only_plain_values_and_load_with_weights_only(tmp_path):
@@ -329,14 +456,53 @@ def test_eval_checkpoint_reproduces_the_evaluation_after_training(tmp_path):
     assert [value for _, value in read_scalars(eval_run)["eval/episodic_return"]] == result.eval_returns
 
 
-def test_eval_statistics_are_frozen(tmp_path):
-    args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=2048, norm_obs=True, eval_episodes=2)
+def test_evaluation_reads_but_never_updates_the_observation_statistics(tmp_path, monkeypatch):
+    updates = []
+    update = ppo_fc.RunningNorm.update
+
+    def counted_update(self, batch):
+        updates.append(len(batch))
+        update(self, batch)
+
+    monkeypatch.setattr(ppo_fc.RunningNorm, "update", counted_update)
+    args = quick_args(
+        tmp_path, env_id="CartPole-v1", total_timesteps=2048, norm_obs=True, save_model=True, eval_episodes=3
+    )
     result = ppo_fc.train(args)
-    before = {k: v.clone() for k, v in result.agent.obs_norm.state_dict().items()}
-    ppo_fc.evaluate(result.agent, args, ppo_fc.SummaryWriter(str(tmp_path / "e")), 0, torch.device("cpu"))
+    assert updates == [512] * 4  # once after every update, never in the evaluation after training
+    statistics = {key: value.clone() for key, value in result.agent.obs_norm.state_dict().items()}
+    replayed = ppo_fc.evaluate_checkpoint(
+        quick_args(tmp_path / "eval", eval_checkpoint=str(result.checkpoint), eval_episodes=3)
+    )
+    assert updates == [512] * 4 and replayed == result.eval_returns  # the checkpoint carries the statistics
     for key, value in result.agent.obs_norm.state_dict().items():
-        torch.testing.assert_close(value, before[key], rtol=0, atol=0)
-    assert before["count"].item() > 2048  # they were updated during training
+        torch.testing.assert_close(value, statistics[key], rtol=0, atol=0)
+    # The statistics matter: without them the agent would act otherwise, so the equal returns above say something.
+    observations = torch.as_tensor(np.random.default_rng(0).normal(0, 0.5, (256, 4)), dtype=torch.float32)
+    with torch.no_grad():
+        trained_actions = result.agent.distribution(observations).mode
+        result.agent.obs_norm.mean.zero_()
+        result.agent.obs_norm.var.fill_(1)
+        assert (result.agent.distribution(observations).mode != trained_actions).any()
+
+
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
+def test_temperature_sampling_follows_the_tempered_policy(action_space):
+    torch.manual_seed(0)
+    agent = sharp_agent(ppo_fc.Agent)(4, action_space, 16, norm_obs=False)
+    observations = torch.randn(1, 4).expand(50_000, 4)
+    with torch.no_grad():
+        policy = agent.distribution(observations[:1])
+        for temperature in (0.5, 2.0):
+            actions = ppo_fc.select_action(agent, observations, "temperature", temperature)
+            if agent.discrete:
+                expected = torch.softmax(policy.logits[0] / temperature, -1)
+                assert (expected - policy.probs[0]).abs().max() > 0.05  # a temperature that changes the policy
+                frequencies = torch.bincount(actions, minlength=3) / len(actions)
+                torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
+            else:
+                torch.testing.assert_close(actions.mean(0), policy.mean[0], atol=0.03 * temperature, rtol=0)
+                torch.testing.assert_close(actions.std(0), policy.stddev[0] * temperature, atol=0.02, rtol=0)
 
 
 def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
@@ -380,7 +546,10 @@ def test_checkpoint_of_another_shape_is_refused(tmp_path):
 def test_recorded_trajectories_reload_and_their_returns_equal_the_logged_returns(tmp_path):
     path = tmp_path / "rollouts.npz"
     args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_trajectories=str(path))
-    result = ppo_fc.train(args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = ppo_fc.train(args)
+    assert not [w for w in caught if "trajectory writer" in str(w.message)]  # nothing a user should act on
     data = load_trajectories(path)
     assert data["/observations"].shape == (4, 512, 4) and data["/agents/policy/logprobs"].shape == (4, 512)
     assert json.loads(str(data["/meta/args"]))["env_id"] == "CartPole-v1"
@@ -450,6 +619,7 @@ def test_cli_run_writes_the_conventional_log_keys(tmp_path):
     }
     assert expected <= set(scalars)
     assert len(scalars["charts/SPS"]) == 2 and scalars["system/rss_mb"][0][1] > 10
+    assert [step for step, _ in scalars["eval/episodic_return"]] == [1024]  # at the step the agent was trained to
     accumulator = EventAccumulator(str(run))
     accumulator.Reload()
     assert "hyperparameters/text_summary" in accumulator.Tags()["tensors"]
@@ -492,15 +662,18 @@ def test_capture_video_writes_an_mp4(tmp_path):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--env-id", "NoSuchEnv-v0"], "cannot make env"),
+        (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+        (["--env-id", "CartPole-v9"], "It provides versioned environments"),
         (["--num-minibatches", "3"], "does not divide"),
         (["--num-envs", "-2"], "must be positive"),
         (["--total-timesteps", "100"], "less than one batch"),
         (["--gamma", "1.5"], "[0, 1]"),
         (["--num-envs", "four"], "--num-envs"),
         (["--end-learning-rate", "-1"], "--end-learning-rate"),
-        (["--env-id", "no_such_module:Env-v0"], "cannot make env"),
+        (["--env-id", "no_such_module:Env-v0"], "'no_such_module' cannot be imported"),
         (["--no-such-flag"], "no-such-flag"),
+        (["--total-timestep", "30000"], "Perhaps you meant: --total-timesteps"),
+        (["--norm-reward-clip", "0"], "--norm-reward-clip must be positive"),
     ],
 )
 def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, message):
@@ -568,7 +741,7 @@ def test_dict_observations_are_flattened(tmp_path):
 
     gym.register("DictObservations-v0", entry_point=DictObservations)
     result = ppo_fc.train(quick_args(tmp_path, env_id="DictObservations-v0", total_timesteps=512))
-    assert result.agent.critic.layers[0].in_features == 2 + 3 and result.global_step == 512
+    assert result.agent.critic[0].in_features == 2 + 3 and result.global_step == 512
 
 
 def test_async_envs_train_exactly_like_sync_envs(tmp_path):
@@ -593,33 +766,89 @@ def test_observation_spaces_that_do_not_flatten_are_refused(tmp_path):
         observation_space = gym.spaces.Sequence(gym.spaces.Box(-1, 1, (2,), np.float32))
 
     gym.register("SequenceObservations-v0", entry_point=SequenceObservations)
-    with pytest.raises(ppo_fc.UsageError, match="cannot flatten"):
+    with pytest.raises(ppo_fc.UsageError, match="cannot be flattened"):
         ppo_fc.train(quick_args(tmp_path, env_id="SequenceObservations-v0", total_timesteps=512))
     assert not (tmp_path / "runs").exists()
 
 
-def test_ctrl_c_stops_after_the_iteration_with_a_consistent_checkpoint(tmp_path):
+@pytest.mark.parametrize("envs", ["sync", "async"])
+def test_ctrl_c_stops_after_the_iteration_with_a_consistent_checkpoint(tmp_path, envs):
+    flags = ["--total-timesteps", "10000000", "--no-progress", "--run-dir", str(tmp_path)]
     process = subprocess.Popen(
-        [sys.executable, "ppo_fc.py", "--total-timesteps", "10000000", "--no-progress", "--run-dir", str(tmp_path)],
+        [sys.executable, "ppo_fc.py", *flags, *(["--async-envs"] if envs == "async" else [])],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group, which the test interrupts as a terminal's Ctrl-C does
     )
     deadline = time.time() + 120
     while not list(tmp_path.glob("*/events.*")) and time.time() < deadline:
         time.sleep(0.2)
     time.sleep(2)  # a few iterations
-    process.send_signal(signal.SIGINT)
+    os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
-    assert "interrupted: checkpoint written" in stderr and "Traceback" not in stderr
+    assert "interrupted: stopped after the iteration" in stderr and "Traceback" not in stderr
     (run,) = tmp_path.iterdir()
     checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert checkpoint["global_step"] == checkpoint["iteration"] * 512 > 0
     assert (run / "checkpoints" / f"step_{checkpoint['global_step']}.pt").is_file()
     logged = read_scalars(run)["charts/learning_rate"]
     assert logged[-1][0] == checkpoint["global_step"]  # the checkpoint is the state after the last logged iteration
+
+
+def test_resume_never_overwrites_the_trajectories_of_the_first_part(tmp_path):
+    path = tmp_path / "rollouts.npz"
+    settings = dict(env_id="Probe4-v0", total_timesteps=4 * 512, checkpoint_every=2, save_trajectories=str(path))
+    whole = ppo_fc.train(quick_args(tmp_path, **settings))
+    first_part = path.read_bytes()
+    ppo_fc.train(quick_args(tmp_path, resume=str(whole.run_dir / "checkpoints" / "step_1024.pt")))
+    assert path.read_bytes() == first_part
+    resumed = load_trajectories(tmp_path / "rollouts_2.npz")
+    assert resumed["/observations"].shape[:2] == (4, 2 * 128)  # the two iterations after the checkpoint
+
+
+def test_eval_checkpoint_plays_with_the_given_seed(tmp_path):
+    args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=512, save_model=True)
+    checkpoint = ppo_fc.train(args).checkpoint
+    for seed in (1, 7):
+        path = tmp_path / f"seed{seed}.npz"
+        ppo_fc.evaluate_checkpoint(
+            quick_args(
+                tmp_path, eval_checkpoint=str(checkpoint), eval_episodes=1, seed=seed, save_trajectories=str(path)
+            )
+        )
+        first_observation, _ = gym.make("CartPole-v1").reset(seed=seed)
+        np.testing.assert_array_equal(load_trajectories(path)["/observations"][0, 0], first_observation)
+
+
+def test_norm_reward_clips_the_scaled_rewards(tmp_path):
+    # Probe1 pays 1 and ends: the discounted return never varies, so NormalizeReward scales the reward to about
+    # 1 / sqrt(1e-8) = 1e4. The critic learns what the clip lets through.
+    for clip in (0.5, 3.0):
+        args = quick_args(
+            tmp_path, env_id="Probe1-v0", total_timesteps=8192, learning_rate=2e-3, anneal_lr=False, norm_reward=True,
+            norm_reward_clip=clip,
+        )  # fmt: skip
+        agent = ppo_fc.train(args).agent
+        with torch.no_grad():
+            assert agent.get_value(torch.zeros(1, 1)).item() == pytest.approx(clip, abs=0.05 * clip)
+
+
+def test_a_total_that_is_not_whole_batches_is_announced_and_the_bar_ends_there(tmp_path):
+    completed = run_cli(
+        "--env-id", "Probe1-v0", "--total-timesteps", "1000", "--eval-episodes", "0", "--run-dir", str(tmp_path)
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "notice: --total-timesteps is rounded down to whole batches of 512: 512" in completed.stderr
+    assert "512/512" in completed.stderr and "/1000" not in completed.stderr
+
+
+@pytest.mark.parametrize("env_id", ["popgym-RepeatPreviousEasy-v0", "MiniGrid-MemoryS7-v0"])
+def test_memory_benchmark_envs_train_as_their_ids_are_written(tmp_path, env_id):
+    result = ppo_fc.train(quick_args(tmp_path, env_id=env_id, total_timesteps=3 * 512, eval_episodes=1))
+    assert result.global_step == 3 * 512 and len(result.eval_returns) == 1
 
 
 def test_topk_sampling_of_a_continuous_agent_is_refused_before_anything_is_written(tmp_path):

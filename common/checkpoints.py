@@ -1,0 +1,97 @@
+"""Checkpoint files: written atomically, read without unpickling, and turned back into a run's settings.
+
+A checkpoint is a dict of tensors and plain Python values saved with ``torch.save``. It names the script that wrote
+it and its format, so a script refuses another script's checkpoint, or an older format of its own, with one clear
+line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from common.errors import UsageError
+from common.seeding import rng_state
+
+Config = TypeVar("Config")
+
+
+def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int, **state) -> Path:
+    """Write `state` with the script's name, the format, `args` (a dataclass), `global_step` and the generators'
+    states to `step_{global_step}.pt` and `latest.pt` in `folder`, each atomically (a temporary file in the same
+    folder, then a rename). Returns the path of `latest.pt`."""
+    state = {
+        "script": script,
+        "format": checkpoint_format,
+        "args": dataclasses.asdict(args),
+        "global_step": global_step,
+        "rng": rng_state(),
+        **state,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)  # once, for both files
+    for name in (f"step_{global_step}.pt", "latest.pt"):
+        temporary = folder / f".{name}.tmp"
+        temporary.write_bytes(buffer.getbuffer())
+        os.replace(temporary, folder / name)
+    return folder / "latest.pt"
+
+
+def load(path: str | Path, script: str, checkpoint_format: int, required: Iterable[str]) -> dict:
+    """Read a checkpoint of `script` in `checkpoint_format` with `weights_only=True` (nothing is unpickled); a
+    missing, corrupt or foreign file, another format, or a missing key is a UsageError."""
+    if not Path(path).is_file():
+        raise UsageError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a corrupt file; all mean "cannot read it"
+        raise UsageError(
+            f"cannot read checkpoint {str(path)!r}: corrupt, or holds pickled objects ({type(exc).__name__})"
+        ) from None
+    if not isinstance(checkpoint, dict) or checkpoint.get("script") != script:
+        found = checkpoint.get("script") if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        raise UsageError(f"{str(path)!r} is not a {script} checkpoint (it is from {found!r})")
+    missing = [key for key in ("args", "global_step", "rng", *required) if key not in checkpoint]
+    if checkpoint.get("format") != checkpoint_format or missing:
+        raise UsageError(
+            f"{str(path)!r} is a {script} checkpoint of another format (format {checkpoint.get('format')!r}, this "
+            f"version reads {checkpoint_format}; missing {missing or 'nothing'})"
+        )
+    return checkpoint
+
+
+def config(config: type[Config], checkpoint: dict, overrides: dict[str, Any]) -> Config:
+    """The run settings a checkpoint holds, as a `config` dataclass, with `overrides` on top."""
+    try:
+        return config(**{**checkpoint["args"], **overrides})
+    except (KeyError, TypeError) as exc:
+        raise UsageError(f"the checkpoint's settings do not match this version of the script: {exc}") from None
+
+
+def resume_folder(path: str | Path) -> Path:
+    """The run folder of a checkpoint that `--resume` continues; it must lie in that folder's `checkpoints/`."""
+    path = Path(path).resolve()
+    if path.parent.name != "checkpoints":
+        raise UsageError(f"--resume takes a checkpoint inside a run's checkpoints/ folder, got {str(path)!r}")
+    return path.parent.parent
+
+
+def reward_normalizer_state(normalizer: Any) -> dict | None:
+    """The running statistics of gymnasium's NormalizeReward (None for no normalizer), as checkpoint values."""
+    if normalizer is None:
+        return None
+    rms = normalizer.return_rms
+    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+
+
+def restore_reward_normalizer(normalizer: Any, state: dict) -> None:
+    """Put the statistics of `reward_normalizer_state` back into a NormalizeReward wrapper."""
+    rms = normalizer.return_rms
+    rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), float(state["count"])

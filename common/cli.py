@@ -1,0 +1,113 @@
+"""The command line every script shares: tyro parsing with one-line errors, notices, and exit statuses."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+import tyro
+
+from common.errors import RunStopped, UsageError
+
+Config = TypeVar("Config")
+
+# Box-drawing characters, which frame tyro's messages, and terminal colour codes.
+_FRAME = re.compile(r"[\u2500-\u257f]")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+_printed_notices: set[str] = set()
+
+
+def one_line(message: str) -> str:
+    """A framed, multi-line message as one line, relying on no layout, only on the text: frames are removed, rules
+    ("----") separate sections, whose lines are joined with spaces (the message may be wrapped at any width), and the
+    sections are joined with '; '. The title is dropped when the next section repeats it, and so is the help footer.
+
+    >>> one_line("╭─ Bad value ─╮\\n│ Bad value: x │\\n│ ──── │\\n│ Perhaps you meant: │\\n│   --y INT │\\n╰───╯")
+    'Bad value: x; Perhaps you meant: --y INT'
+    >>> one_line(" Parsing error\\n ------\\n  Argument --n: invalid\\n  literal\\n  ------\\n  For full helptext, run\\n  x.py --help")
+    'Parsing error; Argument --n: invalid literal'
+    """
+    sections: list[list[str]] = [[]]
+    for raw in _COLOUR.sub("", message).splitlines():
+        line = " ".join(_FRAME.sub(" ", raw).split())
+        if line.strip("-"):
+            sections[-1].append(line)
+        elif raw.strip():  # a rule or a border starts a new section
+            sections.append([])
+    if sections[0]:  # the first line is a title of its own
+        sections[0:1] = [sections[0][:1], sections[0][1:]]
+    texts = [re.sub(r" ([,.;)])", r"\1", " ".join(section)) for section in sections if section]
+    texts = [text for text in texts if not text.lower().startswith("for full helptext")]
+    if len(texts) > 1 and texts[1].startswith(texts[0]):
+        texts = texts[1:]
+    return "; ".join(texts)
+
+
+def parse_args(config: type[Config], argv: Sequence[str] | None = None) -> Config:
+    """Parse `argv` (default: the command line) into `config` with tyro; a parse error is a UsageError whose
+    message is tyro's own, hints included, on one line. `--help` prints tyro's help and exits as usual."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        return tyro.cli(config, args=argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+            return tyro.cli(config, args=argv)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            raise
+        raise UsageError(f"{one_line(captured.getvalue()) or 'invalid arguments'} (see --help)") from None
+
+
+def check_ranges(
+    args: object,
+    positive: Iterable[str] = (),
+    non_negative: Iterable[str] = (),
+    unit_interval: Iterable[str] = (),
+) -> None:
+    """Raise a UsageError naming the first field of `args` (a dataclass of flags) outside its range; None is unset.
+
+    >>> from types import SimpleNamespace
+    >>> check_ranges(SimpleNamespace(num_envs=0), positive=["num_envs"])
+    Traceback (most recent call last):
+    common.errors.UsageError: --num-envs must be positive, got 0
+    """
+    rules = (
+        (positive, lambda value: value > 0, "be positive"),
+        (non_negative, lambda value: value >= 0, "be zero or more"),
+        (unit_interval, lambda value: 0 <= value <= 1, "lie in [0, 1]"),
+    )
+    for names, holds, rule in rules:
+        for name in names:
+            value = getattr(args, name)
+            if value is not None and not holds(value):
+                raise UsageError(f"--{name.replace('_', '-')} must {rule}, got {value}")
+
+
+def notice(message: str) -> None:
+    """Print `notice: message` on stderr once per process, and only in the main process (not in env workers)."""
+    if message in _printed_notices or multiprocessing.parent_process() is not None:
+        return
+    _printed_notices.add(message)
+    print(f"notice: {message}", file=sys.stderr)
+
+
+def exit_status(run: Callable[[], object]) -> int:
+    """Call `run` and turn the project's errors into one `error:` line and an exit status: 2 for bad input, 1 for
+    a run stopped by a check, 130 for Ctrl-C, 0 otherwise."""
+    try:
+        run()
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RunStopped as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

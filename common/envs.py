@@ -1,0 +1,182 @@
+"""Env ids of any installed package that registers gymnasium envs, and observations made flat for the networks."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterator, Sequence
+from importlib import metadata
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.spaces import Box, Dict, Space, Text, Tuple
+
+from common.cli import notice, one_line
+from common.errors import UsageError
+from common.interrupt import sigint_ignored_by_new_processes
+
+# The module whose import here registered each id: this process has the id now, a spawned worker does not.
+_registered_by: dict[str, str] = {}
+
+
+def resolve_env_id(env_id: str) -> str:
+    """An id that gym.make accepts in any process (also in AsyncVectorEnv worker subprocesses started with spawn).
+
+    An id written `module:id`, or registered by gymnasium or by code the caller imported, comes back unchanged.
+    Otherwise the installed package that registers it is imported (first the one the id's prefix names, then those
+    that require gymnasium) and the id comes back as `module:id`, also on later calls, so workers import it too."""
+    if env_id in gym.registry:
+        return f"{_registered_by[env_id]}:{env_id}" if env_id in _registered_by else env_id
+    module, _, name = env_id.rpartition(":")
+    if module:
+        if not _imports(module):
+            raise UsageError(f"env id {env_id!r}: module {module!r} cannot be imported")
+        if name in gym.registry:
+            return env_id
+        raise _unknown(env_id, name)
+    for module in _candidate_modules(env_id):
+        if _imports(module) and env_id in gym.registry:
+            return f"{_registered_by.get(env_id, module)}:{env_id}"
+    raise _unknown(env_id, env_id)
+
+
+def _candidate_modules(env_id: str) -> Iterator[str]:
+    """Modules that may register `env_id`, likeliest first; a generator, so the scan stops once the id is found."""
+    yield re.split(r"[-/]", env_id)[0].lower()  # popgym-..., MiniGrid-..., ALE/...
+    # gymnasium < 1.0 loaded this entry-point group itself; 1.x no longer does, so import what packages declare there.
+    yield from (entry_point.module for entry_point in metadata.entry_points(group="gymnasium.envs"))
+    # Top-level modules of the distributions that require gymnasium (not gymnasium-robotics), from top_level.txt or
+    # the files a distribution installed.
+    owners = metadata.packages_distributions()
+    for distribution in metadata.distributions():
+        if any(re.match(r"\s*gymnasium(?![\w.-])", r, re.IGNORECASE) for r in distribution.requires or []):
+            name = distribution.metadata["Name"]
+            yield from (module for module, names in owners.items() if name in names and module.isidentifier())
+
+
+def _imports(module: str) -> bool:
+    """Whether `module` imports; any error counts as no, since the scan tries packages that may be broken."""
+    before = set(gym.registry)
+    try:
+        importlib.import_module(module)
+    except Exception:
+        return False
+    _registered_by.update(dict.fromkeys(set(gym.registry) - before, module))
+    return True
+
+
+def _unknown(env_id: str, name: str) -> UsageError:
+    """The error for an id nothing registers, with gymnasium's own suggestion ("Did you mean ...") when it has one."""
+    try:
+        gym.spec(name)
+        hint = ""
+    except gym.error.Error as exc:
+        # Keep only messages that add something: a suggestion, the versions there are, a malformed id.
+        plain = str(exc).startswith("No registered env") or str(exc).endswith("doesn't exist.")
+        hint = "" if plain else f" ({one_line(str(exc))})"
+    return UsageError(f"unknown env id {env_id!r}{hint}; if a package registers it, pass it as module:{name}")
+
+
+def flat_observations(env: gym.Env) -> gym.Env:
+    """`env` with a flat 1-D Box observation: Text parts of Dict/Tuple observations left out (one notice line),
+    any non-1-D-Box space flattened with gymnasium's FlattenObservation wrapper."""
+    space = env.observation_space
+    text = [(path, leaf) for path, leaf in _leaves(space) if _is_text(leaf)]
+    if text:
+        name = env.spec.id if env.spec else type(env.unwrapped).__name__
+        if _only_text(space):
+            raise UsageError(f"{name}: the observation has only text parts, which the networks cannot take")
+        parts = ", ".join(f"'{_name(path)}' ({type(leaf).__name__})" for path, leaf in text)
+        were = "is" if len(text) == 1 else "are"
+        notice(f"{name}: observation part{'s' * (len(text) > 1)} {parts} {were} left out; the agent sees the rest")
+        if all(len(path) == 1 for path, _ in text):  # only top-level parts go: gymnasium's own wrapper does that
+            keys = list(space.keys()) if isinstance(space, Dict) else list(range(len(space)))
+            env = gym.wrappers.FilterObservation(env, [key for key in keys if not _is_text(space[key])])
+        else:
+            kept, drop_text = _without_text(space)
+            env = gym.wrappers.TransformObservation(env, drop_text, kept)
+        space = env.observation_space
+    for path, leaf in _leaves(space):
+        if not _flattenable(leaf):
+            what = f"observation part '{_name(path)}' ({leaf})" if path else f"observation space {leaf}"
+            raise UsageError(f"{what} cannot be flattened to a vector")
+    if isinstance(space, Box) and len(space.shape) == 1:
+        return env
+    return gym.wrappers.FlattenObservation(env)
+
+
+def _leaves(space: Space, path: tuple = ()) -> Iterator[tuple[tuple, Space]]:
+    """Every space inside `space` that is not a Dict or Tuple, with its path of keys and indices."""
+    if not isinstance(space, Dict | Tuple):
+        yield path, space
+        return
+    for key, part in space.items() if isinstance(space, Dict) else enumerate(space):
+        yield from _leaves(part, (*path, key))
+
+
+def _name(path: tuple) -> str:
+    return ".".join(map(str, path))  # 'mission', 'inner.note', '1'
+
+
+def _is_text(space: Space) -> bool:
+    """gymnasium's Text, and other spaces of strings such as MiniGrid's MissionSpace (not a Text subclass)."""
+    return isinstance(space, Text) or (space.dtype is not None and space.dtype.kind == "U")
+
+
+def _without_text(space: Space) -> tuple[Space, Callable[[Any], Any]]:
+    """`space` without its text parts (and Dicts and Tuples left empty), and the function that drops them from a value."""
+    if isinstance(space, Dict):
+        kept = {key: _without_text(part) for key, part in space.items() if not _only_text(part)}
+        kept_space = Dict({key: part for key, (part, _) in kept.items()}, sort_keys=False)
+        return kept_space, lambda value: {key: drop(value[key]) for key, (_, drop) in kept.items()}
+    if isinstance(space, Tuple):
+        kept = [(i, *_without_text(part)) for i, part in enumerate(space) if not _only_text(part)]
+        return Tuple([part for _, part, _ in kept]), lambda value: tuple(drop(value[i]) for i, _, drop in kept)
+    return space, lambda value: value
+
+
+def _only_text(space: Space) -> bool:
+    """Whether nothing but text is left of `space` (an empty Dict or Tuple counts: it adds nothing)."""
+    return all(_is_text(leaf) for _, leaf in _leaves(space))
+
+
+def _flattenable(space: Space) -> bool:
+    """Whether flatten_space gives a Box; it returns Sequence and Graph spaces unflattened and raises on others."""
+    try:
+        return isinstance(gym.spaces.flatten_space(space), Box)
+    except (NotImplementedError, TypeError, ValueError):
+        return False
+
+
+def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space]:
+    """The observation and action spaces of the env that `env_fn` makes (a `make_env` thunk); an env that cannot be
+    made is a UsageError that says why."""
+    try:
+        env = env_fn()
+    except UsageError:
+        raise
+    except Exception as exc:  # missing extras, broken envs: the message says what to fix
+        raise UsageError(f"cannot make the env: {type(exc).__name__}: {one_line(str(exc))}") from None
+    spaces = env.observation_space, env.action_space
+    env.close()
+    return spaces
+
+
+def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gym.vector.VectorEnv:
+    """The envs of `env_fns`, stepped together and reset in the step where an episode ends (gymnasium's SAME_STEP
+    autoreset; `final_obs` holds the last observation). With `async_envs`, each in its own process, which ignores
+    Ctrl-C: the training process decides when to stop and finishes its iteration first."""
+    if not async_envs:
+        return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with sigint_ignored_by_new_processes():
+        return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def env_action(action: np.ndarray, action_space: Space) -> np.ndarray:
+    """A batch of the agent's actions as the env takes them: offset by `start` (Discrete), or reshaped to the space
+    and clipped to its bounds (Box; the agent keeps its unclipped sample for the log-probability)."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        return action + int(action_space.start) if action_space.start else action
+    action = action.reshape(action.shape[0], *action_space.shape)
+    return np.clip(action, action_space.low, action_space.high)

@@ -1,0 +1,47 @@
+"""Observation normalisation kept inside the agent, where it is saved with the weights and frozen in evaluation.
+
+Gymnasium's NormalizeObservation cannot serve here: as a vector wrapper it refuses SAME_STEP autoreset, and per env
+it keeps one set of statistics for each env.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+
+class RunningNorm(nn.Module):
+    """Normalises inputs by a running mean and variance, then clips them. The statistics are buffers, so they live
+    in the state dict (and checkpoints); they change only when `update` is called, which only training does."""
+
+    def __init__(self, size: int, clip: float = 10.0, epsilon: float = 1e-8):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(size, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.clip, self.epsilon = clip, epsilon
+
+    def update(self, batch: torch.Tensor) -> None:
+        """Merge the statistics of `batch` (rows are samples) into the running ones (Chan et al.'s parallel update)."""
+        batch = batch.reshape(-1, batch.shape[-1]).to(torch.float64)
+        batch_mean, batch_var, batch_count = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+        delta, total = batch_mean - self.mean, self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_(
+            (self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total
+        )
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.rsqrt(self.var + self.epsilon).to(x.dtype)
+        return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
+
+    def numpy_snapshot(self) -> Callable[[np.ndarray], np.ndarray]:
+        """`forward` at the current statistics, in NumPy (see common.numpy_snapshot)."""
+        mean = self.mean.to("cpu", torch.float32).numpy().copy()
+        scale = torch.rsqrt(self.var + self.epsilon).to("cpu", torch.float32).numpy().copy()
+        clip = np.float32(self.clip)
+        return lambda x: np.clip((x - mean) * scale, -clip, clip)

@@ -1,0 +1,45 @@
+"""Seeding, and the states of the random-number generators that a checkpoint carries for an exact resume."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def seed_and_pick_device(seed: int, torch_deterministic: bool, torch_threads: int, cuda: bool) -> torch.device:
+    """Seed python, NumPy and torch, set torch's CPU threads (0 keeps torch's default), and return the device: a GPU
+    when `cuda` and one is available, else the CPU."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = torch_deterministic
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    return torch.device("cuda" if torch.cuda.is_available() and cuda else "cpu")
+
+
+def rng_state() -> dict:
+    """The states of python's, NumPy's and torch's global generators (CPU, and every CUDA device once CUDA is in
+    use), as tensors and plain values that load with `weights_only=True`."""
+    numpy_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"key": torch.from_numpy(numpy_state[1].astype(np.int64)), "rest": list(numpy_state[2:])},
+        "python": torch.tensor(random.getstate()[1]),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # Training on a GPU draws its sampling noise and minibatch permutations there.
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    """Put back the generator states of `rng_state`; the CUDA ones on as many devices as there are here."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(("MT19937", state["numpy"]["key"].numpy().astype(np.uint32), *state["numpy"]["rest"]))
+    random.setstate((3, tuple(state["python"].tolist()), None))
+    if "cuda" in state and torch.cuda.is_available():
+        for device, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, device)

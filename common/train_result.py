@@ -1,0 +1,36 @@
+"""What `train(args)` of every script returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch.nn as nn
+
+
+@dataclass
+class TrainResult:
+    agent: nn.Module
+    """the trained agent (on the training device)"""
+    global_step: int
+    """environment steps taken, over all envs"""
+    run_dir: Path
+    """the run's folder: TensorBoard events, checkpoints, videos"""
+    episode_returns: list[float] = field(default_factory=list)
+    """the return of every finished training episode, in order"""
+    episode_lengths: list[int] = field(default_factory=list)
+    """the length of every finished training episode, in order"""
+    eval_returns: list[float] = field(default_factory=list)
+    """returns of the evaluation episodes after training"""
+    checkpoint: Path | None = None
+    """the last checkpoint written, if any"""
+
+    def summary(self) -> str:
+        """One line for the end of a command-line run."""
+        line = f"{self.run_dir}: {self.global_step} steps, {len(self.episode_returns)} episodes"
+        if self.episode_returns:
+            line += f", last-100 return {np.mean(self.episode_returns[-100:]):.2f}"
+        if self.eval_returns:
+            line += f", eval return {np.mean(self.eval_returns):.2f} +- {np.std(self.eval_returns):.2f}"
+        return line

@@ -1,0 +1,276 @@
+"""common/: the command line, checkpoints, seeding, run folders, Ctrl-C handling and NumPy snapshots."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from common import checkpoints, seeding
+from common.cli import check_ranges, notice, one_line, parse_args
+from common.errors import UsageError
+from common.interrupt import sigint_ignored_by_new_processes
+from common.numpy_snapshot import LAYERS, NoNumpyForm, numpy_snapshot
+from common.run_folder import create_run_folder, unused_path
+from common.trajectories import unused_npz_path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Flags:
+    total_timesteps: int = 500_000
+    """total timesteps of the experiment"""
+    num_envs: int = 4
+    """the number of parallel environments"""
+
+
+# --- the command line ----------------------------------------------------------------------------------------------
+
+
+def test_a_misspelled_flag_gives_one_line_with_tyros_hint():
+    with pytest.raises(UsageError) as caught:
+        parse_args(Flags, ["--total-timestep", "30000"])
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("Unrecognized options: --total-timestep")
+    assert "Perhaps you meant: --total-timesteps" in message and message.endswith("(see --help)")
+    with pytest.raises(UsageError, match=r"--num-envs.*'four'"):
+        parse_args(Flags, ["--num-envs", "four"])
+    assert parse_args(Flags, ["--num-envs", "2"]) == Flags(num_envs=2)
+
+
+# The two layouts tyro has used for this message: boxed (0.8 to 1.0.5) and ruled with dashes (1.0.6 on, when its
+# output is not a terminal), each wrapped at a narrow width.
+BOXED = """\
+╭─ Unrecognized options ─────────────╮
+│ Unrecognized options:              │
+│ --total-timestep                   │
+│ ────────────────────────────────── │
+│ Perhaps you meant:                 │
+│     --total-timesteps INT          │
+│         total timesteps of the     │
+│         experiment (default: 5)    │
+│ ────────────────────────────────── │
+│ For full helptext, run ppo_fc.py   │
+│ --help                             │
+╰────────────────────────────────────╯
+"""
+RULED = """\
+ Unrecognized options
+ ---------------------------------
+  Unrecognized options:
+  --total-timestep
+  ---------------------------------
+  Perhaps you meant:
+      --total-timesteps INT
+          total timesteps of the
+          experiment (default: 5)
+  ---------------------------------
+  For full helptext, run ppo_fc.py
+  --help
+"""
+
+
+@pytest.mark.parametrize("layout", [BOXED, RULED, "\x1b[1m" + BOXED.replace("options:", "options:\x1b[0m")])
+def test_one_line_does_not_depend_on_tyros_layout(layout):
+    assert one_line(layout) == (
+        "Unrecognized options: --total-timestep; Perhaps you meant: --total-timesteps INT total timesteps of the "
+        "experiment (default: 5)"
+    )
+
+
+def test_check_ranges_names_the_first_bad_flag():
+    check_ranges(Flags(), positive=["num_envs", "total_timesteps"])
+    with pytest.raises(UsageError, match="--num-envs must be positive, got 0"):
+        check_ranges(Flags(num_envs=0), positive=["total_timesteps", "num_envs"])
+    with pytest.raises(UsageError, match=r"must lie in \[0, 1\]"):
+        check_ranges(Flags(num_envs=2), unit_interval=["num_envs"])
+
+
+def test_a_notice_is_printed_once(capsys):
+    notice("the same thing")
+    notice("the same thing")
+    assert capsys.readouterr().err == "notice: the same thing\n"
+
+
+# --- checkpoints and seeding ---------------------------------------------------------------------------------------
+
+
+def test_checkpoints_are_written_atomically_and_checked_when_read(tmp_path):
+    path = checkpoints.save(tmp_path / "checkpoints", "script", 7, Flags(), 1024, model={"w": torch.ones(2)})
+    assert {p.name for p in path.parent.iterdir()} == {"latest.pt", "step_1024.pt"}  # no temporary file left
+    assert (path.parent / "step_1024.pt").read_bytes() == path.read_bytes()
+    checkpoint = checkpoints.load(path, "script", 7, ["model"])
+    assert checkpoint["args"] == {"total_timesteps": 500_000, "num_envs": 4} and checkpoint["global_step"] == 1024
+    with pytest.raises(UsageError, match="not a other checkpoint"):
+        checkpoints.load(path, "other", 7, ["model"])
+    with pytest.raises(UsageError, match="format 7, this version reads 8"):
+        checkpoints.load(path, "script", 8, ["model"])
+    with pytest.raises(UsageError, match=r"missing \['optimizer'\]"):
+        checkpoints.load(path, "script", 7, ["model", "optimizer"])
+
+
+def test_rng_state_round_trip_gives_the_same_numbers():
+    seeding.seed_and_pick_device(3, True, 0, cuda=False)
+    state = seeding.rng_state()
+    first = (torch.rand(3), np.random.rand(3), __import__("random").random())
+    seeding.restore_rng_state(state)
+    second = (torch.rand(3), np.random.rand(3), __import__("random").random())
+    torch.testing.assert_close(first[0], second[0])
+    np.testing.assert_array_equal(first[1], second[1])
+    assert first[2] == second[2]
+
+
+def test_rng_state_carries_the_cuda_generators_when_cuda_is_used(monkeypatch):
+    # No GPU here: torch.cuda is replaced by a stand-in with two devices, and the test checks what is saved and set.
+    device_states = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3, 4], dtype=torch.uint8)]
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: device_states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.__setitem__(device, state))
+    state = seeding.rng_state()
+    assert [s.tolist() for s in state["cuda"]] == [[1, 2], [3, 4]]
+    seeding.restore_rng_state(state)
+    assert {device: s.tolist() for device, s in restored.items()} == {0: [1, 2], 1: [3, 4]}
+
+
+# --- run folders and output files ----------------------------------------------------------------------------------
+
+
+def test_run_folders_started_in_the_same_second_get_a_suffix(tmp_path):
+    folders = [create_run_folder(tmp_path, "CartPole-v1__ppo_fc__1__1700000000") for _ in range(3)]
+    assert [f.name for f in folders] == [
+        "CartPole-v1__ppo_fc__1__1700000000",
+        "CartPole-v1__ppo_fc__1__1700000000_2",
+        "CartPole-v1__ppo_fc__1__1700000000_3",
+    ]
+    assert create_run_folder(tmp_path, "x", "__eval").name == "x__eval"
+    assert create_run_folder(tmp_path, "x", "__eval").name == "x_2__eval"  # still ends in __eval
+
+
+def test_output_files_are_never_overwritten(tmp_path, capsys):
+    assert unused_path(tmp_path / "a.npz") == tmp_path / "a.npz"
+    (tmp_path / "a.npz").write_bytes(b"first part")
+    assert unused_npz_path(tmp_path / "a") == tmp_path / "a_2.npz"
+    assert "a.npz exists; the trajectories go to" in capsys.readouterr().err
+
+
+# --- Ctrl-C and worker processes -----------------------------------------------------------------------------------
+
+
+def test_processes_started_in_the_block_ignore_sigint_and_the_handler_comes_back():
+    before = signal.getsignal(signal.SIGINT)
+    code = "import signal, sys; sys.exit(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"
+    with sigint_ignored_by_new_processes():
+        ignoring = subprocess.run([sys.executable, "-c", code]).returncode
+    default = subprocess.run([sys.executable, "-c", code]).returncode
+    assert (ignoring, default) == (1, 0)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_async_env_workers_survive_a_ctrl_c_of_the_whole_process_group(tmp_path):
+    # What a terminal does: SIGINT to every process of the foreground group. The workers must not die of it, so the
+    # training process can step them to the end of its iteration.
+    script = textwrap.dedent(
+        """
+        import signal, sys, time
+        import gymnasium as gym
+        from common.envs import vector_env
+        from common.interrupt import GracefulInterrupt
+
+        envs = vector_env([lambda: gym.make("CartPole-v1")] * 2, async_envs=True)
+        envs.reset(seed=0)
+        try:
+            with GracefulInterrupt() as interrupt:
+                print("ready", flush=True)
+                while not interrupt.requested:
+                    time.sleep(0.01)
+                for _ in range(20):  # the rest of the iteration
+                    envs.step(envs.action_space.sample())
+                print("stepped after the interrupt", flush=True)
+        except KeyboardInterrupt:  # raised when the block ends: the training process stops there
+            envs.close()
+            sys.exit(0)
+        """
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert process.stdout.readline().strip() == "ready"
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "stepped after the interrupt" in stdout
+
+
+# --- NumPy snapshots -----------------------------------------------------------------------------------------------
+
+
+def test_every_known_layer_has_a_numpy_form_equal_to_torch():
+    torch.manual_seed(0)
+    layers = {
+        nn.Linear: nn.Linear(6, 6),
+        nn.LayerNorm: nn.LayerNorm(6),
+        nn.Tanh: nn.Tanh(),
+        nn.ReLU: nn.ReLU(),
+        nn.LeakyReLU: nn.LeakyReLU(0.1),
+        nn.ELU: nn.ELU(0.5),
+        nn.Sigmoid: nn.Sigmoid(),
+        nn.SiLU: nn.SiLU(),
+        nn.Identity: nn.Identity(),
+    }
+    assert set(layers) == set(LAYERS)
+    with torch.no_grad():
+        layers[nn.LayerNorm].weight.normal_()
+        layers[nn.LayerNorm].bias.normal_()
+    x = torch.randn(64, 6) * 3
+    for layer in layers.values():
+        with torch.no_grad():
+            expected = layer(x).numpy()
+        np.testing.assert_allclose(numpy_snapshot(layer)(x.numpy()), expected, rtol=1e-5, atol=1e-5)
+    network = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 2)))
+    with torch.no_grad():
+        expected = network(x).numpy()
+    snapshot = numpy_snapshot(network)
+    np.testing.assert_allclose(snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        network[0].weight.zero_()
+    np.testing.assert_allclose(snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5)  # a copy, not a view
+
+
+class ScaledLinear(nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def test_what_a_snapshot_cannot_copy_is_refused():
+    with pytest.raises(NoNumpyForm, match="ScaledLinear"):
+        numpy_snapshot(nn.Sequential(nn.Linear(2, 2), ScaledLinear(2, 2)))  # a subclass may compute anything
+    hooked = nn.Linear(2, 2)
+    hooked.register_forward_hook(lambda module, inputs, output: 2 * output)
+    with pytest.raises(NoNumpyForm, match="hooks"):
+        numpy_snapshot(nn.Sequential(hooked))
+    with pytest.raises(NoNumpyForm, match="hooks"):
+        numpy_snapshot(nn.utils.spectral_norm(nn.Linear(2, 2)))
+    with pytest.raises(NoNumpyForm, match="GELU"):
+        numpy_snapshot(nn.GELU())
+    handle = nn.modules.module.register_module_forward_hook(lambda module, inputs, output: output)
+    try:
+        with pytest.raises(NoNumpyForm, match="global"):
+            numpy_snapshot(nn.Linear(2, 2))
+    finally:
+        handle.remove()
