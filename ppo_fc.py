@@ -1,16 +1,12 @@
-"""PPO with an MLP actor and critic, for discrete and continuous actions, after CleanRL's ppo.py.
-
-Read top to bottom: the arguments, the environments, the network, then ``train()``: rollout, GAE, minibatch updates
-and Adam with a linear learning-rate decay. Run plumbing (command line, checkpoint files, run folder, logging, Ctrl-C)
-is in ``common/``. ``--help`` lists every flag; the README's "Copy and modify" says what an edit must touch.
-"""
+"""PPO with an MLP actor and critic, for discrete and continuous actions, after CleanRL's ppo.py. Read top to bottom:
+arguments, environments, network, then ``train()``: rollout, GAE, minibatch updates, Adam with a linear LR decay.
+Run plumbing is in ``common/``; the README's "Copy and modify" says what an edit must touch."""
 
 from __future__ import annotations
 
 import math
 import sys
 import time
-from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,18 +17,18 @@ import numpy as np
 import torch
 import torch.nn as nn
 from gymnasium.vector import VectorEnv, VectorWrapper
+from torch import Tensor
 from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints
+from common import checkpoints, stand_in
 from common.cli import check_ranges, exit_status, notice, parse_args
 from common.envs import env_action, env_spaces, flat_observations, resolve_env_id, vector_env
 from common.errors import TrainingDiverged, UsageError
 from common.evaluation import play_episodes
 from common.interrupt import GracefulInterrupt
-from common.numpy_snapshot import check_same_actions, numpy_snapshot_or_none
 from common.resident_memory import rss_mb
 from common.run_folder import create_run_folder, run_name
 from common.running_norm import RunningNorm
@@ -41,20 +37,20 @@ from common.tracking import EpisodeLog, finish_tracking, log_episodes, start_tra
 from common.train_result import TrainResult
 from common.trajectories import TrajectoryWriter, unused_npz_path
 
-# Validating distribution arguments costs more than the small network's forward pass; the inputs here are well formed.
-torch.distributions.Distribution.set_default_validate_args(False)
-
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 3  # 3: actor and critic are nn.Sequential (state-dict keys changed)
 CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms")
-RUN_TIME_FLAGS = ("run_dir", "cuda", "torch_threads", "progress", "track", "resume", "numpy_rollout")
+RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout")
 """The settings the command line decides for a resumed run; the rest come from its checkpoint."""
-EVALUATION_FLAGS = (*RUN_TIME_FLAGS[:3], "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
+EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
+EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories")
 """The settings the command line decides with --eval-checkpoint."""
 
 
 @dataclass
 class Args:
+    """PPO with an MLP actor and critic, for discrete and continuous actions, with CleanRL's flags and defaults."""
+
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
     seed: int = 1
@@ -81,7 +77,6 @@ class Args:
     """if toggled, show a progress bar with the step count, SPS and the mean return of recent episodes"""
     numpy_rollout: bool = True
     """if toggled, the rollout acts through a NumPy copy of the policy (faster on a CPU; checked against the torch policy after every rollout); off: a torch call per step"""
-
     save_model: bool = True
     """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
     checkpoint_every: int = 0
@@ -100,7 +95,6 @@ class Args:
     """with --sampling-method topk / bottomk: sample among this many most / least likely actions (discrete only)"""
     save_trajectories: str | None = None
     """record the training rollouts (or, with --eval-checkpoint, the evaluation episodes) to this .npz file (an existing file is never overwritten: a free name _2, _3, ... is taken)"""
-
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment (ids of installed packages such as popgym and MiniGrid work as written; `module:Env-v0` imports `module` first)"""
     total_timesteps: int = 500_000
@@ -151,16 +145,14 @@ class Args:
     """width of the two hidden layers of the actor and of the critic"""
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, video_folder: str, video_every: int):
+def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
     def thunk():
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
         else:
             env = gym.make(env_id)
-        # Per env, not on the vector env: vector observation wrappers refuse SAME_STEP autoreset, and applied here they
-        # also flatten `final_obs`.
-        return flat_observations(env)
+        return flat_observations(env)  # per env: vector observation wrappers refuse SAME_STEP autoreset
 
     return thunk
 
@@ -185,8 +177,7 @@ class Agent(nn.Module):
             nn.Tanh(),
             layer_init(nn.Linear(hidden_size, 1), std=1.0),
         )
-        # logits (discrete) or the Gaussian mean (continuous)
-        self.actor = nn.Sequential(
+        self.actor = nn.Sequential(  # logits (discrete) or the Gaussian mean (continuous)
             layer_init(nn.Linear(observation_size, hidden_size)),
             nn.Tanh(),
             layer_init(nn.Linear(hidden_size, hidden_size)),
@@ -203,24 +194,26 @@ class Agent(nn.Module):
         """The policy at observations `x`: its one definition, used by the rollout, the update and evaluation."""
         actor_out = self.actor(self.obs_norm(x))
         if self.discrete:
-            return Categorical(logits=actor_out)
-        return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp())
+            return Categorical(logits=actor_out, validate_args=False)  # validating costs more than the network
+        return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
     def get_action_and_value(
         self, x: torch.Tensor, action: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`."""
-        policy = self.distribution(x)
+        """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`. For a
+        categorical they are written out (a Categorical costs 6% of SPS here); `check_policy` checks them."""
         if action is None:
-            action = policy.sample()
-        log_prob, entropy = policy.log_prob(action), policy.entropy()
-        if not self.discrete:  # independent action dimensions: log-probabilities and entropies add up
-            log_prob, entropy = log_prob.sum(-1), entropy.sum(-1)
-        return action, log_prob, entropy, self.get_value(x)
+            action = self.distribution(x).sample()
+        if self.discrete:
+            log_probs = self.actor(self.obs_norm(x)).log_softmax(-1).clamp(min=torch.finfo(x.dtype).min)
+            log_prob = log_probs.gather(-1, action[..., None]).squeeze(-1)
+            return action, log_prob, -(log_probs.exp() * log_probs).sum(-1), self.get_value(x)
+        policy = self.distribution(x)  # independent action dimensions: log-probabilities and entropies add up
+        return action, policy.log_prob(action).sum(-1), policy.entropy().sum(-1), self.get_value(x)
 
     def sampling_noise(self, batch_shape: tuple[int, ...]) -> torch.Tensor:
         """The randomness of `sample` for a batch of observations. A rollout draws all of its steps' in one call."""
-        noise = torch.empty((*batch_shape, self.action_size), device=self.actor[0].weight.device)
+        noise = torch.empty((*batch_shape, self.action_size), device=next(self.parameters()).device)
         if self.discrete:
             return noise.exponential_().log_().neg_()  # -log(Exp(1)) is Gumbel noise
         return noise.normal_()
@@ -234,44 +227,51 @@ class Agent(nn.Module):
         return policy.mean + policy.stddev * noise
 
 
-def rollout_policy(
-    agent: Agent, device: torch.device, numpy_rollout: bool
-) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """`Agent.sample(Agent.distribution(obs), noise)` as a function of NumPy arrays, for the rollout's steps: with
-    `numpy_rollout`, a NumPy snapshot of `obs_norm` and `actor` taken now (a NumPy call costs a third of a torch call
-    on arrays this small), else, or where the snapshot does not know a layer, the torch modules."""
-    actor_out = numpy_snapshot_or_none(agent.obs_norm, agent.actor) if numpy_rollout else None
-    if actor_out is not None and agent.discrete:
-        return lambda obs, noise: np.argmax(actor_out(obs) + noise, -1)
-    if actor_out is not None:
-        std = agent.actor_logstd.detach().exp().cpu().numpy()
-        return lambda obs, noise: actor_out(obs) + std * noise
+def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[stand_in.PolicyFunction, bool]:
+    """`Agent.sample(Agent.distribution(obs), noise)` on NumPy arrays, and whether it is a NumPy copy (with
+    `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the torch policy does on `obs`)."""
+    device = next(agent.parameters()).device
 
     @torch.no_grad()
-    def torch_policy(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    def torch_act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
         policy = agent.distribution(torch.as_tensor(obs, device=device))
         return agent.sample(policy, torch.as_tensor(noise, device=device)).cpu().numpy()
 
-    return torch_policy
+    def numpy_act() -> stand_in.PolicyFunction:
+        actor_out = stand_in.numpy_snapshot(agent.obs_norm, agent.actor)
+        if agent.discrete:
+            return lambda obs, noise: np.argmax(actor_out(obs) + noise, -1)
+        std = agent.actor_logstd.detach().exp().cpu().numpy()
+        return lambda obs, noise: actor_out(obs) + std * noise
+
+    act = stand_in.fitting_copy(numpy_act, torch_act, obs, agent.action_size) if numpy_rollout else None
+    return (act, True) if act is not None else (torch_act, False)
 
 
-def check_rollout_actions(agent: Agent, obs: torch.Tensor, noise: torch.Tensor, actions: torch.Tensor) -> None:
-    """Stop training (PolicyMismatch) unless `actions` are those the torch policy gives at `obs` for `noise`."""
+def check_policy(obs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool, *scores: Tensor) -> None:
+    """Stop training unless the rollout's `actions` (made with `noise`) are those and draws of `Agent.distribution`
+    at `obs`, and the written-out `scores` (log-probabilities, entropies) of `get_action_and_value` are its own."""
     policy = agent.distribution(obs)
-    check_same_actions(actions, agent.sample(policy, noise), policy.logits + noise if agent.discrete else None)
+    if agent.discrete:
+        stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
+        stand_in.check_draws(actions, probs=policy.probs)
+        stand_in.check_same_values("log-probabilities", scores[0], policy.log_prob(actions))
+        stand_in.check_same_values("entropies", scores[1], policy.entropy())
+    else:
+        stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
+        stand_in.check_draws(actions, mean=policy.mean, std=policy.stddev)
 
 
 def check_args(args: Args) -> None:
     """Reject bad settings before anything is built or written."""
     positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size")
     positive += ("video_every", "sampling_k", "temperature", "learning_rate", "clip_coef", "max_grad_norm")
-    non_negative = ("eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate")
+    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate")
     check_ranges(args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda"))
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         raise UsageError(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of --num-envs x --num-steps = "
-            f"{batch_size}; pick a divisor of {batch_size}"
+            f"--num-minibatches {args.num_minibatches} must divide --num-envs x --num-steps = {batch_size}"
         )
     if args.total_timesteps < batch_size:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)")
@@ -280,14 +280,16 @@ def check_args(args: Args) -> None:
 def from_checkpoint(path: str, args: Args, kept: tuple[str, ...]) -> tuple[Args, dict]:
     """A checkpoint of this script, and the settings of its run with the `kept` flags of `args` on top."""
     checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
-    settings = checkpoints.config(Args, checkpoint, {name: getattr(args, name) for name in kept})
+    settings = checkpoints.settings(checkpoint, args, kept, strict=kept == RUN_TIME_FLAGS)
     check_args(settings)
     return settings, checkpoint
 
 
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
-    observation_space, action_space = env_spaces(make_env(resolve_env_id(args.env_id), 0, False, "", 1))
+    observation_space, action_space, render_modes = env_spaces(make_env(resolve_env_id(args.env_id)))
+    if args.capture_video and "rgb_array" not in render_modes:
+        raise UsageError(f"--capture-video: {args.env_id!r} cannot render to rgb_array frames")
     if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
         raise UsageError(f"{args.env_id!r} has a {type(action_space).__name__} action space; use Discrete or Box")
     if args.sampling_method in ("topk", "bottomk") and not isinstance(action_space, gym.spaces.Discrete):
@@ -331,10 +333,12 @@ def train(args: Args) -> TrainResult:
         optimizer.load_state_dict(checkpoint["optimizer"])
         global_step, start_iteration = int(checkpoint["global_step"]), int(checkpoint["iteration"]) + 1
         run_path = checkpoints.resume_folder(args.resume)
+        if start_iteration > num_iterations:
+            raise UsageError(f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)")
     else:
         run_path = create_run_folder(args.run_dir, run_name(args.env_id, args.exp_name, args.seed))
     writer = start_tracking(run_path, args, purge_step=global_step + 1 if checkpoint is not None else None)
-    video_folder = run_path / "videos"
+    video_folder = run_path / "videos" / (f"from_step_{global_step}" if global_step else "")  # parts never clash
     envs, reward_normalizer = make_envs(args, str(video_folder), checkpoint)
 
     # Rollout storage, in NumPy: filled step by step without conversions.
@@ -346,7 +350,7 @@ def train(args: Args) -> TrainResult:
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations, truncations = np.zeros((2, args.num_steps, args.num_envs), dtype=bool)
     trajectory_writer = TrajectoryWriter(args.num_envs, meta={"args": asdict(args)}) if args.save_trajectories else None
-    trajectory_path = unused_npz_path(args.save_trajectories) if args.save_trajectories else None
+    trajectory_path = unused_npz_path(args.save_trajectories)
 
     if args.total_timesteps % batch_size:
         notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
@@ -354,7 +358,7 @@ def train(args: Args) -> TrainResult:
         restore_rng_state(checkpoint["rng"])  # last, after every module is built: building draws random numbers
     # Env internals cannot be saved without pickling: a resumed run starts fresh episodes, seeded apart from the first.
     next_obs_np, _ = envs.reset(seed=args.seed + global_step)
-    episodes = EpisodeLog(writer)
+    episodes, checkpoint_path = EpisodeLog(writer), None
     progress = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress, unit="step")
     start_time, start_step = time.time(), global_step
     uploaded_videos: set[str] = set()
@@ -364,7 +368,7 @@ def train(args: Args) -> TrainResult:
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
         return checkpoints.save(run_path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
-    iteration, checkpoint_path = start_iteration - 1, None
+    iteration = saved_iteration = start_iteration - 1
     with GracefulInterrupt() as interrupt, closing(envs), progress:
         while iteration < num_iterations and not interrupt.requested:
             iteration += 1
@@ -373,22 +377,22 @@ def train(args: Args) -> TrainResult:
                 optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
             rollout_start = time.time()
 
-            # The rollout only acts, with the noise of all its steps drawn at once. Log-probs and values come after
-            # it, from one torch pass over all steps, which first checks that the actions are the policy's.
-            policy = rollout_policy(agent, device, args.numpy_rollout)
+            # The rollout only acts; log-probs and values come after it, from one torch pass over all its steps.
+            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np)
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np = noise.cpu().numpy()
             recorded_steps = []  # with --save-trajectories: what the trajectory file needs once log-probs are known
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs_np
-                actions[step] = policy(obs[step], noise_np[step])
+                actions[step] = act(obs[step], noise_np[step])
                 sent_action = env_action(actions[step], agent.action_space)
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
-                rewards[step] = reward
-                if reward_normalizer is not None:  # clipped here, not by a wrapper: the env's reward stays recoverable
-                    rewards[step] = reward.clip(-args.norm_reward_clip, args.norm_reward_clip)
+                rewards[step] = (
+                    reward.clip(-args.norm_reward_clip, args.norm_reward_clip) if reward_normalizer else reward
+                )
+                if reward_normalizer is not None:  # clipped above, not by a wrapper: the env's reward stays recoverable
                     reward = reward * np.sqrt(reward_normalizer.return_rms.var + reward_normalizer.epsilon)
 
                 if args.bootstrap_truncation and truncated.any():
@@ -400,8 +404,8 @@ def train(args: Args) -> TrainResult:
             with torch.no_grad():
                 b_obs = torch.as_tensor(obs, device=device).reshape(-1, *obs_shape)
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
-                check_rollout_actions(agent, b_obs, noise.reshape(batch_size, -1), b_actions)
-                _, b_logprobs, _, b_values = agent.get_action_and_value(b_obs, b_actions)
+                _, b_logprobs, b_entropy, b_values = agent.get_action_and_value(b_obs, b_actions)
+                check_policy(b_obs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy, b_logprobs, b_entropy)
                 values = b_values.reshape(args.num_steps, args.num_envs)
                 next_value = agent.get_value(torch.as_tensor(next_obs_np, dtype=torch.float32, device=device))
                 # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
@@ -470,7 +474,7 @@ def train(args: Args) -> TrainResult:
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
             # Checked once per update, not per minibatch: on a GPU every check waits for the device.
-            if not losses_finite or not all(torch.isfinite(p).all() for p in agent.parameters()):
+            if not (losses_finite & torch.stack([torch.isfinite(p).all() for p in agent.parameters()]).all()):
                 raise TrainingDiverged(
                     f"a loss or parameter became NaN or inf in the update at step {global_step} (last minibatch: "
                     f"policy loss {pg_loss.item():.4g}, value loss {v_loss.item():.4g}, entropy "
@@ -499,12 +503,12 @@ def train(args: Args) -> TrainResult:
             progress.update(global_step - progress.n)
             progress.set_postfix(SPS=sps, ret=episodes.recent_mean(), refresh=False)
             if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-                checkpoint_path = write_checkpoint(iteration)
+                checkpoint_path, saved_iteration = write_checkpoint(iteration), iteration
             if args.track and args.capture_video:
                 upload_videos(video_folder, uploaded_videos)
 
         # Also after a Ctrl-C, which then stops the run here (the checkpoint is that of the last whole iteration).
-        if (args.save_model or (interrupt.requested and args.checkpoint_every)) and iteration >= start_iteration:
+        if (args.save_model or (interrupt.requested and args.checkpoint_every)) and saved_iteration < iteration:
             checkpoint_path = write_checkpoint(iteration)
         if trajectory_writer is not None:
             trajectory_writer.save(trajectory_path)
@@ -517,11 +521,10 @@ def compute_gae(
     rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
     truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
 ) -> np.ndarray:  # fmt: skip
-    """Generalised advantage estimates for a (num_steps, num_envs) rollout, in NumPy (each step of the recursion is a
-    small operation, cheaper in NumPy than a torch call). An episode boundary stops the recursion; a truncated step
-    bootstraps from `final_values` (the value of its real last observation, 0 without truncation bootstrapping)."""
+    """GAE for a (num_steps, num_envs) rollout, in NumPy (cheaper than torch for the recursion's small steps). An
+    episode end stops the recursion; a truncated step bootstraps from `final_values`, its last observation's value."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)  # other entries may be stale: not read
+    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)  # final_values elsewhere is not read
     following_values = np.concatenate([values[1:], next_value[None]])
     deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
     advantages = np.zeros_like(deltas)
@@ -542,18 +545,16 @@ def select_action(agent: Agent, obs: torch.Tensor, method: str, temperature: flo
         if agent.discrete:
             return Categorical(logits=policy.logits / temperature).sample()
         return Normal(policy.mean, policy.stddev * temperature).sample()
-    if not agent.discrete:
-        raise UsageError(f"--sampling-method {method} needs a discrete action space")
-    k = min(k, policy.logits.shape[-1])
+    k = min(k, policy.logits.shape[-1])  # topk, bottomk: discrete actions only (build_agent checks)
     kept = policy.logits.topk(k, dim=-1, largest=method == "topk")
     return kept.indices.gather(-1, Categorical(logits=kept.values).sample().unsqueeze(-1)).squeeze(-1)
 
 
 def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
-    """Play `args.eval_episodes` episodes in one env seeded with `args.seed`, drawing actions by
-    `args.sampling_method`; log them at `step` (the agent's training step) and return their returns. The agent's
-    observation statistics are only read here. With `record_to`, the episodes are recorded there."""
-    device = next(agent.parameters()).device
+    """Play `args.eval_episodes` episodes (seeded with `args.seed`, actions by `args.sampling_method`, recorded to
+    `record_to`), log them at `step`, the agent's training step, and return their returns."""
+    device, was_training = next(agent.parameters()).device, agent.training
+    agent.eval()  # dropout off, batch norm on its running statistics
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
@@ -561,9 +562,10 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
         action = select_action(agent, obs_tensor, args.sampling_method, args.temperature, args.sampling_k)
         return env_action(action.cpu().numpy(), agent.action_space)
 
-    env_fn, meta = make_env(resolve_env_id(args.env_id), 0, False, "", 1), {"args": asdict(args)}
+    env_fn, meta = make_env(resolve_env_id(args.env_id)), {"args": asdict(args)}
     returns, lengths = play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
     log_episodes(writer, returns, lengths, step, prefix="eval")
+    agent.train(was_training)
     return returns
 
 
@@ -574,11 +576,10 @@ def evaluate_checkpoint(args: Args) -> list[float]:
     if trained.eval_episodes <= 0:
         raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
-    agent = build_agent(trained, checkpoint, device).eval()
-    trajectory_path = unused_npz_path(args.save_trajectories) if args.save_trajectories else None
+    agent = build_agent(trained, checkpoint, device)
     run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
     with SummaryWriter(str(run_path)) as writer:
-        returns = evaluate(agent, trained, writer, int(checkpoint["global_step"]), trajectory_path)
+        returns = evaluate(agent, trained, writer, checkpoint["global_step"], unused_npz_path(args.save_trajectories))
     print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     return returns
 

@@ -67,10 +67,20 @@ def load(path: str | Path, script: str, checkpoint_format: int, required: Iterab
     return checkpoint
 
 
-def config(config: type[Config], checkpoint: dict, overrides: dict[str, Any]) -> Config:
-    """The run settings a checkpoint holds, as a `config` dataclass, with `overrides` on top."""
+def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) -> Config:
+    """The run settings a checkpoint holds, in the dataclass of `args`, with the `kept` fields of `args` on top.
+
+    With `strict` (a resumed run), any other field of `args` that differs both from its default and from the
+    checkpoint is a UsageError: the checkpoint decides it, and the flag would otherwise be ignored without a word."""
+    kept = set(kept)
+    defaults = type(args)()
+    for field in dataclasses.fields(args) if strict else ():
+        given, saved = getattr(args, field.name), checkpoint["args"].get(field.name)
+        if field.name not in kept and given != getattr(defaults, field.name) and given != saved:
+            flag = "--" + field.name.replace("_", "-")
+            raise UsageError(f"{flag} {given} differs from the checkpoint's {saved}, which decides it; leave it out")
     try:
-        return config(**{**checkpoint["args"], **overrides})
+        return type(args)(**{**checkpoint["args"], **{name: getattr(args, name) for name in kept}})
     except (KeyError, TypeError) as exc:
         raise UsageError(f"the checkpoint's settings do not match this version of the script: {exc}") from None
 

@@ -149,16 +149,16 @@ def _flattenable(space: Space) -> bool:
         return False
 
 
-def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space]:
-    """The observation and action spaces of the env that `env_fn` makes (a `make_env` thunk); an env that cannot be
-    made is a UsageError that says why."""
+def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
+    """The observation and action spaces and the render modes of the env that `env_fn` makes (a `make_env` thunk);
+    an env that cannot be made is a UsageError that says why."""
     try:
         env = env_fn()
     except UsageError:
         raise
     except Exception as exc:  # missing extras, broken envs: the message says what to fix
         raise UsageError(f"cannot make the env: {type(exc).__name__}: {one_line(str(exc))}") from None
-    spaces = env.observation_space, env.action_space
+    spaces = env.observation_space, env.action_space, list(env.metadata.get("render_modes", []))
     env.close()
     return spaces
 

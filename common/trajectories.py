@@ -180,10 +180,12 @@ def npz_path(path: str | Path) -> Path:
     return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
 
 
-def unused_npz_path(path: str | Path) -> Path:
+def unused_npz_path(path: str | Path | None) -> Path | None:
     """The `.npz` path for `path` where a new trajectory file goes: `path` itself, or, when a file is there
     already (an earlier run's, or the first part of a resumed run), the first free `stem_2.npz`, `stem_3.npz`, ...,
-    with a notice. A trajectory file is never overwritten."""
+    with a notice. A trajectory file is never overwritten. None for None (no trajectories asked for)."""
+    if path is None:
+        return None
     wanted = npz_path(path)
     free = unused_path(wanted)
     if free != wanted:

@@ -15,10 +15,10 @@ import torch.nn as nn
 
 from common import checkpoints, seeding
 from common.cli import check_ranges, notice, one_line, parse_args
-from common.errors import UsageError
+from common.errors import PolicyMismatch, UsageError
 from common.interrupt import sigint_ignored_by_new_processes
-from common.numpy_snapshot import LAYERS, NoNumpyForm, numpy_snapshot
 from common.run_folder import create_run_folder, unused_path
+from common.stand_in import LAYERS, NoNumpyForm, check_draws, fitting_copy, numpy_snapshot
 from common.trajectories import unused_npz_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,3 +274,27 @@ def test_what_a_snapshot_cannot_copy_is_refused():
             numpy_snapshot(nn.Linear(2, 2))
     finally:
         handle.remove()
+
+
+def test_draws_of_the_policy_pass_and_other_draws_do_not():
+    generator = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(2048, 4, generator=generator) * 3, -1)  # some actions all but impossible
+    for _ in range(200):  # honest draws never raise, rare actions included
+        check_draws(torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs=probs)
+    sharper = torch.softmax(torch.log(probs) * 3, -1)
+    with pytest.raises(PolicyMismatch, match="not draws"):
+        check_draws(torch.multinomial(sharper, 1, generator=generator).squeeze(-1), probs=probs)
+    mean, std = torch.randn(512, 2, generator=generator), torch.rand(512, 2, generator=generator) + 0.1
+    check_draws(mean + std * torch.randn(512, 2, generator=generator), mean=mean, std=std)
+    with pytest.raises(PolicyMismatch, match="not draws"):
+        check_draws(mean + 0.5 * std * torch.randn(512, 2, generator=generator), mean=mean, std=std)
+
+
+def test_a_copy_that_does_not_act_like_the_reference_is_not_used(capsys):
+    def reference(obs, noise):
+        return obs.sum(-1, keepdims=True) + noise
+
+    assert fitting_copy(lambda: reference, reference, np.ones((3, 2), np.float32), 1) is reference
+    assert fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, np.ones((3, 2)), 1) is None
+    assert fitting_copy(lambda: lambda obs, noise: obs @ np.ones((5, 1)), reference, np.ones((3, 2)), 1) is None
+    assert capsys.readouterr().err.count("notice: the rollout calls the torch policy at every step") == 2

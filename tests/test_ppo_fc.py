@@ -154,11 +154,13 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     agent.obs_norm.update(torch.randn(100, 4) * 3 + 1)
     observations = (torch.randn(256, 4) * 3 + 1).numpy()
     noise = agent.sampling_noise((256,)).numpy()
-    numpy_policy = ppo_fc.rollout_policy(agent, torch.device("cpu"), numpy_rollout=True)
-    torch_policy = ppo_fc.rollout_policy(agent, torch.device("cpu"), numpy_rollout=False)
-    assert not hasattr(numpy_policy, "__wrapped__")  # the NumPy form, not the torch function
+    numpy_policy, numpy_copy = ppo_fc.rollout_policy(agent, True, observations[:4])
+    torch_policy, torch_copy = ppo_fc.rollout_policy(agent, False, observations[:4])
+    assert numpy_copy and not torch_copy
     actions = numpy_policy(observations, noise)
-    ppo_fc.check_rollout_actions(agent, torch.as_tensor(observations), torch.as_tensor(noise), torch.as_tensor(actions))
+    with torch.no_grad():
+        _, log_probs, entropy, _ = agent.get_action_and_value(torch.as_tensor(observations), torch.as_tensor(actions))
+    ppo_fc.check_policy(*map(torch.as_tensor, (observations, noise, actions)), agent, True, log_probs, entropy)
     if agent.discrete:
         assert (actions == torch_policy(observations, noise)).mean() > 0.99 and len(np.unique(actions)) > 2
     else:
@@ -169,17 +171,44 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     np.testing.assert_array_equal(numpy_policy(observations, noise), actions)  # later updates do not reach it
 
 
-def test_rollout_check_stops_a_policy_that_is_not_the_definition():
+def test_the_check_stops_actions_or_log_probs_that_are_not_the_definitions():
     torch.manual_seed(0)
     agent = sharp_agent(ppo_fc.Agent)(4, gym.spaces.Discrete(3), 16, norm_obs=False)
     observations = torch.randn(512, 4)
     noise = agent.sampling_noise((512,))
     with torch.no_grad():
         actions = agent.sample(agent.distribution(observations), noise)
-        ppo_fc.check_rollout_actions(agent, observations, noise, actions)
+        _, log_probs, entropy, _ = agent.get_action_and_value(observations, actions)
+        ppo_fc.check_policy(observations, noise, actions, agent, True, log_probs, entropy)
         colder = torch.argmax(agent.distribution(observations).logits * 2 + noise, -1)
-    with pytest.raises(PolicyMismatch, match=r"actions differ"):
-        ppo_fc.check_rollout_actions(agent, observations, noise, colder)
+    with pytest.raises(PolicyMismatch, match=r"actions differ.*--no-numpy-rollout"):
+        ppo_fc.check_policy(observations, noise, colder, agent, True, log_probs, entropy)
+    with pytest.raises(PolicyMismatch, match=r"actions differ.*dropout"):
+        ppo_fc.check_policy(observations, noise, colder, agent, False, log_probs, entropy)
+    with pytest.raises(PolicyMismatch, match=r"written-out log-probabilities"):
+        ppo_fc.check_policy(observations, noise, actions, agent, True, log_probs * 1.01, entropy)
+    with pytest.raises(PolicyMismatch, match=r"written-out entropies"):
+        ppo_fc.check_policy(observations, noise, actions, agent, True, log_probs, entropy + 1e-3)
+    # Actions made with the policy's own rule but another noise are not draws from the policy.
+    with torch.no_grad():
+        cold_noise = noise * 0.3
+        cold_actions = agent.sample(agent.distribution(observations), cold_noise)
+    with pytest.raises(PolicyMismatch, match=r"not draws"):
+        ppo_fc.check_policy(observations, cold_noise, cold_actions, agent, True, log_probs, entropy)
+
+
+def test_written_out_log_probs_and_entropies_equal_the_definitions():
+    torch.manual_seed(0)
+    agent = sharp_agent(ppo_fc.Agent)(4, gym.spaces.Discrete(5), 16, norm_obs=True)
+    agent.obs_norm.update(torch.randn(100, 4) * 3 + 1)
+    observations = torch.randn(1000, 4) * 3 + 1
+    actions = torch.randint(0, 5, (1000,))
+    with torch.no_grad():
+        _, log_probs, entropy, _ = agent.get_action_and_value(observations, actions)
+        policy = agent.distribution(observations)
+    torch.testing.assert_close(log_probs, policy.log_prob(actions))
+    torch.testing.assert_close(entropy, policy.entropy())
+    assert entropy.std() > 0.05  # policies of differing sharpness
 
 
 def test_value_reads_the_normalised_observation():
@@ -272,7 +301,13 @@ NETWORK_EDITS = {
         "    nn.init.orthogonal_(layer.weight, std)",
         "torch",
     ),
-    "colder_distribution": ("return Categorical(logits=actor_out)", "return Categorical(logits=2 * actor_out)", "stop"),
+    "colder_distribution": ("Categorical(logits=actor_out,", "Categorical(logits=2 * actor_out,", "stop"),
+    "less_exploration_noise": (
+        "return noise.exponential_().log_().neg_()",
+        "return noise.exponential_().log_().neg_() / 3",
+        "stop",
+    ),
+    "trunk_before_the_actor": ("self.actor(self.obs_norm(x))", "self.actor(self.trunk(self.obs_norm(x)))", "torch"),
 }
 
 
@@ -281,10 +316,14 @@ def test_an_edited_copy_acts_with_its_own_policy_or_stops(tmp_path, monkeypatch,
     old, new, outcome = NETWORK_EDITS[edit]
     source = (REPO / "ppo_fc.py").read_text()
     assert old in source, f"the edit {edit!r} no longer applies to ppo_fc.py: update this test"
+    source = source.replace(old, new)
     if edit == "scaled_linear_subclass":  # every Linear of the network becomes a ScaledLinear
-        source = source.replace(old, new).replace("layer_init(nn.Linear(", "layer_init(ScaledLinear(")
-    else:
-        source = source.replace(old, new)
+        source = source.replace("layer_init(nn.Linear(", "layer_init(ScaledLinear(")
+    if edit == "trunk_before_the_actor":
+        trunk = "self.trunk = nn.Sequential(nn.Linear(observation_size, observation_size), nn.Tanh())"
+        source = source.replace(
+            "        self.actor = nn.Sequential(", f"        {trunk}\n        self.actor = nn.Sequential("
+        )
     (tmp_path / "copy").mkdir()
     (tmp_path / "copy" / "ppo_fc.py").write_text(source)
     spec = importlib.util.spec_from_file_location(f"edited_ppo_fc_{edit}", tmp_path / "copy" / "ppo_fc.py")
@@ -298,7 +337,7 @@ def test_an_edited_copy_acts_with_its_own_policy_or_stops(tmp_path, monkeypatch,
         eval_episodes=0, save_model=False, save_trajectories=str(path),
     )  # fmt: skip
     if outcome == "stop":
-        with pytest.raises(PolicyMismatch, match="--no-numpy-rollout"):
+        with pytest.raises(PolicyMismatch):
             copy.train(args)
         return
     copy.train(args)
@@ -423,7 +462,7 @@ def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
     copy = tmp_path / "copy" / whole.run_dir.name
     # The copy keeps the whole run's events past the checkpoint, as a crashed run leaves them.
     shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_3072.pt", "latest.pt"))
-    resumed = ppo_fc.train(quick_args(tmp_path, resume=str(copy / "checkpoints" / "step_1536.pt")))
+    resumed = ppo_fc.train(ppo_fc.Args(resume=str(copy / "checkpoints" / "step_1536.pt"), progress=False))
     assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 3072
     for (name, expected), actual in zip(
         whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
@@ -664,7 +703,7 @@ def test_capture_video_writes_an_mp4(tmp_path):
     [
         (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
         (["--env-id", "CartPole-v9"], "It provides versioned environments"),
-        (["--num-minibatches", "3"], "does not divide"),
+        (["--num-minibatches", "3"], "must divide"),
         (["--num-envs", "-2"], "must be positive"),
         (["--total-timesteps", "100"], "less than one batch"),
         (["--gamma", "1.5"], "[0, 1]"),
@@ -674,6 +713,8 @@ def test_capture_video_writes_an_mp4(tmp_path):
         (["--no-such-flag"], "no-such-flag"),
         (["--total-timestep", "30000"], "Perhaps you meant: --total-timesteps"),
         (["--norm-reward-clip", "0"], "--norm-reward-clip must be positive"),
+        (["--seed", "-1"], "--seed must be zero or more"),
+        (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
     ],
 )
 def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, message):
@@ -753,12 +794,23 @@ def test_async_envs_train_exactly_like_sync_envs(tmp_path):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
 
 
+def test_resume_refuses_flags_the_checkpoint_decides_and_a_finished_run(tmp_path):
+    settings = dict(env_id="Probe1-v0", total_timesteps=4 * 512, checkpoint_every=2, save_model=True)
+    run = ppo_fc.train(quick_args(tmp_path, **settings)).run_dir / "checkpoints"
+    with pytest.raises(ppo_fc.UsageError, match="--total-timesteps 9999 differs from the checkpoint's 2048"):
+        ppo_fc.train(ppo_fc.Args(resume=str(run / "step_1024.pt"), total_timesteps=9999, progress=False))
+    with pytest.raises(ppo_fc.UsageError, match="nothing to resume"):
+        ppo_fc.train(ppo_fc.Args(resume=str(run / "latest.pt"), progress=False))
+    events = sorted(run.parent.glob("events.*"))
+    assert len(events) == 1  # nothing was written by the refused runs
+
+
 def test_resume_needs_a_checkpoint_inside_a_run_folder(tmp_path):
     result = ppo_fc.train(quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True))
     loose = tmp_path / "loose.pt"
     shutil.copy(result.checkpoint, loose)
     with pytest.raises(ppo_fc.UsageError, match="checkpoints/ folder"):
-        ppo_fc.train(quick_args(tmp_path, resume=str(loose)))
+        ppo_fc.train(ppo_fc.Args(resume=str(loose), progress=False))
 
 
 def test_observation_spaces_that_do_not_flatten_are_refused(tmp_path):
@@ -803,7 +855,7 @@ def test_resume_never_overwrites_the_trajectories_of_the_first_part(tmp_path):
     settings = dict(env_id="Probe4-v0", total_timesteps=4 * 512, checkpoint_every=2, save_trajectories=str(path))
     whole = ppo_fc.train(quick_args(tmp_path, **settings))
     first_part = path.read_bytes()
-    ppo_fc.train(quick_args(tmp_path, resume=str(whole.run_dir / "checkpoints" / "step_1024.pt")))
+    ppo_fc.train(ppo_fc.Args(resume=str(whole.run_dir / "checkpoints" / "step_1024.pt"), progress=False))
     assert path.read_bytes() == first_part
     resumed = load_trajectories(tmp_path / "rollouts_2.npz")
     assert resumed["/observations"].shape[:2] == (4, 2 * 128)  # the two iterations after the checkpoint

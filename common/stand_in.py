@@ -1,0 +1,213 @@
+"""The rollout's stand-in for the policy, and the checks that keep it the policy.
+
+A rollout step on a CPU costs less with NumPy than with torch at the sizes of these networks. The stand-in is a NumPy
+copy of the network, derived from the modules layer by layer (``numpy_snapshot``), tried against the torch policy
+before it acts (``fitting_copy``), and checked against it after every rollout: same actions for the same noise
+(``check_same_actions``), actions that are draws of the policy (``check_draws``), and written-out log-probabilities
+equal to the policy's (``check_same_values``).
+
+``numpy_snapshot`` knows a fixed set of layer types, matched exactly (a subclass may compute something else), and
+any module with a ``numpy_snapshot()`` method that returns its NumPy form. A layer it does not know, and any forward
+hook (spectral norm, weight norm and many adapters are hooks or parametrizations), make it refuse with
+``NoNumpyForm``; the caller then runs the torch modules instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.modules import module as torch_module
+
+from common.cli import notice
+from common.errors import PolicyMismatch, TrainingDiverged
+
+NumpyFunction = Callable[[np.ndarray], np.ndarray]
+PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""A rollout's policy: (observations, noise) -> actions."""
+
+
+class NoNumpyForm(Exception):
+    """A module has no NumPy form here; the message names it."""
+
+
+def _copy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float32).numpy().copy()
+
+
+def _linear(layer: nn.Linear) -> NumpyFunction:
+    weight = _copy(layer.weight).T
+    bias = _copy(layer.bias) if layer.bias is not None else np.float32(0)
+    return lambda x: x @ weight + bias
+
+
+def _layer_norm(layer: nn.LayerNorm) -> NumpyFunction:
+    weight = _copy(layer.weight) if layer.weight is not None else np.float32(1)
+    bias = _copy(layer.bias) if layer.bias is not None else np.float32(0)
+    axes = tuple(range(-len(layer.normalized_shape), 0))
+    eps = np.float32(layer.eps)
+
+    def layer_norm(x: np.ndarray) -> np.ndarray:
+        centred = x - x.mean(axes, keepdims=True)
+        return centred / np.sqrt((centred * centred).mean(axes, keepdims=True) + eps) * weight + bias
+
+    return layer_norm
+
+
+def _leaky_relu(layer: nn.LeakyReLU) -> NumpyFunction:
+    slope = np.float32(layer.negative_slope)
+    return lambda x: np.where(x >= 0, x, x * slope)
+
+
+def _elu(layer: nn.ELU) -> NumpyFunction:
+    alpha = np.float32(layer.alpha)
+    return lambda x: np.where(x > 0, x, alpha * np.expm1(x))
+
+
+LAYERS: dict[type[nn.Module], Callable[[nn.Module], NumpyFunction]] = {
+    nn.Linear: _linear,
+    nn.LayerNorm: _layer_norm,
+    nn.Tanh: lambda layer: np.tanh,
+    nn.ReLU: lambda layer: lambda x: np.maximum(x, np.float32(0)),
+    nn.LeakyReLU: _leaky_relu,
+    nn.ELU: _elu,
+    nn.Sigmoid: lambda layer: lambda x: np.float32(1) / (np.float32(1) + np.exp(-x)),
+    nn.SiLU: lambda layer: lambda x: x / (np.float32(1) + np.exp(-x)),
+    nn.Identity: lambda layer: lambda x: x,
+}
+"""The layer types a snapshot knows, each with the function that builds its NumPy form from a layer."""
+
+
+def _has_forward_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def numpy_snapshot(*modules: nn.Module) -> NumpyFunction:
+    """A NumPy function of float32 arrays that computes `modules` applied one after another, at their current
+    weights. `nn.Sequential` containers are followed into; every other module must be a known layer type or
+    have a `numpy_snapshot()` method. Raises NoNumpyForm naming the first module it cannot copy."""
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        raise NoNumpyForm("global forward hooks are registered")
+    functions: list[NumpyFunction] = []
+    for module in modules:
+        if _has_forward_hooks(module):
+            raise NoNumpyForm(f"{module.__class__.__name__} has forward hooks")
+        if type(module) is nn.Sequential:
+            functions.append(numpy_snapshot(*module))
+        elif type(module) in LAYERS:
+            functions.append(LAYERS[type(module)](module))
+        elif callable(getattr(module, "numpy_snapshot", None)):
+            functions.append(module.numpy_snapshot())
+        else:
+            raise NoNumpyForm(f"no NumPy form for layer {module.__class__.__name__}")
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        for function in functions:
+            x = function(x)
+        return x
+
+    return forward
+
+
+def fitting_copy(
+    build: Callable[[], PolicyFunction], reference: PolicyFunction, obs: np.ndarray, action_size: int
+) -> PolicyFunction | None:
+    """`build()`, a NumPy copy of a rollout's policy `(observations, noise) -> actions`, if it builds and gives the
+    actions of `reference` (the torch policy) on `obs` for 256 draws of noise each; else None, with one notice line.
+    An edit to the network that the copy does not follow (a layer outside the actor, another output shape) shows
+    here, before the copy acts."""
+    try:
+        act = build()
+        repeated = np.repeat(obs, 256, axis=0)
+        noise = np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(np.float32)
+        acted, expected = act(repeated, noise), reference(repeated, noise)
+        if acted.shape != expected.shape or not np.allclose(acted, expected, rtol=1e-4, atol=1e-4):
+            raise NoNumpyForm("a copy of the actor gives other actions than the torch policy")
+    except Exception as exc:  # whatever the edit broke: the torch policy is always right
+        notice(f"the rollout calls the torch policy at every step (no NumPy copy: {exc})")
+        return None
+    return act
+
+
+def check_same_actions(
+    acted: torch.Tensor,
+    expected: torch.Tensor,
+    numpy_copy: bool,
+    scores: torch.Tensor | None = None,
+    std: torch.Tensor | None = None,
+) -> None:
+    """Raise PolicyMismatch unless the rollout's `acted` actions are the `expected` ones, which the torch policy
+    gives for the same observations and noise.
+
+    NumPy and torch round float32 differently. Discrete actions (pass the `scores` they are the argmax of) may differ
+    only where the two actions' scores tie to 1e-5; continuous ones (pass the policy's `std`) must agree to 1% of a
+    standard deviation, plus 1e-4 relative to the action. NaN in the torch policy's output (from an observation or a
+    parameter) is a TrainingDiverged."""
+    if torch.isnan(scores if scores is not None else expected).any():
+        raise TrainingDiverged("the policy's output is NaN: an observation or a parameter is")
+    if scores is not None:
+        acted_score, expected_score = scores.gather(-1, acted[:, None]), scores.gather(-1, expected[:, None])
+        wrong = ~torch.isclose(acted_score, expected_score, rtol=1e-5, atol=1e-5).squeeze(-1)
+    else:
+        wrong = ((acted - expected).abs() > 1e-2 * std + 1e-4 * expected.abs()).reshape(len(acted), -1).any(-1)
+    if wrong.any():
+        first = int(wrong.nonzero()[0, 0])
+        advice = (
+            "the NumPy copy follows the actor's layers only; after editing how their output becomes a distribution "
+            "or a sample, run with --no-numpy-rollout"
+            if numpy_copy
+            else "the torch policy gave other actions for the same input: is it random (dropout) or does it depend "
+            "on the batch (batch norm)?"
+        )
+        raise PolicyMismatch(
+            f"the rollout acted with another policy than Agent.distribution and Agent.sample: {int(wrong.sum())} of "
+            f"{len(wrong)} actions differ (first: {acted[first].tolist()} where the torch policy gives "
+            f"{expected[first].tolist()}); {advice}"
+        )
+
+
+def check_draws(
+    actions: torch.Tensor,
+    probs: torch.Tensor | None = None,
+    mean: torch.Tensor | None = None,
+    std: torch.Tensor | None = None,
+) -> None:
+    """Raise PolicyMismatch when `actions` are not plausibly draws from the policy, by more than 6 standard errors.
+
+    Gaussian (`mean`, `std`): the mean and the variance of the standardised actions. Discrete (`probs`): the count
+    of each action expected at least 25 times (and missed at least 25 times; rarer ones are too far from normal),
+    and the mean of the randomised probability integral transform, which is exactly uniform for true draws whatever
+    the probabilities: it moves when draws are sharper or flatter than the policy."""
+    if probs is not None:
+        expected = probs.sum(0)
+        z = (F.one_hot(actions, probs.shape[-1]).sum(0) - expected) / (probs * (1 - probs)).sum(0).sqrt()
+        z = z[(expected >= 25) & (len(actions) - expected >= 25)]
+        ordered = probs.sort(-1, descending=True)
+        rank = (ordered.indices == actions[:, None]).int().argmax(-1, keepdim=True)
+        drawn = ordered.values.gather(-1, rank).squeeze(-1)
+        uniform = torch.rand(len(actions), generator=torch.Generator().manual_seed(0)).to(probs.device)
+        transform = ordered.values.cumsum(-1).gather(-1, rank).squeeze(-1) - drawn * uniform
+        z = torch.cat([z, ((transform.mean() - 0.5) * (12 * len(actions)) ** 0.5)[None]])
+    else:
+        standardised = ((actions - mean) / std).flatten()
+        n = len(standardised)
+        z = torch.stack([standardised.mean() * n**0.5, (standardised.var() - 1) / (2 / n) ** 0.5])
+    if (z.abs() > 6).any():
+        raise PolicyMismatch(
+            f"the rollout's actions are not draws from Agent.distribution ({z.abs().max().item():.1f} standard "
+            f"errors off): Agent.sample with Agent.sampling_noise must draw from it"
+        )
+
+
+def check_same_values(name: str, computed: torch.Tensor, expected: torch.Tensor) -> None:
+    """Raise PolicyMismatch unless a written-out form's `computed` values (log-probabilities, entropies) equal the
+    `expected` ones of the policy's definition, to float32 rounding."""
+    if not torch.allclose(computed, expected, rtol=1e-4, atol=1e-5):
+        raise PolicyMismatch(
+            f"the update's written-out {name} differ from those of Agent.distribution (largest difference "
+            f"{(computed - expected).abs().max().item():.3g}); after editing distribution(), make "
+            f"get_action_and_value compute the same"
+        )
