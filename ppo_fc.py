@@ -244,7 +244,7 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
         std = agent.actor_logstd.detach().exp().cpu().numpy()
         return lambda obs, noise: actor_out(obs) + std * noise
 
-    act = stand_in.fitting_copy(numpy_act, torch_act, obs, agent.action_size) if numpy_rollout else None
+    act = stand_in.fitting_copy(numpy_act, torch_act, obs, agent.action_size, agent) if numpy_rollout else None
     return (act, True) if act is not None else (torch_act, False)
 
 

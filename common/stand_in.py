@@ -14,6 +14,7 @@ hook (spectral norm, weight norm and many adapters are hooks or parametrizations
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -113,23 +114,30 @@ def numpy_snapshot(*modules: nn.Module) -> NumpyFunction:
 
 
 def fitting_copy(
-    build: Callable[[], PolicyFunction], reference: PolicyFunction, obs: np.ndarray, action_size: int
+    build: Callable[[], PolicyFunction], reference: PolicyFunction, obs: np.ndarray, action_size: int, owner: nn.Module
 ) -> PolicyFunction | None:
-    """`build()`, a NumPy copy of a rollout's policy `(observations, noise) -> actions`, if it builds and gives the
-    actions of `reference` (the torch policy) on `obs` for 256 draws of noise each; else None, with one notice line.
-    An edit to the network that the copy does not follow (a layer outside the actor, another output shape) shows
-    here, before the copy acts."""
+    """`build()`, a NumPy copy of the rollout's policy `(observations, noise) -> actions` of `owner`, if it builds and
+    gives the actions of `reference` (the torch policy) on `obs` for 256 draws of noise each; else None, with one
+    notice line. An edit the copy does not follow (a layer outside the actor, another output shape) shows here,
+    before the copy acts. The verdict depends on the network's structure, not its weights, so it is tried once per
+    `owner`; the check after every rollout covers the rest."""
     try:
         act = build()
-        repeated = np.repeat(obs, 256, axis=0)
-        noise = np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(np.float32)
-        acted, expected = act(repeated, noise), reference(repeated, noise)
-        if acted.shape != expected.shape or not np.allclose(acted, expected, rtol=1e-4, atol=1e-4):
+        if owner not in _fitting:
+            repeated = np.repeat(obs, 256, axis=0)
+            noise = np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(np.float32)
+            acted, expected = act(repeated, noise), reference(repeated, noise)
+            _fitting[owner] = acted.shape == expected.shape and np.allclose(acted, expected, rtol=1e-4, atol=1e-4)
+        if not _fitting[owner]:
             raise NoNumpyForm("a copy of the actor gives other actions than the torch policy")
     except Exception as exc:  # whatever the edit broke: the torch policy is always right
         notice(f"the rollout calls the torch policy at every step (no NumPy copy: {exc})")
         return None
     return act
+
+
+_fitting: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+"""`fitting_copy`'s verdict for each network it has tried."""
 
 
 def check_same_actions(

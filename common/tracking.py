@@ -66,6 +66,7 @@ def upload_videos(video_folder: str | Path, uploaded: set[str]) -> None:
 def finish_tracking(writer: SummaryWriter, track: bool, video_folder: str | Path | None, uploaded: set[str]) -> None:
     """Close the writer; with `track`, upload the last videos and finish the wandb run."""
     writer.close()
+    atexit.unregister(writer.close)
     if track:
         import wandb
 

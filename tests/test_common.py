@@ -294,7 +294,13 @@ def test_a_copy_that_does_not_act_like_the_reference_is_not_used(capsys):
     def reference(obs, noise):
         return obs.sum(-1, keepdims=True) + noise
 
-    assert fitting_copy(lambda: reference, reference, np.ones((3, 2), np.float32), 1) is reference
-    assert fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, np.ones((3, 2)), 1) is None
-    assert fitting_copy(lambda: lambda obs, noise: obs @ np.ones((5, 1)), reference, np.ones((3, 2)), 1) is None
+    networks = [nn.Linear(1, 1) for _ in range(3)]  # what the verdicts are kept for
+    obs = np.ones((3, 2), np.float32)
+    assert fitting_copy(lambda: reference, reference, obs, 1, networks[0]) is reference
+    assert fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, obs, 1, networks[1]) is None
+    assert fitting_copy(lambda: lambda obs, noise: obs @ np.ones((5, 1)), reference, obs, 1, networks[2]) is None
     assert capsys.readouterr().err.count("notice: the rollout calls the torch policy at every step") == 2
+    # Tried once per network: the same network keeps its verdict.
+    assert (
+        fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, obs, 1, networks[0]) is not None
+    )
