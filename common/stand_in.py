@@ -40,7 +40,7 @@ def _copy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _linear(layer: nn.Linear) -> NumpyFunction:
-    weight = _copy(layer.weight).T
+    weight = np.ascontiguousarray(_copy(layer.weight).T)  # a transposed view makes each matmul copy it
     bias = _copy(layer.bias) if layer.bias is not None else np.float32(0)
     return lambda x: x @ weight + bias
 
