@@ -15,7 +15,7 @@ hook (spectral norm, weight norm and many adapters are hooks or parametrizations
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -90,20 +90,7 @@ def numpy_snapshot(*modules: nn.Module) -> NumpyFunction:
     """A NumPy function of float32 arrays that computes `modules` applied one after another, at their current
     weights. `nn.Sequential` containers are followed into; every other module must be a known layer type or
     have a `numpy_snapshot()` method. Raises NoNumpyForm naming the first module it cannot copy."""
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
-        raise NoNumpyForm("global forward hooks are registered")
-    functions: list[NumpyFunction] = []
-    for module in modules:
-        if _has_forward_hooks(module):
-            raise NoNumpyForm(f"{module.__class__.__name__} has forward hooks")
-        if type(module) is nn.Sequential:
-            functions.append(numpy_snapshot(*module))
-        elif type(module) in LAYERS:
-            functions.append(LAYERS[type(module)](module))
-        elif callable(getattr(module, "numpy_snapshot", None)):
-            functions.append(module.numpy_snapshot())
-        else:
-            raise NoNumpyForm(f"no NumPy form for layer {module.__class__.__name__}")
+    functions = _numpy_forms(modules)
 
     def forward(x: np.ndarray) -> np.ndarray:
         for function in functions:
@@ -111,6 +98,26 @@ def numpy_snapshot(*modules: nn.Module) -> NumpyFunction:
         return x
 
     return forward
+
+
+def _numpy_forms(modules: Iterable[nn.Module]) -> list[NumpyFunction]:
+    """The NumPy forms of `modules` in order, with containers flattened and identities left out: each is one Python
+    call per rollout step."""
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        raise NoNumpyForm("global forward hooks are registered")
+    functions: list[NumpyFunction] = []
+    for module in modules:
+        if _has_forward_hooks(module):
+            raise NoNumpyForm(f"{module.__class__.__name__} has forward hooks")
+        if type(module) is nn.Sequential:
+            functions += _numpy_forms(module)
+        elif type(module) is not nn.Identity and type(module) in LAYERS:
+            functions.append(LAYERS[type(module)](module))
+        elif callable(getattr(module, "numpy_snapshot", None)):
+            functions.append(module.numpy_snapshot())
+        elif type(module) is not nn.Identity:
+            raise NoNumpyForm(f"no NumPy form for layer {module.__class__.__name__}")
+    return functions
 
 
 def fitting_copy(
