@@ -187,19 +187,17 @@ class Agent(nn.Module):
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
 
-    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+    def get_value(self, x: Tensor) -> Tensor:
         return self.critic(self.obs_norm(x)).squeeze(-1)
 
-    def distribution(self, x: torch.Tensor) -> Categorical | Normal:
+    def distribution(self, x: Tensor) -> Categorical | Normal:
         """The policy at observations `x`: its one definition, used by the rollout, the update and evaluation."""
         actor_out = self.actor(self.obs_norm(x))
         if self.discrete:
             return Categorical(logits=actor_out, validate_args=False)  # validating costs more than the network
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
-    def get_action_and_value(
-        self, x: torch.Tensor, action: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def get_action_and_value(self, x: Tensor, action: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`. For a
         categorical they are written out (a Categorical costs 6% of SPS here); `check_policy` checks them."""
         if action is None:
@@ -211,7 +209,7 @@ class Agent(nn.Module):
         policy = self.distribution(x)  # independent action dimensions: log-probabilities and entropies add up
         return action, policy.log_prob(action).sum(-1), policy.entropy().sum(-1), self.get_value(x)
 
-    def sampling_noise(self, batch_shape: tuple[int, ...]) -> torch.Tensor:
+    def sampling_noise(self, batch_shape: tuple[int, ...]) -> Tensor:
         """The randomness of `sample` for a batch of observations. A rollout draws all of its steps' in one call."""
         noise = torch.empty((*batch_shape, self.action_size), device=next(self.parameters()).device)
         if self.discrete:
@@ -219,7 +217,7 @@ class Agent(nn.Module):
         return noise.normal_()
 
     @staticmethod
-    def sample(policy: Categorical | Normal, noise: torch.Tensor) -> torch.Tensor:
+    def sample(policy: Categorical | Normal, noise: Tensor) -> Tensor:
         """A draw from `policy` made from `sampling_noise`: the Gumbel-max trick for a categorical, mean + std * noise
         for a Gaussian (as `rsample` does). Fixing the noise lets a faster copy of the policy be checked exactly."""
         if isinstance(policy, Categorical):
@@ -248,18 +246,21 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
     return (act, True) if act is not None else (torch_act, False)
 
 
-def check_policy(obs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool, *scores: Tensor) -> None:
-    """Stop training unless the rollout's `actions` (made with `noise`) are those and draws of `Agent.distribution`
-    at `obs`, and the written-out `scores` (log-probabilities, entropies) of `get_action_and_value` are its own."""
+def check_policy(obs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool) -> Tensor:
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at `obs`, after checking that the
+    actions are its draws with `noise` and that `get_action_and_value` writes out its own (on 64 rows)."""
     policy = agent.distribution(obs)
-    if agent.discrete:
-        stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
-        stand_in.check_draws(actions, probs=policy.probs)
-        stand_in.check_same_values("log-probabilities", scores[0], policy.log_prob(actions))
-        stand_in.check_same_values("entropies", scores[1], policy.entropy())
-    else:
+    if not agent.discrete:
         stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
         stand_in.check_draws(actions, mean=policy.mean, std=policy.stddev)
+        return policy.log_prob(actions).sum(-1)
+    stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
+    stand_in.check_draws(actions, probs=policy.probs)
+    _, written_log_probs, written_entropy, _ = agent.get_action_and_value(obs[:64], actions[:64])
+    log_probs = policy.log_prob(actions)
+    stand_in.check_same_values("log-probabilities", written_log_probs, log_probs[:64])
+    stand_in.check_same_values("entropies", written_entropy, policy.entropy()[:64])
+    return log_probs
 
 
 def check_args(args: Args) -> None:
@@ -304,8 +305,7 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
 
 
 def make_envs(args: Args, video_folder: str, checkpoint: dict | None) -> tuple[VectorEnv, VectorWrapper | None]:
-    """The training envs with episode statistics, and with --norm-reward the reward scaling (whose statistics a
-    resumed run takes from its checkpoint), also returned on its own."""
+    """The training envs with episode statistics, and --norm-reward's scaling (also returned on its own)."""
     env_id = resolve_env_id(args.env_id)
     env_fns = [make_env(env_id, i, args.capture_video, video_folder, args.video_every) for i in range(args.num_envs)]
     envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(env_fns, args.async_envs))
@@ -404,8 +404,8 @@ def train(args: Args) -> TrainResult:
             with torch.no_grad():
                 b_obs = torch.as_tensor(obs, device=device).reshape(-1, *obs_shape)
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
-                _, b_logprobs, b_entropy, b_values = agent.get_action_and_value(b_obs, b_actions)
-                check_policy(b_obs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy, b_logprobs, b_entropy)
+                b_logprobs = check_policy(b_obs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy)
+                b_values = agent.get_value(b_obs)
                 values = b_values.reshape(args.num_steps, args.num_envs)
                 next_value = agent.get_value(torch.as_tensor(next_obs_np, dtype=torch.float32, device=device))
                 # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
@@ -534,7 +534,7 @@ def compute_gae(
     return advantages
 
 
-def select_action(agent: Agent, obs: torch.Tensor, method: str, temperature: float = 1.0, k: int = 2) -> torch.Tensor:
+def select_action(agent: Agent, obs: Tensor, method: str, temperature: float = 1.0, k: int = 2) -> Tensor:
     """An action for evaluation: greedy (argmax / mean), basic (sample), temperature, topk or bottomk (discrete)."""
     policy = agent.distribution(obs)
     if method == "greedy":

@@ -159,8 +159,9 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     assert numpy_copy and not torch_copy
     actions = numpy_policy(observations, noise)
     with torch.no_grad():
-        _, log_probs, entropy, _ = agent.get_action_and_value(torch.as_tensor(observations), torch.as_tensor(actions))
-    ppo_fc.check_policy(*map(torch.as_tensor, (observations, noise, actions)), agent, True, log_probs, entropy)
+        log_probs = ppo_fc.check_policy(*map(torch.as_tensor, (observations, noise, actions)), agent, True)
+        expected = agent.distribution(torch.as_tensor(observations)).log_prob(torch.as_tensor(actions))
+    torch.testing.assert_close(log_probs, expected if agent.discrete else expected.sum(-1))
     if agent.discrete:
         assert (actions == torch_policy(observations, noise)).mean() > 0.99 and len(np.unique(actions)) > 2
     else:
@@ -171,30 +172,28 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     np.testing.assert_array_equal(numpy_policy(observations, noise), actions)  # later updates do not reach it
 
 
-def test_the_check_stops_actions_or_log_probs_that_are_not_the_definitions():
+def test_the_check_stops_actions_or_log_probs_that_are_not_the_definitions(monkeypatch):
     torch.manual_seed(0)
     agent = sharp_agent(ppo_fc.Agent)(4, gym.spaces.Discrete(3), 16, norm_obs=False)
     observations = torch.randn(512, 4)
     noise = agent.sampling_noise((512,))
     with torch.no_grad():
         actions = agent.sample(agent.distribution(observations), noise)
-        _, log_probs, entropy, _ = agent.get_action_and_value(observations, actions)
-        ppo_fc.check_policy(observations, noise, actions, agent, True, log_probs, entropy)
+        ppo_fc.check_policy(observations, noise, actions, agent, True)
         colder = torch.argmax(agent.distribution(observations).logits * 2 + noise, -1)
-    with pytest.raises(PolicyMismatch, match=r"actions differ.*--no-numpy-rollout"):
-        ppo_fc.check_policy(observations, noise, colder, agent, True, log_probs, entropy)
-    with pytest.raises(PolicyMismatch, match=r"actions differ.*dropout"):
-        ppo_fc.check_policy(observations, noise, colder, agent, False, log_probs, entropy)
-    with pytest.raises(PolicyMismatch, match=r"written-out log-probabilities"):
-        ppo_fc.check_policy(observations, noise, actions, agent, True, log_probs * 1.01, entropy)
-    with pytest.raises(PolicyMismatch, match=r"written-out entropies"):
-        ppo_fc.check_policy(observations, noise, actions, agent, True, log_probs, entropy + 1e-3)
-    # Actions made with the policy's own rule but another noise are not draws from the policy.
-    with torch.no_grad():
+        with pytest.raises(PolicyMismatch, match=r"actions differ.*--no-numpy-rollout"):
+            ppo_fc.check_policy(observations, noise, colder, agent, True)
+        with pytest.raises(PolicyMismatch, match=r"actions differ.*dropout"):
+            ppo_fc.check_policy(observations, noise, colder, agent, False)
+        # Actions made with the policy's own rule but another noise are not draws from the policy.
         cold_noise = noise * 0.3
         cold_actions = agent.sample(agent.distribution(observations), cold_noise)
-    with pytest.raises(PolicyMismatch, match=r"not draws"):
-        ppo_fc.check_policy(observations, cold_noise, cold_actions, agent, True, log_probs, entropy)
+        with pytest.raises(PolicyMismatch, match=r"not draws"):
+            ppo_fc.check_policy(observations, cold_noise, cold_actions, agent, True)
+        written_out = agent.get_action_and_value
+        monkeypatch.setattr(agent, "get_action_and_value", lambda x, a: (a, *[v * 1.01 for v in written_out(x, a)[1:]]))
+        with pytest.raises(PolicyMismatch, match=r"written-out log-probabilities"):
+            ppo_fc.check_policy(observations, noise, actions, agent, True)
 
 
 def test_written_out_log_probs_and_entropies_equal_the_definitions():
