@@ -203,7 +203,7 @@ class Agent(nn.Module):
         if action is None:
             action = self.distribution(x).sample()
         if self.discrete:
-            log_probs = self.actor(self.obs_norm(x)).log_softmax(-1).clamp(min=torch.finfo(x.dtype).min)
+            log_probs = self.actor(self.obs_norm(x)).log_softmax(-1)  # -inf logits (masks) need Categorical's clamp
             log_prob = log_probs.gather(-1, action[..., None]).squeeze(-1)
             return action, log_prob, -(log_probs.exp() * log_probs).sum(-1), self.get_value(x)
         policy = self.distribution(x)  # independent action dimensions: log-probabilities and entropies add up
