@@ -429,7 +429,6 @@ def train(args: Args) -> TrainResult:
 
             update_start = time.time()
             clipfracs = []
-            losses_finite = torch.ones((), dtype=torch.bool, device=device)
             for _epoch in range(args.update_epochs):
                 permutation = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
@@ -464,7 +463,6 @@ def train(args: Args) -> TrainResult:
 
                     entropy_loss = entropy.mean()
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                    losses_finite &= torch.isfinite(loss)
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -473,8 +471,8 @@ def train(args: Args) -> TrainResult:
 
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
-            # Checked once per update, not per minibatch: on a GPU every check waits for the device.
-            if not (losses_finite & torch.stack([torch.isfinite(p).all() for p in agent.parameters()]).all()):
+            # Once per update: on a GPU every check waits for the device. A NaN or inf loss reaches the parameters.
+            if not torch.stack([torch.isfinite(p).all() for p in agent.parameters()]).all():
                 raise TrainingDiverged(
                     f"a loss or parameter became NaN or inf in the update at step {global_step} (last minibatch: "
                     f"policy loss {pg_loss.item():.4g}, value loss {v_loss.item():.4g}, entropy "
