@@ -40,11 +40,10 @@ from common.trajectories import TrajectoryWriter, unused_npz_path
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 3  # 3: actor and critic are nn.Sequential (state-dict keys changed)
 CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms")
+# The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
 RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout")
-"""The settings the command line decides for a resumed run; the rest come from its checkpoint."""
 EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
 EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories")
-"""The settings the command line decides with --eval-checkpoint."""
 
 
 @dataclass
@@ -190,9 +189,13 @@ class Agent(nn.Module):
     def get_value(self, x: Tensor) -> Tensor:
         return self.critic(self.obs_norm(x)).squeeze(-1)
 
+    def actor_out(self, x: Tensor) -> Tensor:
+        """The actor's output at observations `x`: the logits, or the Gaussian mean."""
+        return self.actor(self.obs_norm(x))
+
     def distribution(self, x: Tensor) -> Categorical | Normal:
         """The policy at observations `x`: its one definition, used by the rollout, the update and evaluation."""
-        actor_out = self.actor(self.obs_norm(x))
+        actor_out = self.actor_out(x)
         if self.discrete:
             return Categorical(logits=actor_out, validate_args=False)  # validating costs more than the network
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
@@ -203,7 +206,7 @@ class Agent(nn.Module):
         if action is None:
             action = self.distribution(x).sample()
         if self.discrete:
-            log_probs = self.actor(self.obs_norm(x)).log_softmax(-1)  # -inf logits (masks) need Categorical's clamp
+            log_probs = self.actor_out(x).log_softmax(-1)  # -inf logits (masks) would need Categorical's clamp
             log_prob = log_probs.gather(-1, action[..., None]).squeeze(-1)
             return action, log_prob, -(log_probs.exp() * log_probs).sum(-1), self.get_value(x)
         policy = self.distribution(x)  # independent action dimensions: log-probabilities and entropies add up

@@ -307,6 +307,11 @@ NETWORK_EDITS = {
         "stop",
     ),
     "trunk_before_the_actor": ("self.actor(self.obs_norm(x))", "self.actor(self.trunk(self.obs_norm(x)))", "torch"),
+    "activation_in_the_actor_output": (
+        "return self.actor(self.obs_norm(x))",
+        "return torch.tanh(self.actor(self.obs_norm(x)))",
+        "torch",
+    ),
 }
 
 
