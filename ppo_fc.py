@@ -281,10 +281,10 @@ def check_args(args: Args) -> None:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)")
 
 
-def from_checkpoint(path: str, args: Args, kept: tuple[str, ...]) -> tuple[Args, dict]:
-    """A checkpoint of this script, and the settings of its run with the `kept` flags of `args` on top."""
+def from_checkpoint(path: str, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict]:
+    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs)."""
     checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
-    settings = checkpoints.settings(checkpoint, args, kept, strict=kept == RUN_TIME_FLAGS)
+    settings = checkpoints.settings(checkpoint, args, kept, strict)
     check_args(settings)
     return settings, checkpoint
 
@@ -322,7 +322,7 @@ def make_envs(args: Args, video_folder: str, checkpoint: dict | None) -> tuple[V
 
 def train(args: Args) -> TrainResult:
     check_args(args)
-    args, checkpoint = from_checkpoint(args.resume, args, RUN_TIME_FLAGS) if args.resume else (args, None)
+    args, checkpoint = from_checkpoint(args.resume, args, RUN_TIME_FLAGS, strict=True) if args.resume else (args, None)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
@@ -573,7 +573,7 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     check_args(args)
-    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, EVALUATION_FLAGS)
+    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, EVALUATION_FLAGS, strict=False)
     if trained.eval_episodes <= 0:
         raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)

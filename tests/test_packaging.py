@@ -15,8 +15,3 @@ def test_the_torch_floor_has_fused_adam_on_the_cpu():
     (torch,) = [d for d in dependencies if re.match(r"torch\b", d)]
     floor = tuple(int(part) for part in re.search(r">=\s*([\d.]+)", torch).group(1).split(".")[:2])
     assert floor >= (2, 4), torch
-
-
-def test_the_test_extra_installs_the_memory_envs():
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any("memory" in requirement for requirement in extras["test"]), extras["test"]
