@@ -202,7 +202,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x: Tensor, action: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`. For a
-        categorical they are written out (a Categorical costs 6% of SPS here); `check_policy` checks them."""
+        categorical they are written out (a Categorical costs 6% of SPS here); the update checks them against it."""
         if action is None:
             action = self.distribution(x).sample()
         if self.discrete:
@@ -249,21 +249,17 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
     return (act, True) if act is not None else (torch_act, False)
 
 
-def check_policy(obs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool) -> Tensor:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at `obs`, after checking that the
-    actions are its draws with `noise` and that `get_action_and_value` writes out its own (on 64 rows)."""
+def check_policy(obs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool) -> tuple[Tensor, Tensor]:
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at `obs`, and its entropies, after
+    checking that the actions are its draws with `noise`."""
     policy = agent.distribution(obs)
     if not agent.discrete:
         stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
         stand_in.check_draws(actions, mean=policy.mean, std=policy.stddev)
-        return policy.log_prob(actions).sum(-1)
+        return policy.log_prob(actions).sum(-1), policy.entropy().sum(-1)
     stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
     stand_in.check_draws(actions, probs=policy.probs)
-    _, written_log_probs, written_entropy, _ = agent.get_action_and_value(obs[:64], actions[:64])
-    log_probs = policy.log_prob(actions)
-    stand_in.check_same_values("log-probabilities", written_log_probs, log_probs[:64])
-    stand_in.check_same_values("entropies", written_entropy, policy.entropy()[:64])
-    return log_probs
+    return policy.log_prob(actions), policy.entropy()
 
 
 def check_args(args: Args) -> None:
@@ -407,7 +403,9 @@ def train(args: Args) -> TrainResult:
             with torch.no_grad():
                 b_obs = torch.as_tensor(obs, device=device).reshape(-1, *obs_shape)
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
-                b_logprobs = check_policy(b_obs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy)
+                b_logprobs, b_entropies = check_policy(
+                    b_obs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy
+                )
                 b_values = agent.get_value(b_obs)
                 values = b_values.reshape(args.num_steps, args.num_envs)
                 next_value = agent.get_value(torch.as_tensor(next_obs_np, dtype=torch.float32, device=device))
@@ -431,20 +429,18 @@ def train(args: Args) -> TrainResult:
             rollout_seconds = time.time() - rollout_start
 
             update_start = time.time()
-            clipfracs = []
-            for _epoch in range(args.update_epochs):
+            ratios = []
+            for epoch in range(args.update_epochs):
                 permutation = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
                     mb_inds = permutation[start : start + minibatch_size]
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    if epoch == 0 and start == 0:  # no step yet: the update must score actions as the rollout did
+                        stand_in.check_same_values("log-probabilities", newlogprob, b_logprobs[mb_inds])
+                        stand_in.check_same_values("entropies", entropy, b_entropies[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
-
-                    with torch.no_grad():
-                        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+                    ratios.append(ratio.detach())
 
                     mb_advantages, mb_returns, mb_values = b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds]
                     if args.norm_adv and minibatch_size > 1:
@@ -472,6 +468,9 @@ def train(args: Args) -> TrainResult:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
+                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
+                    old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
+                    approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
             # Once per update: on a GPU every check waits for the device. A NaN or inf loss reaches the parameters.
@@ -495,7 +494,8 @@ def train(args: Args) -> TrainResult:
             writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
             writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
             writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
+            writer.add_scalar("losses/clipfrac", clipfrac.item(), global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             writer.add_scalar("perf/rollout_seconds", rollout_seconds, global_step)

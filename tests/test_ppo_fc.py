@@ -159,9 +159,11 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     assert numpy_copy and not torch_copy
     actions = numpy_policy(observations, noise)
     with torch.no_grad():
-        log_probs = ppo_fc.check_policy(*map(torch.as_tensor, (observations, noise, actions)), agent, True)
-        expected = agent.distribution(torch.as_tensor(observations)).log_prob(torch.as_tensor(actions))
+        log_probs, entropies = ppo_fc.check_policy(*map(torch.as_tensor, (observations, noise, actions)), agent, True)
+        policy = agent.distribution(torch.as_tensor(observations))
+        expected, expected_entropies = policy.log_prob(torch.as_tensor(actions)), policy.entropy()
     torch.testing.assert_close(log_probs, expected if agent.discrete else expected.sum(-1))
+    torch.testing.assert_close(entropies, expected_entropies if agent.discrete else expected_entropies.sum(-1))
     if agent.discrete:
         assert (actions == torch_policy(observations, noise)).mean() > 0.99 and len(np.unique(actions)) > 2
     else:
@@ -172,7 +174,7 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     np.testing.assert_array_equal(numpy_policy(observations, noise), actions)  # later updates do not reach it
 
 
-def test_the_check_stops_actions_or_log_probs_that_are_not_the_definitions(monkeypatch):
+def test_the_check_stops_actions_that_are_not_the_definitions():
     torch.manual_seed(0)
     agent = sharp_agent(ppo_fc.Agent)(4, gym.spaces.Discrete(3), 16, norm_obs=False)
     observations = torch.randn(512, 4)
@@ -190,10 +192,23 @@ def test_the_check_stops_actions_or_log_probs_that_are_not_the_definitions(monke
         cold_actions = agent.sample(agent.distribution(observations), cold_noise)
         with pytest.raises(PolicyMismatch, match=r"not draws"):
             ppo_fc.check_policy(observations, cold_noise, cold_actions, agent, True)
-        written_out = agent.get_action_and_value
-        monkeypatch.setattr(agent, "get_action_and_value", lambda x, a: (a, *[v * 1.01 for v in written_out(x, a)[1:]]))
-        with pytest.raises(PolicyMismatch, match=r"written-out log-probabilities"):
-            ppo_fc.check_policy(observations, noise, actions, agent, True)
+
+
+@pytest.mark.parametrize("scaled", [0, 1])
+def test_the_update_stops_written_out_log_probs_or_entropies_that_are_not_the_definitions(
+    tmp_path, monkeypatch, scaled
+):
+    written_out = ppo_fc.Agent.get_action_and_value
+
+    def edited(self, x, action=None):
+        outputs = list(written_out(self, x, action))
+        outputs[1 + scaled] = outputs[1 + scaled] * 1.01
+        return tuple(outputs)
+
+    monkeypatch.setattr(ppo_fc.Agent, "get_action_and_value", edited)
+    name = ("log-probabilities", "entropies")[scaled]
+    with pytest.raises(PolicyMismatch, match=rf"written-out {name}"):
+        ppo_fc.train(quick_args(tmp_path, total_timesteps=512))
 
 
 def test_written_out_log_probs_and_entropies_equal_the_definitions():
