@@ -27,18 +27,8 @@ import tyro
 
 from benchmark.baselines import Sb3Args
 from benchmark.cases import SB3_ALGOS, SUITES, Case, find_case
-from benchmark.results import (
-    RunSummary,
-    find_run_dirs,
-    fmt,
-    group_runs,
-    markdown_table,
-    mean_std,
-    plot_learning_curves,
-    plot_sps,
-    safe_name,
-    summarise_run,
-)
+from benchmark.events import RunSummary, find_run_dirs, safe_name, summarise_run
+from benchmark.report import fmt, group_runs, markdown_table, mean_std, plot_learning_curves, plot_sps
 
 REPO = Path(__file__).resolve().parent.parent
 STDERR_TAIL_LINES = 12

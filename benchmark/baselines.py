@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 import probe_envs  # noqa: F401  (registers the probe ids)
-from benchmark.results import safe_name
+from benchmark.events import safe_name
 
 
 def peak_rss_mb() -> float:

@@ -11,7 +11,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import benchmark.__main__ as harness
 from benchmark import cases
-from benchmark.results import find_run_dirs, load_events, parse_run_name, summarise_run, trailing_mean
+from benchmark.events import find_run_dirs, load_events, parse_run_name, summarise_run, trailing_mean
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
