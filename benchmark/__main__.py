@@ -1,9 +1,11 @@
 """The benchmark harness: ``python -m benchmark run ...`` trains, ``python -m benchmark plot RUN_DIR ...`` draws.
 
-``run`` starts every (script, env, seed) as its own process, ``--workers`` at a time, each in its own run folder, and
-prints a line per finished run; a crashed run is reported and the others go on. With ``--baselines`` it also measures
-the raw env and the scripts' Stable-Baselines3 counterparts in the same run. It then writes ``results.md``,
-``results.json`` and PNG figures to the output folder. ``plot`` makes the same table and figures from any run folders.
+``run`` starts every job (a script's run, a baseline's run, a raw-env measurement) as its own process, ``--workers``
+at a time, each in a folder named by its job id; a crashed run is reported and the others go on. With
+``--baselines`` it also measures each script's env stack under random actions and its Stable-Baselines3
+counterpart, with settings derived from the script's own (`benchmark.registry`). It then writes ``results.md``,
+``results.json`` (every number results.md shows) and PNG figures to the output folder. ``plot`` makes the same
+table and figures from any run folders.
 """
 
 from __future__ import annotations
@@ -15,43 +17,60 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import numpy as np
 import tyro
 
-from benchmark.baselines import Sb3Args
-from benchmark.cases import SB3_ALGOS, SUITES, Case, find_case
+from benchmark.cases import SUITES, Case, find_case, settings_hash
 from benchmark.events import RunSummary, find_run_dirs, safe_name, summarise_run
-from benchmark.report import fmt, group_runs, markdown_table, mean_std, plot_learning_curves, plot_sps
+from benchmark.registry import SCRIPTS, resolve_args
+from benchmark.report import (
+    Row,
+    RowNumbers,
+    SpeedNumbers,
+    aggregates,
+    fmt,
+    plot_aggregate,
+    plot_learning_curves,
+    plot_sps,
+    results_table,
+    row_numbers,
+    speed_numbers,
+    speed_table,
+)
+from common.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
 STDERR_TAIL_LINES = 12
+RAW_ENV_STEPS = 200_000
+"""env steps of each raw-env measurement (fewer when a case is shorter)"""
+DEFAULT_SCRIPTS, DEFAULT_ENVS, DEFAULT_SEEDS = ("ppo_fc",), ("CartPole-v1",), (1, 2, 3)
 
 
 @dataclass
 class Run:
     """Train scripts on envs with several seeds, then write the table and the figures."""
 
-    scripts: tuple[str, ...] = ("ppo_fc",)
-    """the scripts to run (file stems in the repository root)"""
-    envs: tuple[str, ...] = ("CartPole-v1",)
-    """the env ids to run each script on"""
-    seeds: tuple[int, ...] = (1, 2, 3)
-    """one run per seed"""
+    scripts: tuple[str, ...] | None = None
+    """the scripts to run (file stems in the repository root; default ppo_fc)"""
+    envs: tuple[str, ...] | None = None
+    """the env ids to run each script on (default CartPole-v1)"""
+    seeds: tuple[int, ...] | None = None
+    """one run per seed (default 1 2 3; with --suite, replaces the suite's seeds)"""
     total_timesteps: int | None = None
     """env steps of every run (default: each case's own, see benchmark/cases.py)"""
     suite: Literal["quick", "full"] | None = None
-    """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --seeds"""
+    """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --total-timesteps"""
     workers: int = 1
     """processes at a time (more than one distorts SPS: the runs share the CPU)"""
     baselines: bool = False
-    """also measure the raw env under random actions and each script's Stable-Baselines3 counterpart"""
+    """also measure each script's env stack under random actions and its Stable-Baselines3 counterpart"""
     eval_episodes: int = 10
     """deterministic evaluation episodes at the end of every run"""
     out: str | None = None
@@ -73,8 +92,13 @@ class Job:
     """One process of the benchmark and how it ended."""
 
     kind: Literal["script", "sb3", "raw-env"]
-    case: Case
-    seed: int
+    id: str
+    """unique in a benchmark: names the job's run folder and logs"""
+    group: str
+    """the row the job belongs to: its id without the seed"""
+    label: str
+    env_id: str
+    seed: int | None
     command: list[str]
     run_dir: Path
     """the folder given to the process as its --run-dir (its run folder is made inside)"""
@@ -82,33 +106,40 @@ class Job:
     wall_seconds: float = 0.0
     error: str | None = None
     output: dict[str, Any] = field(default_factory=dict)
-    """the JSON a baseline printed"""
+    """the JSON a raw-env measurement printed"""
     summary: RunSummary | None = None
     """the run the job made, read back from its events"""
 
-    @property
-    def label(self) -> str:
-        name = self.case.script if self.kind == "script" else f"{self.kind} ({self.case.script})"
-        return f"{name} {self.case.env_id}" + ("" if self.kind == "raw-env" else f" seed {self.seed}")
 
-    @property
-    def script(self) -> str:
-        """The row this job's runs appear under."""
-        return self.case.script if self.kind == "script" else f"sb3_{SB3_ALGOS[self.case.script]}"
+@dataclass
+class CasePlan:
+    """A case and the groups of jobs that measure it."""
+
+    case: Case
+    baseline_group: str | None = None
+    raw_env_job: str | None = None
 
 
 def cases_to_run(args: Run) -> tuple[list[Case], tuple[int, ...]]:
     if args.suite is not None:
         entries, seeds = SUITES[args.suite]
-        return [find_case(script, env_id, steps) for script, env_id, steps in entries], seeds
-    return [
-        find_case(script, env_id, args.total_timesteps) for script in args.scripts for env_id in args.envs
-    ], args.seeds
+        return [find_case(script, env_id, steps) for script, env_id, steps in entries], args.seeds or seeds
+    scripts, envs = args.scripts or DEFAULT_SCRIPTS, args.envs or DEFAULT_ENVS
+    cases = [find_case(script, env_id, args.total_timesteps) for script in scripts for env_id in envs]
+    return cases, args.seeds or DEFAULT_SEEDS
 
 
 def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
     """Bad input: one `error:` line and exit status 2, before anything runs."""
     problems = []
+    if args.suite is not None:
+        given = [flag for flag, value in (("--scripts", args.scripts), ("--envs", args.envs)) if value is not None]
+        given += ["--total-timesteps"] if args.total_timesteps is not None else []
+        if given:
+            problems.append(
+                f"--suite {args.suite} sets the scripts, envs and steps: drop {', '.join(given)} (--seeds replaces "
+                "the suite's seeds)"
+            )
     if args.total_timesteps is not None and args.total_timesteps <= 0:
         problems.append("--total-timesteps must be positive")
     if not seeds or len(set(seeds)) != len(seeds):
@@ -118,54 +149,70 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
     for script in sorted({case.script for case in cases}):
         if not (REPO / f"{script}.py").is_file():
             problems.append(f"no script {script}.py in {REPO}")
-        if args.baselines and script not in SB3_ALGOS:
-            problems.append(f"{script} has no Stable-Baselines3 counterpart in benchmark/cases.py (drop --baselines)")
+        elif args.baselines and script not in SCRIPTS:
+            problems.append(f"{script} has no entry in benchmark/registry.py for its baselines (drop --baselines)")
+    if not problems:
+        for case in cases:
+            try:
+                resolve_args(case.script, case.flags)
+            except UsageError as exc:
+                problems.append(f"the flags of case {case.name}: {exc}")
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
         sys.exit(2)
 
 
-def sb3_flags(case: Case) -> list[str]:
-    """The case's flags that the SB3 baseline also has (the same names), so it runs with the same settings."""
-    known = {item.name for item in fields(Sb3Args)}
-    kept, keep = [], False
-    for token in case.flags:
-        if token.startswith("--"):
-            keep = token[2:].split("=")[0].replace("-", "_").removeprefix("no_") in known
-        if keep:
-            kept.append(token)
-    return kept
+def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -> tuple[list[Job], list[CasePlan]]:
+    """Every job of the benchmark, once each: a baseline or a raw-env measurement that several cases share (the
+    same settings, env and steps) runs once."""
+    jobs: dict[str, Job] = {}
+    plans = []
 
+    def add(kind: Literal["script", "sb3", "raw-env"], group: str, label: str, seed: int | None, command: list[str]):
+        job_id = group if seed is None else f"{group}__{seed}"
+        run_dir = out / "runs" / job_id
+        if kind != "raw-env":
+            command = [*command, "--run-dir", str(run_dir)]
+        jobs.setdefault(job_id, Job(kind, job_id, group, label, case.env_id, seed, command, run_dir))
 
-def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -> list[Job]:
-    jobs = []
     for case in cases:
-        env_name = safe_name(case.env_id)
-        if args.baselines:
-            command = [sys.executable, "-m", "benchmark.baselines", "raw-env", "--env-id", case.env_id]
-            command += ["--num-envs", str(case.num_envs), "--steps", str(min(case.total_timesteps, 200_000))]
-            jobs.append(Job("raw-env", case, 0, command, out / "runs" / f"raw-env__{env_name}"))
+        plan = CasePlan(case)
+        run_flags = ["--env-id", case.env_id, "--total-timesteps", str(case.total_timesteps)]
+        run_flags += ["--eval-episodes", str(args.eval_episodes)]
         for seed in seeds:
-            common = ["--env-id", case.env_id, "--total-timesteps", str(case.total_timesteps), "--seed", str(seed)]
-            common += ["--eval-episodes", str(args.eval_episodes)]
-            run_dir = out / "runs" / f"{case.script}__{env_name}__{seed}"
-            command = [sys.executable, str(REPO / f"{case.script}.py"), *common, "--run-dir", str(run_dir)]
-            jobs.append(Job("script", case, seed, [*command, "--no-progress", *case.flags], run_dir))
-            if args.baselines:
-                algo = SB3_ALGOS[case.script]
-                run_dir = out / "runs" / f"sb3_{algo}__{env_name}__{seed}"
-                command = [sys.executable, "-m", "benchmark.baselines", "sb3", "--algo", algo, *common]
-                jobs.append(Job("sb3", case, seed, [*command, "--run-dir", str(run_dir), *sb3_flags(case)], run_dir))
-    return jobs
+            command = [sys.executable, str(REPO / f"{case.script}.py"), *run_flags, "--seed", str(seed)]
+            add("script", case.key, case.script, seed, [*command, "--no-progress", *case.flags])
+        if args.baselines:
+            script = SCRIPTS[case.script]
+            settings = script.sb3_settings(resolve_args(case.script, case.flags))
+            env_name = safe_name(case.env_id)
+            plan.baseline_group = (
+                f"sb3_{script.sb3_algo}__{env_name}__{case.total_timesteps}__{settings_hash(settings)}"
+            )
+            for seed in seeds:
+                command = [sys.executable, "-m", "benchmark.baselines", "sb3", "--algo", script.sb3_algo, *run_flags]
+                command += ["--seed", str(seed), "--settings", json.dumps(settings)]
+                add("sb3", plan.baseline_group, f"sb3_{script.sb3_algo}", seed, command)
+            plan.raw_env_job = f"raw-env__{case.script}__{env_name}__{settings_hash(case.flags)}"
+            command = [sys.executable, "-m", "benchmark.baselines", "raw-env", "--script", case.script]
+            command += ["--env-id", case.env_id, "--flags", json.dumps(case.flags)]
+            command += ["--steps", str(min(case.total_timesteps, RAW_ENV_STEPS))]
+            add("raw-env", plan.raw_env_job, f"raw env ({case.script})", None, command)
+        plans.append(plan)
+    return list(jobs.values()), plans
+
+
+def describe(job: Job) -> str:
+    return f"{job.id} ({job.label})"
 
 
 def run_job(job: Job, logs: Path) -> Job:
-    """Run the job's process; record how it ended, then what it printed (a baseline) or the run it made (the rest)."""
+    """Run the job's process; record how it ended, then what it printed (raw env) or the run it made (the rest)."""
     start = time.perf_counter()
     process = subprocess.run(job.command, cwd=REPO, capture_output=True, text=True)
     job.wall_seconds, job.returncode = time.perf_counter() - start, process.returncode
-    (logs / f"{job.run_dir.name}.stdout").write_text(process.stdout)
-    (logs / f"{job.run_dir.name}.stderr").write_text(process.stderr)
+    (logs / f"{job.id}.stdout").write_text(process.stdout)
+    (logs / f"{job.id}.stderr").write_text(process.stderr)
     if process.returncode != 0:
         stderr_tail = "\n".join(process.stderr.strip().splitlines()[-STDERR_TAIL_LINES:]) or "(no stderr)"
         job.error = f"exit status {process.returncode}: {stderr_tail}"
@@ -180,7 +227,7 @@ def run_job(job: Job, logs: Path) -> Job:
             job.error = f"expected one run folder in {job.run_dir}, found {len(made)}"
             return job
         try:
-            job.summary = summarise_run(made[0], script=job.script, env_id=job.case.env_id)
+            job.summary = summarise_run(made[0], script=job.label, env_id=job.env_id)
         except Exception as exc:  # a corrupt events file is reported like a crash
             job.error = f"reading the events of {made[0]} failed: {exc!r}"
     return job
@@ -199,96 +246,57 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path) -> None:
                 status = f"last-100 return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS {fmt(run.sps, 0)}"
             else:
                 status = f"SPS {fmt(job.output.get('sps'), 0)}"
-            print(f"[{done}/{len(jobs)}] {job.label}: {job.wall_seconds:.0f} s, {status}", flush=True)
+            print(f"[{done}/{len(jobs)}] {describe(job)}: {job.wall_seconds:.0f} s, {status}", flush=True)
 
 
-def verdict(case: Case, runs: list[RunSummary], failed: list[Job]) -> str:
-    """PASS when every seed ran and reached the case's threshold; '-' when the case has no threshold."""
-    if failed:
-        return "FAIL"
-    if case.threshold is None:
-        return "-"
-    ok = runs and all(run.last_return is not None and run.last_return >= case.threshold for run in runs)
-    return "PASS" if ok else "FAIL"
+def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
+    """A row per case, and one per baseline (once, however many cases share it)."""
+    by_group: dict[str, list[Job]] = defaultdict(list)
+    for job in jobs:
+        by_group[job.group].append(job)
+    rows, seen = [], set()
+    for plan in plans:
+        case = plan.case
+        for group, judged in ((case.key, True), (plan.baseline_group, False)):
+            if group is None or group in seen:
+                continue
+            seen.add(group)
+            group_jobs = by_group[group]
+            rows.append(
+                Row(
+                    label=group_jobs[0].label,
+                    env_id=case.env_id,
+                    key=group,
+                    total_timesteps=case.total_timesteps,
+                    flags=case.flags if judged else (),
+                    threshold=case.threshold,
+                    judged=judged,
+                    runs=[job.summary for job in group_jobs if job.summary is not None],
+                    failed_seeds=[job.seed for job in group_jobs if job.summary is None and job.seed is not None],
+                )
+            )
+    return rows
 
 
-def results_table(rows: list[tuple[str, str, Case | None, list[RunSummary], list[Job]]]) -> list[str]:
-    """The results table: one row per (script, env)."""
-    table_rows = []
-    for script, env_id, case, runs, failed in rows:
-        threshold = case.threshold if case is not None else None
-        reached = [run.steps_to_reach(threshold) for run in runs] if threshold is not None else []
-        reached_known = [steps for steps in reached if steps is not None]
-        if threshold is None:
-            to_threshold = "-"
-        elif reached_known:
-            to_threshold = f"{np.mean(reached_known):,.0f} ({len(reached_known)} of {len(reached)} seeds)"
-        else:
-            to_threshold = "not reached"
-        table_rows.append(
-            [
-                script,
-                env_id,
-                " ".join([*(str(run.seed) for run in runs), *(f"{job.seed} (failed)" for job in failed)]),
-                fmt(float(np.mean([run.steps for run in runs])) if runs else None, 0),
-                mean_std([run.last_return for run in runs]),
-                mean_std([run.eval_return for run in runs]),
-                to_threshold if threshold is None else f"{to_threshold} (≥ {threshold:g})",
-                mean_std([run.sps for run in runs], 0),
-                fmt(max((run.peak_rss_mb for run in runs if run.peak_rss_mb is not None), default=None), 0),
-                verdict(case, runs, failed) if case is not None else "-",
-            ]
+def speed_rows(jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNumbers]) -> list[SpeedNumbers]:
+    raw = {job.id: job.output.get("sps") for job in jobs if job.kind == "raw-env"}
+    return [
+        speed_numbers(
+            numbers[plan.case.key],
+            raw.get(plan.raw_env_job) if plan.raw_env_job else None,
+            numbers.get(plan.baseline_group) if plan.baseline_group else None,
         )
-    header = [
-        "script",
-        "env",
-        "seeds",
-        "steps",
-        "last-100 training return",
-        "eval return (deterministic)",
-        "steps to threshold",
-        "SPS",
-        "peak RSS (MB)",
-        "result",
+        for plan in plans
     ]
-    return markdown_table(header, table_rows)
 
 
-def speed_table(groups: dict[tuple[str, str], list[RunSummary]], raw: dict[str, float], ours: list[str]) -> list[str]:
-    """Each of our scripts' SPS as a ratio to the raw env and to the SB3 rows on the same env."""
-
-    def mean_sps(runs: list[RunSummary]) -> float:
-        return float(np.mean([run.sps for run in runs if run.sps is not None] or [np.nan]))
-
-    rows = []
-    for (script, env_id), runs in sorted(groups.items()):
-        if script not in ours:
-            continue
-        sps = mean_sps(runs)
-        sb3_sps = mean_sps(groups.get((f"sb3_{SB3_ALGOS.get(script, '?')}", env_id), []))
-        raw_sps = raw.get(env_id, np.nan)
-        rows.append(
-            [
-                script,
-                env_id,
-                fmt(sps, 0),
-                fmt(raw_sps, 0),
-                fmt(sps / raw_sps, 2),
-                fmt(sb3_sps, 0),
-                fmt(sps / sb3_sps, 2),
-            ]
-        )
-    header = ["script", "env", "SPS", "raw env SPS", "script / raw env", "SB3 SPS", "script / SB3"]
-    return markdown_table(header, rows)
-
-
-def draw(groups: dict[tuple[str, str], list[RunSummary]], raw: dict[str, float], out: Path) -> list[Path]:
-    bars = [
-        (f"{script}\n{env_id}", [run.sps for run in runs if run.sps is not None])
-        for (script, env_id), runs in sorted(groups.items())
-    ]
-    bars += [(f"raw env\n{env_id}", [sps]) for env_id, sps in sorted(raw.items())]
-    return [*plot_learning_curves(groups, out), plot_sps(bars, out / "sps.png")]
+def draw(rows: list[Row], raw_bars: list[tuple[str, list[float]]], out: Path) -> list[Path]:
+    bars = [(f"{row.label}\n{row.env_id}", [run.sps for run in row.runs if run.sps is not None]) for row in rows]
+    figures = [*plot_learning_curves(rows, out), plot_sps([*bars, *raw_bars], out / "sps.png")]
+    values = aggregates(rows)
+    if values:
+        figures.append(plot_aggregate(values, out / "aggregate_iqm.png"))
+    return figures
 
 
 def machine() -> str:
@@ -329,101 +337,90 @@ def run(args: Run) -> int:
     check(args, cases, seeds)
     out = Path(args.out or REPO / "benchmark" / "results" / datetime.now().strftime("%Y-%m-%d_%H%M%S")).resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    jobs = make_jobs(args, cases, seeds, out)
+    jobs, plans = make_jobs(args, cases, seeds, out)
     print(f"benchmark: {len(jobs)} processes, {args.workers} at a time; results in {out}", flush=True)
     run_jobs(jobs, args.workers, out / "logs")
 
-    rows = []
-    for case in cases:
-        for kind in ("script", "sb3"):
-            case_jobs = [job for job in jobs if job.case == case and job.kind == kind]
-            if case_jobs:
-                runs = [job.summary for job in case_jobs if job.summary is not None]
-                failed = [job for job in case_jobs if job.summary is None]
-                rows.append((case_jobs[0].script, case.env_id, case if kind == "script" else None, runs, failed))
-    groups = group_runs(job.summary for job in jobs if job.summary is not None)
-    raw = {job.case.env_id: job.output["sps"] for job in jobs if "sps" in job.output}
-    figures = draw(groups, raw, out)
-    tables = ["## Results", "", *results_table(rows)]
-    if args.baselines:
-        ours = sorted({case.script for case in cases})
-        tables += ["", "## Speed against the baselines (same run)", "", *speed_table(groups, raw, ours)]
+    rows = rows_of(jobs, plans)
+    numbers = {row.key: row_numbers(row) for row in rows}
+    speed = speed_rows(jobs, plans, numbers) if args.baselines else []
+    raw_bars = [
+        (f"raw env\n{job.label} {job.output['env_id']}", [job.output["sps"]]) for job in jobs if "sps" in job.output
+    ]
+    figures = draw(rows, raw_bars, out)
+    tables = ["## Results", "", *results_table(list(numbers.values()))]
+    if speed:
+        tables += ["", "## Speed against the baselines (same run)", "", *speed_table(speed)]
     tables += ["", *HOW_MEASURED]
     failures = [job for job in jobs if job.error is not None]
     if failures:
         tables += ["", "## Failures", ""]
         for job in failures:
-            tables += [f"### {job.label}", "", "```", shlex.join(job.command), job.error, "```", ""]
-    report("Benchmark", run_header(args, cases, seeds), tables, figures, out)
-    write_json(out / "results.json", args, cases, seeds, jobs)
-    failed_cases = [row for row in rows if row[2] is not None and verdict(row[2], row[3], row[4]) == "FAIL"]
-    print(f"{'FAIL' if failed_cases or failures else 'PASS'}: wrote {out / 'results.md'}", flush=True)
-    return 1 if failed_cases or failures else 0
-
-
-def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> list[str]:
-    """Date, machine, command, cases and seeds: what is needed to reproduce the results."""
-    command = "python -m benchmark " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["run"] else "(called from Python)"
-    described = [
-        f"{case.name} {case.total_timesteps:,} steps" + (f" {shlex.join(case.flags)}" if case.flags else "")
-        for case in cases
-    ]
-    return [
-        f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}; git {git_revision()}",
-        f"- machine: {machine()}",
-        f"- command: `{command}`",
-        "- cases: " + "; ".join(described),
-        f"- seeds {' '.join(map(str, seeds))}; {args.workers} process{'es' if args.workers > 1 else ''} at a time",
-    ]
-
-
-def write_json(path: Path, args: Run, cases: list[Case], seeds: tuple[int, ...], jobs: list[Job]) -> None:
-    """The same results as results.md, for scripts: every job and every run's numbers."""
+            tables += [f"### {job.id}", "", "```", shlex.join(job.command), job.error, "```", ""]
+    header = run_header(args, cases, seeds)
+    report("Benchmark", header, tables, figures, out)
     record = {
+        "header": header,
         "args": asdict(args),
-        "cases": [asdict(case) for case in cases],
+        "cases": [{**asdict(case), "key": case.key} for case in cases],
         "seeds": list(seeds),
+        "rows": [asdict(value) for value in numbers.values()],
+        "speed": [asdict(value) for value in speed],
+        "aggregate": [asdict(value) for value in aggregates(rows)],
         "jobs": [
             {
-                "label": job.label,
+                "id": job.id,
+                "kind": job.kind,
+                "group": job.group,
+                "seed": job.seed,
                 "command": job.command,
                 "returncode": job.returncode,
                 "wall_seconds": job.wall_seconds,
                 "error": job.error,
                 "output": job.output,
+                "run_dir": job.summary.run_dir if job.summary else None,
             }
             for job in jobs
         ],
-        "runs": [
-            {
-                "script": run.script,
-                "env_id": run.env_id,
-                "seed": run.seed,
-                "run_dir": run.run_dir,
-                "steps": run.steps,
-                "last100_return": run.last_return,
-                "eval_return": run.eval_return,
-                "sps": run.sps,
-                "peak_rss_mb": run.peak_rss_mb,
-            }
-            for run in (job.summary for job in jobs)
-            if run is not None
-        ],
     }
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
+    failed = failures or any(value.verdict == "FAIL" for value in numbers.values())
+    print(f"{'FAIL' if failed else 'PASS'}: wrote {out / 'results.md'}", flush=True)
+    return 1 if failed else 0
+
+
+def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> list[str]:
+    """Date, machine, command, cases and seeds: what is needed to reproduce the results."""
+    command = "python -m benchmark " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["run"] else "(called from Python)"
+    return [
+        f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}; git {git_revision()}",
+        f"- machine: {machine()}",
+        f"- command: `{command}`",
+        "- cases: " + "; ".join(f"{case.name} (id {case.key})" for case in cases),
+        f"- seeds {' '.join(map(str, seeds))}; {args.workers} process{'es' if args.workers > 1 else ''} at a time",
+    ]
 
 
 HOW_MEASURED = [
     "How the numbers are measured:",
-    "- Everything is read from the runs' TensorBoard events with TensorBoard's `EventAccumulator`, keeping every "
-    "record. The last-100 training return is the mean of the last 100 `charts/episodic_return` records (every episode "
-    "of every env); the eval return is the mean of `eval/episodic_return` (deterministic policy after training); "
-    "± is the population std across seeds.",
-    "- Steps to threshold: the first step at which the mean of the last 100 episodes reaches the case's threshold "
-    "(averaged over the seeds that reach it).",
-    "- SPS: (last step - first step) / (wall time between the first and the last `charts/SPS` record), so start-up, "
-    "the first iteration and the final evaluation are left out. Peak RSS: the largest `system/rss_mb` record.",
-    "- Raw env: the scripts' vector env stack under random actions, no agent: an upper bound on any agent's SPS.",
+    "- Everything is read from the runs' TensorBoard events with TensorBoard's own readers, keeping every record; "
+    "a resumed run's records after its checkpoint are dropped, as TensorBoard drops them. The last-100 training "
+    "return is the mean of the last 100 `charts/episodic_return` records (every episode of every env); the eval "
+    "return is the mean of `eval/episodic_return` (deterministic policy after training). ± is the sample standard "
+    "deviation across seeds (ddof=1); one seed shows none.",
+    "- IQM (5 seeds or more): the interquartile mean across seeds, `scipy.stats.trim_mean(x, 0.25)`, with a 95% "
+    "percentile bootstrap interval (50,000 resamples, `scipy.stats.bootstrap`): rliable's definitions (Agarwal et "
+    "al., NeurIPS 2021). The aggregate figure takes the IQM over the runs of every case with a positive threshold, each "
+    "return divided by its case's threshold, resampling the runs of each case on their own (stratified).",
+    "- Steps to threshold: per seed, the first step at which the mean of the last 100 episodes (a full window) "
+    "reaches the case's threshold; the median over seeds, a seed that never reaches it counting as beyond the budget.",
+    "- SPS: per session of a run (a resumed run has two or more), steps between the first and the last `charts/SPS` "
+    "record over the wall time between them, summed over sessions: start-up, the first iteration, the final "
+    "evaluation and the time between a crash and its resume are left out. Peak RSS: the largest `system/rss_mb` "
+    "record, the process's resident memory when it was logged (scripts and baselines alike).",
+    "- Raw env: the script's own vector env stack, with the case's flags, under random actions and no agent: an "
+    "upper bound on any agent's SPS. Baselines run with settings derived from the script's (benchmark/registry.py); "
+    "a baseline two cases share runs once.",
 ]
 
 
@@ -434,12 +431,22 @@ def plot(args: Plot) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summaries = [summarise_run(run_dir) for run_dir in run_dirs]
-    groups = group_runs(summaries)
-    rows = [(script, env_id, None, runs, []) for (script, env_id), runs in sorted(groups.items())]
-    figures = draw(groups, {}, out)
-    header_lines = [f"- runs: {len(summaries)} run folders under {' '.join(args.run_dirs)}"]
-    report("Runs", header_lines, ["## Results", "", *results_table(rows), "", *HOW_MEASURED], figures, out)
+    groups: dict[tuple[str, str], list[RunSummary]] = defaultdict(list)
+    for summary in map(summarise_run, run_dirs):
+        groups[summary.script, summary.env_id].append(summary)
+    rows = [
+        Row(
+            label,
+            env_id,
+            f"{label}__{safe_name(env_id)}",
+            runs=sorted(runs, key=lambda run: (run.seed is None, run.seed or 0)),
+        )
+        for (label, env_id), runs in sorted(groups.items())
+    ]
+    figures = draw(rows, [], out)
+    numbers = [row_numbers(row) for row in rows]
+    header_lines = [f"- runs: {len(run_dirs)} run folders under {' '.join(args.run_dirs)}"]
+    report("Runs", header_lines, ["## Results", "", *results_table(numbers), "", *HOW_MEASURED], figures, out)
     print(f"wrote {out / 'results.md'} and {len(figures)} figures", flush=True)
     return 0
 

@@ -1,17 +1,27 @@
 """The standard benchmark cases of every script, and the named suites built from them.
 
-A later script adds its rows to `CASES` (and, if it has one, its Stable-Baselines3 counterpart to `SB3_ALGOS`); the
-harness, the tables and the plots need nothing else.
+A later script adds its rows to `CASES` and its entry to `benchmark.registry.SCRIPTS`; the harness, the tables and
+the plots need nothing else.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+
+from benchmark.events import safe_name
+
+
+def settings_hash(settings: object) -> str:
+    """A short hash of JSON-able settings (flags, or a baseline's settings), for job ids."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True)
 class Case:
-    """One (script, env) pair: how long to train, which flags differ from the script's defaults, and when it passes."""
+    """One (script, env, steps, flags): how long to train, which flags differ from the script's defaults, and when
+    it passes. Everything else (the number of envs, the baseline's settings) is derived from the script's `Args`."""
 
     script: str
     """the script's file stem, e.g. ppo_fc"""
@@ -23,12 +33,17 @@ class Case:
     """PASS when the mean return of the last 100 training episodes reaches this on every seed (None: no verdict)"""
     flags: tuple[str, ...] = ()
     """command-line flags that differ from the script's defaults"""
-    num_envs: int = 4
-    """the script's number of parallel envs in this case (the raw-env baseline steps as many)"""
+
+    @property
+    def key(self) -> str:
+        """The case's identity in folders, logs and tables: script, env, steps and a hash of the flags."""
+        return f"{self.script}__{safe_name(self.env_id)}__{self.total_timesteps}__{settings_hash(self.flags)}"
 
     @property
     def name(self) -> str:
-        return f"{self.script} {self.env_id}"
+        return f"{self.script} {self.env_id} {self.total_timesteps:,} steps" + (
+            f" {' '.join(self.flags)}" if self.flags else ""
+        )
 
 
 # Thresholds sit under what the reference implementations reach (CleanRL publishes 490.04 ± 6.12 for ppo.py on
@@ -39,18 +54,11 @@ CASES: tuple[Case, ...] = (
     Case("ppo_fc", "CartPole-v1", 100_000, threshold=150.0),
 )
 
-# Each script's Stable-Baselines3 counterpart for the `--baselines` rows (sb3-contrib for the recurrent ones).
-SB3_ALGOS: dict[str, str] = {
-    "ppo_fc": "ppo",
-    "ppo_lstm": "recurrent_ppo",
-    "ppo_transformer": "recurrent_ppo",
-    "ddpg": "ddpg",
-}
-
-# A suite: the cases (script, env id, steps: a row of CASES) and the seeds to run each with.
+# A suite: the cases (script, env id, steps: a row of CASES) and the seeds to run each with. Five seeds or more give
+# the IQM and its confidence interval.
 SUITES: dict[str, tuple[tuple[tuple[str, str, int], ...], tuple[int, ...]]] = {
     "quick": ((("ppo_fc", "CartPole-v1", 100_000),), (1, 2)),  # a few minutes on 2 cores
-    "full": ((("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3)),  # the numbers in the README
+    "full": ((("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3, 4, 5)),  # the numbers in the README
 }
 
 # Steps of a (script, env) pair that has no row in CASES.
@@ -75,4 +83,4 @@ def find_case(script: str, env_id: str, total_timesteps: int | None = None) -> C
     longest = rows[-1]
     if total_timesteps is None:
         return longest
-    return Case(script, env_id, total_timesteps, None, longest.flags, longest.num_envs)
+    return Case(script, env_id, total_timesteps, None, longest.flags)

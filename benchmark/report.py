@@ -1,32 +1,168 @@
-"""The tables and figures made from runs read back by `benchmark.events`."""
+"""The results of a benchmark: its rows and their numbers (for results.md and results.json alike), the tables, and
+the figures, made from runs read back by `benchmark.events`."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from benchmark.events import RunSummary, safe_name, trailing_mean
+from benchmark.statistics import MIN_SEEDS_FOR_IQM, iqm, iqm_interval, mean_std, median_steps_to_threshold
 
 SMOOTHING_EPISODES = 20
 """learning curves show the mean of a trailing window of this many episodes"""
 CURVE_POINTS = 200
 
 
+@dataclass
+class Row:
+    """One line of the results: the runs of one group of jobs (a case of a script, or its baseline), by seed."""
+
+    label: str
+    """what made the runs: a script, `sb3_<algo>`, or a run folder's exp name"""
+    env_id: str
+    key: str
+    """the group's identity (its job ids without the seed)"""
+    total_timesteps: int | None = None
+    flags: tuple[str, ...] = ()
+    threshold: float | None = None
+    """the case's threshold on the last-100 return"""
+    judged: bool = False
+    """whether the row gets a PASS/FAIL verdict (our scripts' cases with a threshold)"""
+    runs: list[RunSummary] = field(default_factory=list)
+    failed_seeds: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RowNumbers:
+    """Every number the results show for a row, computed once for results.md and results.json."""
+
+    label: str
+    env_id: str
+    key: str
+    total_timesteps: int | None
+    flags: list[str]
+    seeds: list[int | None]
+    failed_seeds: list[int]
+    steps: float | None
+    """mean over seeds of the last training step"""
+    last_return_mean: float | None
+    last_return_std: float | None
+    """sample std (ddof=1) across seeds; None with one seed"""
+    last_return_iqm: float | None
+    """interquartile mean across seeds (with 5 seeds or more), and its 95% bootstrap interval"""
+    last_return_iqm_low: float | None
+    last_return_iqm_high: float | None
+    eval_return_mean: float | None
+    eval_return_std: float | None
+    threshold: float | None
+    steps_to_threshold: list[int | None]
+    """per seed: the first step at which the mean of the last 100 episodes reached the threshold (None: never)"""
+    median_steps_to_threshold: float | None
+    """the median over seeds, seeds that never reached it counting as beyond the budget (None then)"""
+    median_beyond_budget: bool
+    sps_mean: float | None
+    sps_std: float | None
+    peak_rss_mb: float | None
+    """the largest resident memory any seed's run logged"""
+    verdict: str
+    """PASS, FAIL, or - (no threshold, or a baseline)"""
+
+
+def row_numbers(row: Row) -> RowNumbers:
+    runs = row.runs
+    last_returns = [run.last_return for run in runs if run.last_return is not None]
+    evals = [run.eval_return for run in runs if run.eval_return is not None]
+    sps = [run.sps for run in runs if run.sps is not None]
+    iqm_value = low = high = None
+    if len(last_returns) >= MIN_SEEDS_FOR_IQM:
+        iqm_value = iqm(last_returns)
+        low, high = iqm_interval([last_returns])
+    to_threshold = [run.steps_to_reach(row.threshold) for run in runs] if row.threshold is not None else []
+    median = median_steps_to_threshold(to_threshold)
+    verdict = "-"
+    if row.judged and row.threshold is not None:
+        passed = runs and not row.failed_seeds and len(last_returns) == len(runs)
+        verdict = "PASS" if passed and min(last_returns) >= row.threshold else "FAIL"
+    elif row.judged and row.failed_seeds:
+        verdict = "FAIL"
+    return RowNumbers(
+        label=row.label,
+        env_id=row.env_id,
+        key=row.key,
+        total_timesteps=row.total_timesteps,
+        flags=list(row.flags),
+        seeds=[run.seed for run in runs],
+        failed_seeds=list(row.failed_seeds),
+        steps=float(np.mean([run.steps for run in runs])) if runs else None,
+        last_return_mean=mean_std(last_returns)[0],
+        last_return_std=mean_std(last_returns)[1],
+        last_return_iqm=iqm_value,
+        last_return_iqm_low=low,
+        last_return_iqm_high=high,
+        eval_return_mean=mean_std(evals)[0],
+        eval_return_std=mean_std(evals)[1],
+        threshold=row.threshold,
+        steps_to_threshold=to_threshold,
+        median_steps_to_threshold=None if median is None or math.isinf(median) else median,
+        median_beyond_budget=median is not None and math.isinf(median),
+        sps_mean=mean_std(sps)[0],
+        sps_std=mean_std(sps)[1],
+        peak_rss_mb=max((run.peak_rss_mb for run in runs if run.peak_rss_mb is not None), default=None),
+        verdict=verdict,
+    )
+
+
+@dataclass
+class SpeedNumbers:
+    """A script row's SPS against the raw speed of its env stack and against its baseline, measured in one run."""
+
+    label: str
+    env_id: str
+    key: str
+    sps: float | None
+    raw_env_sps: float | None
+    script_over_raw_env: float | None
+    baseline: str | None
+    baseline_sps: float | None
+    script_over_baseline: float | None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, None when either is unknown or the denominator is 0."""
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def speed_numbers(row: RowNumbers, raw_env_sps: float | None, baseline: RowNumbers | None) -> SpeedNumbers:
+    baseline_sps = baseline.sps_mean if baseline is not None else None
+    return SpeedNumbers(
+        label=row.label,
+        env_id=row.env_id,
+        key=row.key,
+        sps=row.sps_mean,
+        raw_env_sps=raw_env_sps,
+        script_over_raw_env=ratio(row.sps_mean, raw_env_sps),
+        baseline=baseline.label if baseline is not None else None,
+        baseline_sps=baseline_sps,
+        script_over_baseline=ratio(row.sps_mean, baseline_sps),
+    )
+
+
+# Tables
+
+
 def fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.{digits}f}"
 
 
-def mean_std(values: Sequence[float | None], digits: int = 1) -> str:
-    """`mean ± std` over the known values (population std), noting how many of them are known."""
-    known = [value for value in values if value is not None]
-    if not known:
-        return "n/a"
-    text = f"{np.mean(known):,.{digits}f} ± {np.std(known):,.{digits}f}"
-    return text if len(known) == len(values) else f"{text} ({len(known)} of {len(values)})"
+def spread(mean: float | None, std: float | None, digits: int = 1) -> str:
+    """`mean ± std`, or the mean alone when there is no spread (one seed)."""
+    return fmt(mean, digits) if std is None else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -37,12 +173,82 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list
     ]
 
 
-def group_runs(runs: Iterable[RunSummary]) -> dict[tuple[str, str], list[RunSummary]]:
-    """Runs by (script, env id), seeds in order."""
-    groups: dict[tuple[str, str], list[RunSummary]] = defaultdict(list)
-    for run in runs:
-        groups[run.script, run.env_id].append(run)
-    return {key: sorted(runs, key=lambda run: (run.seed is None, run.seed or 0)) for key, runs in groups.items()}
+def threshold_text(numbers: RowNumbers) -> str:
+    if numbers.threshold is None:
+        return "-"
+    reached = sum(steps is not None for steps in numbers.steps_to_threshold)
+    budget = f"> {numbers.total_timesteps:,}" if numbers.total_timesteps else "beyond the budget"
+    median = budget if numbers.median_beyond_budget else fmt(numbers.median_steps_to_threshold, 0)
+    return f"{median} ({reached} of {len(numbers.steps_to_threshold)} seeds reached ≥ {numbers.threshold:g})"
+
+
+def results_table(rows: Sequence[RowNumbers]) -> list[str]:
+    header = [
+        "script",
+        "env",
+        "steps",
+        "seeds",
+        "last-100 training return",
+        "IQM [95% CI]",
+        "eval return (deterministic)",
+        "median steps to threshold",
+        "SPS",
+        "peak RSS (MB)",
+        "result",
+    ]
+    lines = []
+    for numbers in rows:
+        seeds = [*(str(seed) for seed in numbers.seeds), *(f"{seed} (failed)" for seed in numbers.failed_seeds)]
+        iqm_text = "-"
+        if numbers.last_return_iqm is not None:
+            iqm_text = f"{fmt(numbers.last_return_iqm)} [{fmt(numbers.last_return_iqm_low)}, "
+            iqm_text += f"{fmt(numbers.last_return_iqm_high)}]"
+        lines.append(
+            [
+                numbers.label + (f" `{' '.join(numbers.flags)}`" if numbers.flags else ""),
+                numbers.env_id,
+                fmt(numbers.steps, 0),
+                " ".join(seeds),
+                spread(numbers.last_return_mean, numbers.last_return_std),
+                iqm_text,
+                spread(numbers.eval_return_mean, numbers.eval_return_std),
+                threshold_text(numbers),
+                spread(numbers.sps_mean, numbers.sps_std, 0),
+                fmt(numbers.peak_rss_mb, 0),
+                numbers.verdict,
+            ]
+        )
+    return markdown_table(header, lines)
+
+
+def speed_table(rows: Sequence[SpeedNumbers]) -> list[str]:
+    header = [
+        "script",
+        "env",
+        "SPS",
+        "raw env SPS",
+        "script / raw env",
+        "baseline",
+        "baseline SPS",
+        "script / baseline",
+    ]
+    lines = [
+        [
+            numbers.label,
+            numbers.env_id,
+            fmt(numbers.sps, 0),
+            fmt(numbers.raw_env_sps, 0),
+            fmt(numbers.script_over_raw_env, 2),
+            numbers.baseline or "-",
+            fmt(numbers.baseline_sps, 0),
+            fmt(numbers.script_over_baseline, 2),
+        ]
+        for numbers in rows
+    ]
+    return markdown_table(header, lines)
+
+
+# Figures
 
 
 def _curve(runs: Sequence[RunSummary], x_of: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -69,29 +275,29 @@ def _pyplot():
     return plt
 
 
-def plot_learning_curves(groups: dict[tuple[str, str], list[RunSummary]], out: Path) -> list[Path]:
-    """Per env, two figures with a line per script: the episodic return against env steps and against wall-clock
-    time; the line is the mean across seeds, the band spans the lowest to the highest seed."""
+def plot_learning_curves(rows: Sequence[Row], out: Path) -> list[Path]:
+    """Per env, two figures with a line per row: the episodic return against env steps and against wall-clock time
+    (training time only); the line is the mean across seeds, the band spans the lowest to the highest seed."""
     plt = _pyplot()
     written = []
-    for env_id in sorted({env_id for _, env_id in groups}):
+    by_env: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        by_env[row.env_id].append(row)
+    for env_id, env_rows in sorted(by_env.items()):
         for x_of, label, stem in (
             ("episode_steps", "environment steps", "return_vs_steps"),
-            ("episode_seconds", "wall-clock time (s)", "return_vs_time"),
+            ("episode_seconds", "wall-clock time of training (s)", "return_vs_time"),
         ):
             figure, axes = plt.subplots(figsize=(7, 4.5))
-            for (script, group_env), runs in sorted(groups.items()):
-                curve = _curve(runs, x_of) if group_env == env_id else None
+            for row in env_rows:
+                curve = _curve(row.runs, x_of)
                 if curve is None:
                     continue
                 grid, curves = curve
-                line = axes.plot(grid, curves.mean(0), label=f"{script} ({len(curves)} seeds)")[0]
+                name = row.label + (f" ({row.total_timesteps:,} steps)" if row.total_timesteps else "")
+                line = axes.plot(grid, curves.mean(0), label=f"{name}, {len(curves)} seeds")[0]
                 axes.fill_between(grid, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.2)
-            axes.set(
-                title=env_id,
-                xlabel=label,
-                ylabel=f"episodic return (mean of {SMOOTHING_EPISODES} episodes)",
-            )
+            axes.set(title=env_id, xlabel=label, ylabel=f"episodic return (mean of {SMOOTHING_EPISODES} episodes)")
             axes.grid(alpha=0.3)
             if axes.has_data():
                 axes.legend()
@@ -119,6 +325,57 @@ def plot_sps(bars: Sequence[tuple[str, list[float]]], path: Path) -> Path:
     axes.set_xticks(positions, [label for label, _ in bars], rotation=20, ha="right")
     axes.set(ylabel="environment steps per second", title="speed (bar: mean over seeds; whiskers: min to max)")
     axes.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+@dataclass
+class Aggregate:
+    """The IQM of one label's runs over all cases with a positive threshold, each run's last-100 return divided by
+    its case's threshold (1 = the threshold), with the stratified bootstrap interval when every case has 5 seeds or
+    more."""
+
+    label: str
+    cases: int
+    runs: int
+    iqm: float
+    low: float | None
+    high: float | None
+
+
+def aggregates(rows: Sequence[Row]) -> list[Aggregate]:
+    by_label: dict[str, list[list[float]]] = defaultdict(list)
+    for row in rows:
+        if row.threshold is None or row.threshold <= 0:  # a ratio to it would not order returns
+            continue
+        scores = [run.last_return / row.threshold for run in row.runs if run.last_return is not None]
+        if scores:
+            by_label[row.label].append(scores)
+    result = []
+    for label, tasks in sorted(by_label.items()):
+        low = high = None
+        if all(len(task) >= MIN_SEEDS_FOR_IQM for task in tasks):
+            low, high = iqm_interval(tasks)
+        runs = sum(len(task) for task in tasks)
+        result.append(Aggregate(label, len(tasks), runs, iqm(np.concatenate(tasks)), low, high))
+    return result
+
+
+def plot_aggregate(values: Sequence[Aggregate], path: Path) -> Path:
+    """One point per label: the IQM of the threshold-normalised returns, with its 95% interval where known."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 1.2 + 0.6 * len(values)))
+    for position, value in enumerate(values):
+        error = None
+        if value.low is not None and value.high is not None:
+            error = [[value.iqm - value.low], [value.high - value.iqm]]
+        axes.errorbar(value.iqm, position, xerr=error, fmt="o", capsize=4)
+    axes.set_yticks(range(len(values)), [f"{value.label} ({value.runs} runs, {value.cases} cases)" for value in values])
+    axes.axvline(1.0, color="gray", linestyle="--", linewidth=1)
+    axes.set(xlabel="IQM of last-100 return / case threshold (95% stratified bootstrap CI)", title="aggregate")
+    axes.grid(axis="x", alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

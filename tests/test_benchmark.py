@@ -1,15 +1,23 @@
-"""The benchmark harness: the event reader, the case table, and a tiny suite end to end (table, figures, failures)."""
+"""The benchmark harness: the registry's baseline settings, job ids, the statistics and tables, and a tiny suite end
+to end (results.json, figures, failures)."""
 
 import json
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy import stats
 
 import benchmark.__main__ as harness
 from benchmark import cases
-from benchmark.events import find_run_dirs, summarise_run
+from benchmark.baselines import build_sb3_model, make_sb3_envs
+from benchmark.events import RunSummary, find_run_dirs, summarise_run
+from benchmark.registry import SCRIPTS, resolve_args
+from benchmark.report import Row, results_table, row_numbers, speed_numbers
+from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,14 +35,164 @@ def test_case_table_lookup():
         assert seeds and all(cases.find_case(*entry).threshold is not None for entry in entries)
 
 
-def test_baseline_gets_only_the_flags_it_shares_with_the_script():
-    case = cases.Case(
-        "ppo_fc", "Pendulum-v1", 1000, flags=("--num-envs", "1", "--no-bootstrap-truncation", "--norm-obs")
+# Flags that move every setting the baseline is given away from its default.
+EVERY_SETTING_MOVED = {
+    "ppo_fc": (
+        "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "3",
+        "--learning-rate", "1e-3", "--end-learning-rate", "1e-4", "--gamma", "0.95", "--gae-lambda", "0.9",
+        "--clip-coef", "0.3", "--no-clip-vloss", "--no-norm-adv", "--ent-coef", "0.02", "--vf-coef", "0.7",
+        "--max-grad-norm", "0.8", "--target-kl", "0.03", "--hidden-size", "32", "--norm-obs", "--norm-reward",
+        "--norm-reward-clip", "5", "--torch-threads", "2",
+    ),
+}  # fmt: skip
+
+
+def ppo_read_back(model, envs, settings) -> dict:
+    """The settings of a built SB3 PPO model, by the name of the script's `Args` field they stand for."""
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    widths = {
+        name: [layer.out_features for layer in net if hasattr(layer, "out_features")]
+        for name, net in (("pi", model.policy.mlp_extractor.policy_net), ("vf", model.policy.mlp_extractor.value_net))
+    }
+    assert widths["pi"] == widths["vf"] and len(widths["pi"]) == 2 and len(set(widths["pi"])) == 1
+    normalizer = envs if isinstance(envs, VecNormalize) else None
+    return {
+        "num_envs": model.n_envs,
+        "async_envs": not isinstance(model.get_env().unwrapped if normalizer else model.get_env(), DummyVecEnv),
+        "num_steps": model.n_steps,
+        "num_minibatches": model.n_envs * model.n_steps // model.batch_size,
+        "update_epochs": model.n_epochs,
+        "learning_rate": model.lr_schedule(1.0),
+        "gamma": model.gamma,
+        "gae_lambda": model.gae_lambda,
+        "clip_coef": model.clip_range(1.0),
+        "clip_vloss": model.clip_range_vf is not None,
+        "norm_adv": model.normalize_advantage,
+        "ent_coef": model.ent_coef,
+        "vf_coef": model.vf_coef,
+        "max_grad_norm": model.max_grad_norm,
+        "target_kl": model.target_kl,
+        "hidden_size": widths["pi"][0],
+        "norm_obs": bool(normalizer and normalizer.norm_obs),
+        "norm_reward": bool(normalizer and normalizer.norm_reward),
+        "norm_reward_clip": normalizer.clip_reward if normalizer else 10.0,
+        "torch_threads": settings["torch_threads"],  # the baseline process sets it before building the model
+    }
+
+
+@pytest.mark.parametrize("script_name", sorted(SCRIPTS))
+def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(script_name):
+    import torch
+
+    script = SCRIPTS[script_name]
+    flag_sets = [
+        (),
+        EVERY_SETTING_MOVED[script_name],
+        *(case.flags for case in cases.CASES if case.script == script_name),
+    ]
+    for flags in flag_sets:
+        args = resolve_args(script_name, flags)
+        settings = json.loads(json.dumps(script.sb3_settings(args)))  # as the baseline's process receives them
+        envs = make_sb3_envs("CartPole-v1", settings, seed=1)
+        model = build_sb3_model(script.sb3_algo, settings, envs, seed=1)
+        read_back = ppo_read_back(model, envs, settings)
+        for name, value in read_back.items():
+            assert value == pytest.approx(getattr(args, name)), (flags, name)
+        if args.clip_vloss:
+            assert model.clip_range_vf(1.0) == pytest.approx(args.clip_coef)
+        end = args.end_learning_rate if args.anneal_lr else args.learning_rate
+        assert model.lr_schedule(0.0) == pytest.approx(end)  # SB3's progress_remaining is 0 at the end
+        assert model.policy.activation_fn is torch.nn.Tanh
+        envs.close()
+        unaccounted = {item.name for item in fields(args)} - set(read_back) - set(script.unmatched)
+        assert not unaccounted, f"fields of {script_name}.Args neither given to the baseline nor explained"
+    assert not set(read_back) & set(script.unmatched)
+
+
+def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
+    table = (
+        cases.Case("ppo_fc", "CartPole-v1", 1024),
+        cases.Case("ppo_fc", "CartPole-v1", 2048),
+        cases.Case("ppo_fc", "CartPole-v1", 1024, flags=("--num-envs", "2")),
+        cases.Case("ppo_fc", "CartPole-v1", 1024, flags=("--no-numpy-rollout",)),  # the same baseline settings
     )
-    assert harness.sb3_flags(case) == ["--num-envs", "1", "--norm-obs"]
+    args = harness.Run(baselines=True, seeds=(1, 2))
+    jobs, plans = harness.make_jobs(args, list(table), (1, 2), tmp_path)
+    ids = [job.id for job in jobs]
+    assert len(ids) == len(set(ids))
+    assert len({job.run_dir for job in jobs}) == len(jobs)
+    script_groups = [plan.case.key for plan in plans]
+    assert len(set(script_groups)) == 4  # steps and flags tell cases apart
+    baselines = [plan.baseline_group for plan in plans]
+    assert baselines[0] != baselines[1] != baselines[2] and baselines[3] == baselines[0]
+    assert sum(job.kind == "sb3" for job in jobs) == 3 * 2  # the shared one once per seed
+    raw = [plan.raw_env_job for plan in plans]
+    assert raw[0] == raw[1] and raw[2] != raw[0]  # 4 envs and 2 envs are measured apart; steps do not matter
+    rows = harness.rows_of(jobs, plans)
+    assert len(rows) == 4 + 3 and len({row.key for row in rows}) == len(rows)
 
 
-def test_tiny_suite_table_figures_and_failures(tmp_path, monkeypatch, capsys):
+def summary(seed, last_returns, sps=None, episode_steps=None, rss=None) -> RunSummary:
+    returns = np.asarray(last_returns, dtype=float)
+    steps = np.arange(1, len(returns) + 1) * 10 if episode_steps is None else np.asarray(episode_steps)
+    return RunSummary(
+        run_dir=f"run{seed}", script="ppo_fc", env_id="CartPole-v1", seed=seed, steps=int(steps[-1]),
+        episode_steps=steps, episode_seconds=steps / 100.0, episode_returns=returns, sps=sps, peak_rss_mb=rss,
+    )  # fmt: skip
+
+
+def test_one_seed_shows_no_spread_and_no_iqm():
+    row = Row("ppo_fc", "CartPole-v1", "key", 1000, threshold=5.0, judged=True, runs=[summary(1, [7.0] * 120, 900.0)])
+    numbers = row_numbers(row)
+    assert numbers.last_return_mean == 7.0 and numbers.last_return_std is None and numbers.last_return_iqm is None
+    line = results_table([numbers])[-1]
+    assert "| 7.0 |" in line and "±" not in line and "| PASS |" in line
+
+
+def test_spread_iqm_and_median_steps_across_seeds():
+    # Seeds reach the threshold 100 at episode 100 (steps 1,000), 150 and never; two more reach it at once.
+    runs = [
+        summary(1, [100.0] * 200),
+        summary(2, [0.0] * 50 + [100.0] * 150),
+        summary(3, [50.0] * 200),
+        summary(4, [200.0] * 200),
+        summary(5, [300.0] * 200),
+    ]
+    numbers = row_numbers(Row("ppo_fc", "CartPole-v1", "key", 2000, threshold=100.0, judged=True, runs=runs))
+    finals = [100.0, 100.0, 50.0, 200.0, 300.0]
+    assert numbers.last_return_std == pytest.approx(np.std(finals, ddof=1))
+    assert numbers.last_return_iqm == pytest.approx(stats.trim_mean(finals, 0.25))  # mean of 100, 100, 200
+    assert numbers.last_return_iqm_low <= numbers.last_return_iqm <= numbers.last_return_iqm_high
+    assert numbers.steps_to_threshold == [1000, 1500, None, 1000, 1000]
+    assert numbers.median_steps_to_threshold == 1000 and numbers.verdict == "FAIL"  # seed 3 ends at 50
+    assert median_steps_to_threshold([1000, None, None]) == float("inf")  # the median seed never reached it
+    beyond = row_numbers(Row("ppo_fc", "CartPole-v1", "key", 2000, threshold=1e9, judged=True, runs=runs))
+    assert beyond.median_beyond_budget and beyond.median_steps_to_threshold is None
+    assert "> 2,000 (0 of 5 seeds reached" in results_table([beyond])[-1]
+
+
+def test_iqm_and_its_interval_follow_the_definitions():
+    values = [1.0, 2.0, 3.0, 4.0, 100.0, 5.0, 6.0, 7.0]
+    assert iqm(values) == pytest.approx(np.mean(sorted(values)[2:6]))
+    low, high = iqm_interval([values])
+    assert low < iqm(values) < high and high < 100
+    # Stratified: a task whose runs all agree adds no uncertainty; resampling across tasks would.
+    tight = iqm_interval([[1.0] * 6, [3.0] * 6])
+    assert tight == (2.0, 2.0)
+    assert mean_std([]) == (None, None) and mean_std([2.0, 4.0]) == (3.0, pytest.approx(np.sqrt(2)))
+
+
+def test_speed_ratios_divide_by_the_raw_env_and_the_baseline():
+    ours = row_numbers(Row("ppo_fc", "E", "a", 100, runs=[summary(1, [1.0], 1000.0), summary(2, [1.0], 3000.0)]))
+    baseline = row_numbers(Row("sb3_ppo", "E", "b", 100, runs=[summary(1, [1.0], 500.0)]))
+    speed = speed_numbers(ours, 8000.0, baseline)
+    assert speed.sps == 2000.0 and speed.script_over_raw_env == 0.25 and speed.script_over_baseline == 4.0
+    unknown = speed_numbers(ours, None, None)
+    assert unknown.script_over_raw_env is None and unknown.script_over_baseline is None
+
+
+def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, capsys):
     # Probe1 pays 1 per episode: a threshold of 0.5 passes, 2.0 cannot; 7 minibatches do not divide 512: a crash.
     table = (
         cases.Case("ppo_fc", "Probe1-v0", 1024, threshold=0.5),
@@ -53,22 +211,30 @@ def test_tiny_suite_table_figures_and_failures(tmp_path, monkeypatch, capsys):
     )
     assert harness.run(args) == 1
     printed = capsys.readouterr().out
-    assert printed.count("ppo_fc Probe") == 6 and "FAILED" in printed  # a line per finished run
+    assert printed.count(" (ppo_fc): ") == 6 and "FAILED" in printed  # a line per finished run of the script
+    record = json.loads((tmp_path / "out" / "results.json").read_text())
+    rows = {(row["label"], row["env_id"]): row for row in record["rows"]}
+    probe1, probe2, probe3 = (rows["ppo_fc", f"Probe{i}-v0"] for i in (1, 2, 3))
+    assert probe1["seeds"] == [1, 2] and probe1["last_return_mean"] == 1.0 and probe1["last_return_std"] == 0.0
+    assert probe1["verdict"] == "PASS" and probe1["threshold"] == 0.5
+    assert probe1["steps_to_threshold"][0] is not None and probe1["median_steps_to_threshold"] is not None
+    assert probe2["verdict"] == "FAIL" and probe2["median_beyond_budget"] and probe2["steps_to_threshold"] == [None] * 2
+    assert probe3["failed_seeds"] == [1, 2] and probe3["verdict"] == "FAIL"
+    baseline = rows["sb3_ppo", "Probe1-v0"]
+    assert baseline["seeds"] == [1, 2] and baseline["verdict"] == "-" and baseline["sps_mean"] > 0
+    [speed] = [row for row in record["speed"] if row["env_id"] == "Probe1-v0"]
+    assert speed["raw_env_sps"] > 0 and speed["script_over_raw_env"] == pytest.approx(
+        probe1["sps_mean"] / speed["raw_env_sps"]
+    )
+    assert speed["script_over_baseline"] == pytest.approx(probe1["sps_mean"] / baseline["sps_mean"])
+    assert sum(job["error"] is not None for job in record["jobs"]) == 2
+    assert len({job["id"] for job in record["jobs"]}) == len(record["jobs"])
     results = (tmp_path / "out" / "results.md").read_text()
-    results_section = results.split("## Results")[1].split("##")[0]
-    rows = {line.split(" | ")[1]: line for line in results_section.splitlines() if line.startswith("| ppo_fc |")}
-    assert rows.keys() == {"Probe1-v0", "Probe2-v0", "Probe3-v0"}
-    assert "| 1 2 | 1,024 | 1.0 ± 0.0 | 1.0 ± 0.0 |" in rows["Probe1-v0"] and rows["Probe1-v0"].endswith("| PASS |")
-    assert rows["Probe2-v0"].endswith("| FAIL |") and "not reached" in rows["Probe2-v0"]
-    assert "1 (failed) 2 (failed)" in rows["Probe3-v0"] and rows["Probe3-v0"].endswith("| FAIL |")
     assert "error: --num-minibatches 7 must divide" in results  # the crash's own message, under Failures
-    assert any(line.startswith("| sb3_ppo | Probe1-v0 | 1 2 |") for line in results.splitlines())
-    assert "## Speed against the baselines" in results
-    for name in ("sps.png", "return_vs_steps_Probe1-v0.png", "return_vs_time_Probe2-v0.png"):
+    assert f"{speed['script_over_raw_env']:,.2f}" in results  # the table shows what results.json holds
+    for name in ("sps.png", "return_vs_steps_Probe1-v0.png", "return_vs_time_Probe2-v0.png", "aggregate_iqm.png"):
         figure = tmp_path / "out" / name
         assert figure.read_bytes()[:8] == PNG_MAGIC and f"]({name})" in results
-    record = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert sum(job["error"] is not None for job in record["jobs"]) == 2
 
     # The same figures for runs made outside the harness.
     plot = subprocess.run(
@@ -79,7 +245,7 @@ def test_tiny_suite_table_figures_and_failures(tmp_path, monkeypatch, capsys):
     )
     assert plot.returncode == 0, plot.stderr
     plotted = (tmp_path / "plots" / "results.md").read_text()
-    assert "| ppo_fc | Probe1-v0 | 1 2 |" in plotted and "| sb3_ppo | Probe2-v0 | 1 2 |" in plotted
+    assert "| ppo_fc | Probe1-v0 |" in plotted and "| sb3_ppo | Probe2-v0 |" in plotted
     assert (tmp_path / "plots" / "return_vs_steps_Probe2-v0.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -88,6 +254,8 @@ def test_tiny_suite_table_figures_and_failures(tmp_path, monkeypatch, capsys):
     [
         (["run", "--scripts", "no_such_script"], "no script no_such_script.py"),
         (["run", "--seeds", "1", "1"], "distinct"),
+        (["run", "--suite", "quick", "--envs", "Acrobot-v1"], "--suite quick sets the scripts, envs and steps"),
+        (["run", "--suite", "full", "--total-timesteps", "1000"], "drop --total-timesteps"),
         (["plot", "/nonexistent-folder"], "no TensorBoard event files"),
     ],
 )
@@ -104,16 +272,30 @@ def test_bad_input_is_one_error_line(argv, message, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_suite_honours_seeds():
+    assert harness.cases_to_run(harness.Run(suite="quick", seeds=(7, 8, 9)))[1] == (7, 8, 9)
+    assert harness.cases_to_run(harness.Run(suite="quick"))[1] == cases.SUITES["quick"][1]
+
+
 @pytest.mark.parametrize(
-    "algo, env_id, flags",
+    "algo, env_id, settings",
     [
-        ("recurrent_ppo", "Probe1-v0", ["--num-steps", "64"]),
-        ("ddpg", "ContinuousProbe1-v0", ["--num-envs", "1", "--learning-starts", "64", "--batch-size", "32"]),
+        ("recurrent_ppo", "Probe1-v0", {**SCRIPTS["ppo_fc"].sb3_settings(resolve_args("ppo_fc", ["--num-steps", "64"]))}),
+        (
+            "ddpg",
+            "ContinuousProbe1-v0",
+            {
+                "num_envs": 1, "torch_threads": 1, "learning_rate": 1e-3, "end_learning_rate": 1e-3,
+                "hidden_sizes": [32, 32], "activation": "relu", "exploration_noise": 0.1,
+                "model": {"learning_starts": 64, "batch_size": 32, "gamma": 0.99, "tau": 0.005},
+            },
+        ),
     ],
-)
-def test_sb3_baselines_write_runs_the_reader_understands(algo, env_id, flags, tmp_path):
+)  # fmt: skip
+def test_sb3_baselines_write_runs_the_reader_understands(algo, env_id, settings, tmp_path):
     command = [sys.executable, "-m", "benchmark.baselines", "sb3", "--algo", algo, "--env-id", env_id]
-    command += ["--total-timesteps", "1024", "--eval-episodes", "3", "--run-dir", str(tmp_path), *flags]
+    command += ["--total-timesteps", "1024", "--eval-episodes", "3", "--run-dir", str(tmp_path)]
+    command += ["--settings", json.dumps(settings)]
     process = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert process.returncode == 0, process.stderr
     printed = json.loads(process.stdout.strip().splitlines()[-1])
@@ -124,3 +306,12 @@ def test_sb3_baselines_write_runs_the_reader_understands(algo, env_id, flags, tm
     # one-step episodes paying 1, each logged: about one per env step
     assert len(run.episode_returns) >= 1000 and set(run.episode_returns.tolist()) == {1.0}
     assert run.sps is not None and run.peak_rss_mb is not None and run.eval_returns == [1.0, 1.0, 1.0]
+
+
+def test_raw_env_steps_the_scripts_own_env_stack():
+    command = [sys.executable, "-m", "benchmark.baselines", "raw-env", "--script", "ppo_fc", "--env-id", "Probe1-v0"]
+    command += ["--flags", json.dumps(["--num-envs", "3", "--norm-reward"]), "--steps", "3000", "--repeats", "1"]
+    process = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert process.returncode == 0, process.stderr
+    printed = json.loads(process.stdout.strip().splitlines()[-1])
+    assert printed["num_envs"] == 3 and printed["steps"] == 3000 and printed["sps"] > 0

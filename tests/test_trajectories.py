@@ -96,7 +96,7 @@ def test_files_load_without_pickle(tmp_path):
     path = writer.save(tmp_path / "r.npz")
     with np.load(path, allow_pickle=False) as archive:
         for key in archive.files:
-            assert archive[key].dtype != object
+            archive[key]  # an array that needs pickle raises ValueError here
 
 
 def test_episode_returns_equal_the_env_reported_returns(tmp_path):

@@ -1,0 +1,120 @@
+"""The scripts the harness runs: each one's Stable-Baselines3 counterpart, how the script's settings become that
+counterpart's, and the script's own env stack for the raw-env measurement.
+
+A case's settings are never typed twice: `resolve_args` parses the case's flags with the script's own `Args` (its
+defaults included), and the baseline's settings, the number of envs and the raw env stack all come from the result.
+A new script adds one `Script` to `SCRIPTS`; `tests/test_benchmark.py` then checks that every field of its `Args` is
+either given to the baseline (and read back from the built SB3 model) or listed in `unmatched` with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from common.cli import parse_args
+
+REPO = Path(__file__).resolve().parent.parent
+
+RUN_PLUMBING = "run plumbing: it changes where and how a run is logged, saved or evaluated, not how it trains"
+
+
+@dataclass(frozen=True)
+class Script:
+    """A script of the repository root, as the harness needs it."""
+
+    name: str
+    """the file stem, e.g. ppo_fc"""
+    sb3_algo: str
+    """its Stable-Baselines3 counterpart (`benchmark.baselines sb3 --algo`)"""
+    sb3_settings: Callable[[Any], dict[str, Any]]
+    """the script's parsed `Args` -> the counterpart's settings (`benchmark.baselines sb3 --settings`, JSON)"""
+    vector_env: Callable[[ModuleType, Any], Any]
+    """(the script's module, its parsed `Args`) -> the vector env stack it trains on"""
+    unmatched: dict[str, str]
+    """fields of `Args` the counterpart is not given, each with the reason"""
+
+
+def ppo_sb3_settings(args: Any) -> dict[str, Any]:
+    """An MLP PPO script's settings as SB3 PPO's: the same envs, rollout, losses, network and learning-rate decay."""
+    return {
+        "num_envs": args.num_envs,
+        "async_envs": args.async_envs,
+        "norm_obs": args.norm_obs,
+        "norm_reward": args.norm_reward,
+        "clip_reward": args.norm_reward_clip,
+        "torch_threads": args.torch_threads,
+        "learning_rate": args.learning_rate,
+        "end_learning_rate": args.end_learning_rate if args.anneal_lr else args.learning_rate,
+        "hidden_sizes": [args.hidden_size, args.hidden_size],
+        "activation": "tanh",
+        "model": {
+            "n_steps": args.num_steps,
+            "batch_size": args.num_envs * args.num_steps // args.num_minibatches,
+            "n_epochs": args.update_epochs,
+            "gamma": args.gamma,
+            "gae_lambda": args.gae_lambda,
+            "clip_range": args.clip_coef,
+            "clip_range_vf": args.clip_coef if args.clip_vloss else None,
+            "normalize_advantage": args.norm_adv,
+            "ent_coef": args.ent_coef,
+            "vf_coef": args.vf_coef,
+            "max_grad_norm": args.max_grad_norm,
+            "target_kl": args.target_kl,
+        },
+    }
+
+
+PPO_UNMATCHED = {
+    **dict.fromkeys(
+        (
+            "exp_name", "track", "wandb_project_name", "wandb_entity", "capture_video", "video_every", "run_dir",
+            "progress", "save_model", "checkpoint_every", "resume", "eval_checkpoint", "eval_episodes",
+            "sampling_method", "temperature", "sampling_k", "save_trajectories", "env_id", "total_timesteps", "seed",
+        ),
+        RUN_PLUMBING + " (env id, steps, seed and evaluation episodes are given to both as they are)",
+    ),
+    "torch_deterministic": "SB3 leaves torch's deterministic algorithms as they are; on a CPU it makes no difference",
+    "cuda": "the harness runs both on the CPU",
+    "numpy_rollout": "how the rollout computes the same policy (checked against torch every iteration), not what",
+    "bootstrap_truncation": "SB3's PPO always bootstraps truncated episodes from their last observation's value, as "
+    "the script's default does (a case with --no-bootstrap-truncation has no SB3 equivalent)",
+    "anneal_lr": "given as end_learning_rate (equal to learning_rate when off)",
+    "end_learning_rate": "given as SB3's learning-rate schedule, linear from learning_rate to it",
+}  # fmt: skip
+
+
+SCRIPTS: dict[str, Script] = {
+    "ppo_fc": Script(
+        name="ppo_fc",
+        sb3_algo="ppo",
+        sb3_settings=ppo_sb3_settings,
+        vector_env=lambda module, args: module.make_envs(args, "", None)[0],
+        unmatched=PPO_UNMATCHED,
+    ),
+}
+
+
+def load_script(name: str) -> ModuleType:
+    """The script `name`.py of the repository root, imported as a module (its `main()` is not run)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(name)
+
+
+def resolve_args(name: str, flags: tuple[str, ...] | list[str]) -> Any:
+    """The script's complete `Args` for a command line of `flags`, parsed by the script's own `Args` with tyro; a bad
+    flag is a `UsageError` with tyro's message."""
+    return parse_args(load_script(name).Args, list(flags))
+
+
+if __name__ == "__main__":  # python -m benchmark.registry SCRIPT [FLAGS...]: the baseline's settings, as JSON
+    import json
+
+    name, *script_flags = sys.argv[1:]
+    print(json.dumps(SCRIPTS[name].sb3_settings(resolve_args(name, script_flags))))
