@@ -163,12 +163,12 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
 
 
 def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -> tuple[list[Job], list[CasePlan]]:
-    """Every job of the benchmark, once each: a baseline or a raw-env measurement that several cases share (the
-    same settings, env and steps) runs once."""
+    """Every job of the benchmark, once each: a baseline that several cases share (the same settings, env and steps)
+    runs once, and so does a raw-env measurement (the same script, env and flags)."""
     jobs: dict[str, Job] = {}
     plans = []
 
-    def add(kind: Literal["script", "sb3", "raw-env"], group: str, label: str, seed: int | None, command: list[str]):
+    def add(kind: Literal["script", "sb3", "raw-env"], group: str, label: str, case: Case, seed: int | None, command):
         job_id = group if seed is None else f"{group}__{seed}"
         run_dir = out / "runs" / job_id
         if kind != "raw-env":
@@ -181,7 +181,7 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
         run_flags += ["--eval-episodes", str(args.eval_episodes)]
         for seed in seeds:
             command = [sys.executable, str(REPO / f"{case.script}.py"), *run_flags, "--seed", str(seed)]
-            add("script", case.key, case.script, seed, [*command, "--no-progress", *case.flags])
+            add("script", case.key, case.script, case, seed, [*command, "--no-progress", *case.flags])
         if args.baselines:
             script = SCRIPTS[case.script]
             settings = script.sb3_settings(resolve_args(case.script, case.flags))
@@ -192,12 +192,12 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
             for seed in seeds:
                 command = [sys.executable, "-m", "benchmark.baselines", "sb3", "--algo", script.sb3_algo, *run_flags]
                 command += ["--seed", str(seed), "--settings", json.dumps(settings)]
-                add("sb3", plan.baseline_group, f"sb3_{script.sb3_algo}", seed, command)
+                add("sb3", plan.baseline_group, f"sb3_{script.sb3_algo}", case, seed, command)
             plan.raw_env_job = f"raw-env__{case.script}__{env_name}__{settings_hash(case.flags)}"
             command = [sys.executable, "-m", "benchmark.baselines", "raw-env", "--script", case.script]
             command += ["--env-id", case.env_id, "--flags", json.dumps(case.flags)]
             command += ["--steps", str(min(case.total_timesteps, RAW_ENV_STEPS))]
-            add("raw-env", plan.raw_env_job, f"raw env ({case.script})", None, command)
+            add("raw-env", plan.raw_env_job, f"raw env ({case.script})", case, None, command)
         plans.append(plan)
     return list(jobs.values()), plans
 
