@@ -85,6 +85,7 @@ def row_numbers(row: Row) -> RowNumbers:
         low, high = iqm_interval([last_returns])
     to_threshold = [run.steps_to_reach(row.threshold) for run in runs] if row.threshold is not None else []
     median = median_steps_to_threshold(to_threshold)
+    (return_mean, return_std), (eval_mean, eval_std), (sps_mean, sps_std) = map(mean_std, (last_returns, evals, sps))
     verdict = "-"
     if row.judged and row.threshold is not None:
         passed = runs and not row.failed_seeds and len(last_returns) == len(runs)
@@ -100,19 +101,19 @@ def row_numbers(row: Row) -> RowNumbers:
         seeds=[run.seed for run in runs],
         failed_seeds=list(row.failed_seeds),
         steps=float(np.mean([run.steps for run in runs])) if runs else None,
-        last_return_mean=mean_std(last_returns)[0],
-        last_return_std=mean_std(last_returns)[1],
+        last_return_mean=return_mean,
+        last_return_std=return_std,
         last_return_iqm=iqm_value,
         last_return_iqm_low=low,
         last_return_iqm_high=high,
-        eval_return_mean=mean_std(evals)[0],
-        eval_return_std=mean_std(evals)[1],
+        eval_return_mean=eval_mean,
+        eval_return_std=eval_std,
         threshold=row.threshold,
         steps_to_threshold=to_threshold,
         median_steps_to_threshold=None if median is None or math.isinf(median) else median,
         median_beyond_budget=median is not None and math.isinf(median),
-        sps_mean=mean_std(sps)[0],
-        sps_std=mean_std(sps)[1],
+        sps_mean=sps_mean,
+        sps_std=sps_std,
         peak_rss_mb=max((run.peak_rss_mb for run in runs if run.peak_rss_mb is not None), default=None),
         verdict=verdict,
     )
