@@ -202,10 +202,6 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
     return list(jobs.values()), plans
 
 
-def describe(job: Job) -> str:
-    return f"{job.id} ({job.label})"
-
-
 def run_job(job: Job, logs: Path) -> Job:
     """Run the job's process; record how it ended, then what it printed (raw env) or the run it made (the rest)."""
     start = time.perf_counter()
@@ -246,7 +242,7 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path) -> None:
                 status = f"last-100 return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS {fmt(run.sps, 0)}"
             else:
                 status = f"SPS {fmt(job.output.get('sps'), 0)}"
-            print(f"[{done}/{len(jobs)}] {describe(job)}: {job.wall_seconds:.0f} s, {status}", flush=True)
+            print(f"[{done}/{len(jobs)}] {job.id} ({job.label}): {job.wall_seconds:.0f} s, {status}", flush=True)
 
 
 def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:

@@ -209,7 +209,7 @@ def summarise_run(run_dir: str | Path, script: str | None = None, env_id: str | 
     summary.episode_seconds = training_seconds(sessions, RETURN_TAG)
     summary.eval_returns = [event.value for event in scalars.get(EVAL_TAG, [])]
     sps_records = scalars.get(SPS_TAG, [])
-    # The last training record (evaluation episodes are logged at steps past the end of training).
+    # The last training step: the SPS records are training's only (evaluation writes none).
     summary.steps = sps_records[-1].step if sps_records else int(summary.episode_steps[-1]) if len(episodes) else 0
     summary.sps = steps_per_second(sessions)
     if scalars.get(RSS_TAG):
