@@ -14,7 +14,7 @@ from common.trajectories import TrajectoryWriter
 
 def play_episodes(
     env_fn: Callable[[], gym.Env],
-    act: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    act: Callable[[np.ndarray, np.ndarray], np.ndarray | tuple[np.ndarray, Mapping[str, Mapping[str, Any]]]],
     episodes: int,
     seed: int,
     trajectory_path: Path | None = None,
@@ -23,7 +23,8 @@ def play_episodes(
     """Play `episodes` episodes in one env made by `env_fn`, reset with `seed`, and return their returns and lengths.
 
     `act(observations, episode_starts)` gets a batch of one observation and whether it is the first of its episode
-    (for agents with memory), and returns the action as the env takes it. With `trajectory_path`, the episodes are
+    (for agents with memory), and returns the action as the env takes it, or the action and the agent's fields to
+    record for the step (`{name: {field: array}}`, e.g. a hidden state). With `trajectory_path`, the episodes are
     recorded there.
     """
     env = gym.wrappers.vector.RecordEpisodeStatistics(
@@ -35,10 +36,12 @@ def play_episodes(
     observations, _ = env.reset(seed=seed)
     episode_starts = np.ones(1, dtype=bool)
     while len(returns) < episodes:
-        actions = act(observations, episode_starts)
+        actions, agents = act(observations, episode_starts), None
+        if isinstance(actions, tuple):
+            actions, agents = actions
         next_observations, rewards, terminations, truncations, infos = env.step(actions)
         if recorder is not None:
-            recorder.add_step(observations, actions, rewards, terminations, truncations, infos=infos)
+            recorder.add_step(observations, actions, rewards, terminations, truncations, agents, infos)
         if "_episode" in infos and infos["_episode"][0]:
             returns.append(float(infos["episode"]["r"][0]))
             lengths.append(int(infos["episode"]["l"][0]))
