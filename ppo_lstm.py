@@ -637,17 +637,14 @@ def train(args: Args) -> TrainResult:
             sequences_seconds = time.time() - sequences_start
 
             update_start = time.time()
+            check_replay(agent, s_obs, s_states, s_starts, s_actions, s_logprobs, s_entropies, s_values)
             ratios = []
-            for epoch in range(args.update_epochs):
+            for _epoch in range(args.update_epochs):
                 permutation = torch.randperm(num_sequences, device=device)
                 for start in range(0, num_sequences, sequences_per_minibatch):
                     mb = permutation[start : start + sequences_per_minibatch]
                     actor_out, newvalue, _ = agent(s_obs[:, mb], s_states[:, mb], s_starts[:, mb])
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, s_actions[:, mb])
-                    if epoch == 0 and start == 0:  # no step yet: the replay must give what the rollout recorded
-                        check_replay("log-probabilities", newlogprob, s_logprobs[:, mb])
-                        check_replay("entropies", entropy, s_entropies[:, mb])
-                        check_replay("values", newvalue, s_values[:, mb])
                     logratio = newlogprob - s_logprobs[:, mb]
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())
@@ -729,15 +726,28 @@ def train(args: Args) -> TrainResult:
     return TrainResult(agent, global_step, run_path, episodes.returns, episodes.lengths, eval_returns, checkpoint_path)
 
 
-def check_replay(name: str, replayed: Tensor, recorded: Tensor) -> None:
-    """Stop unless the update's `replayed` values (before any gradient step) are the `recorded` ones of the rollout."""
-    if not torch.allclose(replayed, recorded, rtol=1e-4, atol=1e-5):
-        raise PolicyMismatch(
-            f"the update's {name} differ from the rollout's (largest difference "
-            f"{(replayed - recorded).abs().max().item():.3g}): each training sequence must start from the state "
-            f"recorded in the rollout and reset it where an episode starts, and log_prob_and_entropy must compute "
-            f"what Agent.distribution does"
-        )
+def check_replay(
+    agent: Agent, obs: Tensor, states: Tensor, episode_starts: Tensor, actions: Tensor,
+    logprobs: Tensor, entropies: Tensor, values: Tensor,
+) -> None:  # fmt: skip
+    """Before the first gradient step: stop unless the update's pass along the training sequences (from their recorded
+    states, reset where an episode starts, with the written-out log-probabilities) gives the log-probabilities,
+    entropies and values of the rollout's pass."""
+    with torch.no_grad():
+        actor_out, replayed_values, _ = agent(obs, states, episode_starts)
+        replayed_logprobs, replayed_entropies = agent.log_prob_and_entropy(actor_out, actions)
+    for name, replayed, recorded in (
+        ("log-probabilities", replayed_logprobs, logprobs),
+        ("entropies", replayed_entropies, entropies),
+        ("values", replayed_values, values),
+    ):
+        if not torch.allclose(replayed, recorded, rtol=1e-4, atol=1e-5):
+            raise PolicyMismatch(
+                f"the update's {name} differ from the rollout's (largest difference "
+                f"{(replayed - recorded).abs().max().item():.3g}): each training sequence must start from the state "
+                f"recorded in the rollout and reset it where an episode starts, and log_prob_and_entropy must "
+                f"compute what Agent.distribution does"
+            )
 
 
 def compute_gae(

@@ -15,6 +15,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from helpers import (
+    NanRewardEnv,
+    on_policy_value,
+    read_scalars,
+    reference_gae,
+    run_script,
+    sharp_agent,
+    visit_states,
+)
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_fc
@@ -29,49 +38,16 @@ CONTINUOUS = dict(
 """CleanRL's continuous-control settings."""
 
 
+def run_cli(*flags: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return run_script("ppo_fc.py", *flags, env=env, timeout=timeout)
+
+
 def quick_args(tmp_path, **overrides) -> ppo_fc.Args:
     settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
     return ppo_fc.Args(**{**settings, **overrides})
 
 
-def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar of a run folder, read with tensorboard's own reader (no sampling: size 0 keeps all)."""
-    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
-    accumulator.Reload()
-    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
-
-
-def run_cli(*flags: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "ppo_fc.py", *flags],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
 # --- GAE and the learning-rate schedule ----------------------------------------------------------------------------
-
-
-def reference_gae(rewards, values, next_value, terminations, truncations, final_values, gamma, lam):
-    """GAE one env and one step at a time, straight from the definition."""
-    num_steps, num_envs = rewards.shape
-    advantages = np.zeros_like(rewards)
-    for env in range(num_envs):
-        carry = 0.0
-        for t in reversed(range(num_steps)):
-            if terminations[t, env]:
-                following_value, carry = 0.0, 0.0
-            elif truncations[t, env]:
-                following_value, carry = final_values[t, env], 0.0
-            else:
-                following_value = values[t + 1, env] if t + 1 < num_steps else next_value[env]
-            delta = rewards[t, env] + gamma * following_value - values[t, env]
-            carry = delta + gamma * lam * carry
-            advantages[t, env] = carry
-    return advantages
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -107,23 +83,6 @@ def test_learning_rate_falls_linearly_to_the_end_value(tmp_path):
     np.testing.assert_allclose(
         [value for _, value in read_scalars(constant.run_dir)["charts/learning_rate"]], [2.5e-4] * 2
     )
-
-
-def sharp_agent(agent_class, seed: int = 0):
-    """A subclass of `agent_class` whose policy is far from uniform (and whose value is far from zero): at
-    initialisation the policy is nearly uniform, which hides most ways of acting with the wrong policy."""
-
-    class SharpAgent(agent_class):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            generator = torch.Generator().manual_seed(seed)
-            with torch.no_grad():
-                for module in self.modules():
-                    if isinstance(module, torch.nn.Linear):
-                        module.weight.normal_(0, module.in_features**-0.5, generator=generator)
-                        module.bias.normal_(0, 0.3, generator=generator)
-
-    return SharpAgent
 
 
 @pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
@@ -378,17 +337,6 @@ def test_env_action_offsets_discrete_start_and_clips_boxes():
 # --- learning on the probes ----------------------------------------------------------------------------------------
 
 
-def visit_states(env_id: str, seeds=range(8)):
-    """Yield (env, observation) for every state of episodes played with the optimal policy."""
-    env = gym.make(env_id).unwrapped
-    for seed in seeds:
-        observation, _ = env.reset(seed=seed)
-        terminated = False
-        while not terminated:
-            yield env, observation
-            observation, _, terminated, _, _ = env.step(env.optimal_action())
-
-
 def agent_at(agent: ppo_fc.Agent, observation: np.ndarray):
     """The agent's value and policy at one observation."""
     x = torch.as_tensor(observation[None], dtype=torch.float32)
@@ -427,20 +375,6 @@ def test_probe7_memoryless_agent_cannot_beat_chance(tmp_path):
     result = ppo_fc.train(quick_args(tmp_path, env_id="Probe7-v0", total_timesteps=20_480))
     assert len(result.episode_returns) == 20_480 // 4
     assert np.mean(result.episode_returns[-500:]) < 0.65
-
-
-def on_policy_value(env, policy, samples: int = 4000) -> float:
-    """The true value of a one-step state under a Gaussian policy: the mean reward of sampled (then clipped) actions.
-
-    Only ContinuousProbe4 and 5 need it; their value depends on the policy's spread, not only on its mean.
-    """
-    state = (env.t, env.cue)
-    rewards = []
-    for action in policy.sample((samples,))[:, 0].numpy():
-        env.t, env.cue = state
-        rewards.append(env._reward(np.clip(action, -1, 1)))
-    env.t, env.cue = state
-    return float(np.mean(rewards))
 
 
 @pytest.mark.parametrize(
@@ -742,24 +676,6 @@ def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, messa
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], completed.stderr
     assert not (tmp_path / "runs").exists()
-
-
-class NanRewardEnv(gym.Env):
-    """Rewards 1.0, then NaN from step 600 on: training must stop, keeping the last good checkpoint."""
-
-    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self):
-        self.steps = 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(1, np.float32), {}
-
-    def step(self, action):
-        self.steps += 1
-        return np.zeros(1, np.float32), 1.0 if self.steps < 600 else float("nan"), True, False, {}
 
 
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):

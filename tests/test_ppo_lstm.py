@@ -1,0 +1,418 @@
+"""ppo_lstm.py: the hidden state (reset, replay, stand-in), learning on the probes, checkpoints, trajectories, the CLI."""
+
+import json
+import shutil
+import subprocess
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from helpers import (
+    NanRewardEnv,
+    on_policy_value,
+    read_scalars,
+    reference_gae,
+    run_script,
+    sharp_agent,
+    visit_states,
+)
+
+import ppo_fc
+import ppo_lstm
+from common.errors import PolicyMismatch
+from common.trajectories import load_trajectories, split_episodes
+
+CONTINUOUS = dict(
+    num_envs=1,
+    num_steps=2048,
+    num_minibatches=32,
+    bptt_len=64,
+    update_epochs=10,
+    learning_rate=3e-4,
+    ent_coef=0.0,
+    anneal_lr=False,
+)
+"""CleanRL's continuous-control settings, with the rollout cut into chunks so that it splits into 32 minibatches."""
+CELLS = [dict(rnn_type="lstm"), dict(rnn_type="gru", rnn_layers=2, shared_core=False)]
+
+
+def run_cli(*flags: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return run_script("ppo_lstm.py", *flags, env=env, timeout=timeout)
+
+
+def quick_args(tmp_path, **overrides) -> ppo_lstm.Args:
+    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    return ppo_lstm.Args(**{**settings, **overrides})
+
+
+def sharp_recurrent_agent_class(seed: int = 0) -> type[ppo_lstm.Agent]:
+    """An Agent whose policy, value and recurrent weights are far from their initial values, so that the state
+    matters to every output."""
+
+    class SharpRecurrentAgent(sharp_agent(ppo_lstm.Agent, seed)):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            generator = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for core in self.cores():
+                    for parameter in core.rnn.parameters():
+                        parameter.normal_(0, 0.3, generator=generator)
+
+    return SharpRecurrentAgent
+
+
+def sharp_recurrent_agent(seed: int = 0, **settings) -> ppo_lstm.Agent:
+    """A sharp agent for 4 observations and 3 actions."""
+    return sharp_recurrent_agent_class(seed)(4, gym.spaces.Discrete(3), ppo_lstm.Args(**settings))
+
+
+# --- the hidden state ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gae_equals_the_reference_loop(seed):
+    rng = np.random.default_rng(seed)
+    rewards, values = rng.normal(size=(2, 13, 3))
+    next_value, final_values = rng.normal(size=3), rng.normal(size=(13, 3))
+    terminations, truncations = rng.random((2, 13, 3)) < 0.2
+    computed = ppo_lstm.compute_gae(rewards, values, next_value, terminations, truncations, final_values, 0.97, 0.9)
+    expected = reference_gae(rewards, values, next_value, terminations, truncations, final_values, 0.97, 0.9)
+    np.testing.assert_allclose(computed, expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("settings", CELLS)
+def test_after_an_episode_start_the_output_is_that_of_a_fresh_zero_state(settings):
+    agent = sharp_recurrent_agent(**settings)
+    rng = np.random.default_rng(0)
+    num_steps, num_envs = 12, 3
+    x = torch.as_tensor(rng.normal(size=(num_steps, num_envs, 4)), dtype=torch.float32)
+    state = torch.as_tensor(rng.normal(size=agent.initial_state(num_envs).shape), dtype=torch.float32)
+    starts = torch.zeros(num_steps, num_envs, dtype=torch.bool)
+    starts[5, 0] = starts[0, 1] = starts[2, 2] = starts[9, 2] = True
+    with torch.no_grad():
+        actor_out, value, _ = agent(x, state, starts)
+        # One step: a start ignores the state it is given.
+        step_out, step_value, _ = agent(x[:1], state, starts[:1])
+        fresh_out, fresh_value, _ = agent(x[:1], agent.initial_state(num_envs), torch.zeros(1, num_envs, dtype=bool))
+        torch.testing.assert_close(step_out[0, 1], fresh_out[0, 1], rtol=0, atol=0)
+        torch.testing.assert_close(step_value[0, 1], fresh_value[0, 1], rtol=0, atol=0)
+        assert (step_out[0, 0] - fresh_out[0, 0]).abs().max() > 1e-3  # elsewhere the state matters
+        # Along a sequence: from each start on, the outputs are those of a fresh sequence that begins there.
+        for env, start in [(0, 5), (1, 0), (2, 2), (2, 9)]:
+            end = {(2, 2): 9}.get((env, start), num_steps)
+            fresh_out, fresh_value, _ = agent(
+                x[start:end, env : env + 1], agent.initial_state(1), torch.zeros(end - start, 1, dtype=torch.bool)
+            )
+            torch.testing.assert_close(actor_out[start:end, env], fresh_out[:, 0], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(value[start:end, env], fresh_value[:, 0], rtol=1e-5, atol=1e-6)
+        assert (actor_out[:5, 0] - agent(x[:5, :1], agent.initial_state(1), starts[:5, :1])[0][:, 0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("settings", CELLS)
+def test_one_step_at_a_time_equals_the_sequence_pass_and_the_numpy_copy_equals_both(settings):
+    agent = sharp_recurrent_agent(seed=1, **settings)
+    rng = np.random.default_rng(1)
+    num_steps, num_envs = 20, 4
+    obs = rng.normal(size=(num_steps, num_envs, 4)).astype(np.float32)
+    starts = rng.random((num_steps, num_envs)) < 0.15
+    noise = agent.sampling_noise((num_steps, num_envs)).numpy()
+    numpy_step = ppo_lstm.numpy_policy_step(agent)
+    initial = rng.normal(size=agent.initial_state(num_envs).shape).astype(np.float32)
+    torch_state, numpy_state, stepped = torch.as_tensor(initial), initial, []
+    with torch.no_grad():
+        for t in range(num_steps):
+            actor_out, _, torch_state = agent(
+                torch.as_tensor(obs[t])[None], torch_state, torch.as_tensor(starts[t])[None]
+            )
+            stepped.append(actor_out[0])
+            actions, numpy_state = numpy_step(obs[t], numpy_state, starts[t], noise[t])
+            np.testing.assert_array_equal(actions, np.argmax(actor_out[0].numpy() + noise[t], -1))
+            np.testing.assert_allclose(numpy_state, torch_state.numpy(), rtol=1e-4, atol=1e-5)
+        sequence_out, _, _ = agent(torch.as_tensor(obs), torch.as_tensor(initial), torch.as_tensor(starts))
+    torch.testing.assert_close(sequence_out, torch.stack(stepped), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bptt_len", [0, 8])
+@pytest.mark.parametrize("settings", CELLS)
+def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, monkeypatch, settings, bptt_len):
+    replays = []
+    check_replay = ppo_lstm.check_replay
+
+    def recording_check_replay(agent, obs, states, starts, actions, logprobs, entropies, values):
+        with torch.no_grad():
+            actor_out, replayed_values, _ = agent(obs, states, starts)
+            replayed_logprobs, _ = agent.log_prob_and_entropy(actor_out, actions)
+        replays.append(
+            dict(
+                logprobs=(replayed_logprobs - logprobs).abs().max().item(),
+                values=(replayed_values - values).abs().max().item(),
+                starts_inside=starts[1:].any().item(),
+                # a sequence that continues an episode from a nonzero state recorded earlier
+                carried=((states.abs().amax((0, 2)) > 0) & ~starts[0]).any().item(),
+            )
+        )
+        check_replay(agent, obs, states, starts, actions, logprobs, entropies, values)
+
+    monkeypatch.setattr(ppo_lstm, "check_replay", recording_check_replay)
+    args = quick_args(tmp_path, num_envs=2, num_steps=32, num_minibatches=2, total_timesteps=6 * 64, bptt_len=bptt_len)
+    ppo_lstm.train(ppo_lstm.Args(**{**vars(args), **settings}))
+    assert len(replays) == 6
+    assert max(replay["logprobs"] for replay in replays) < 1e-5
+    assert max(replay["values"] for replay in replays) < 1e-5
+    assert all(replay["starts_inside"] for replay in replays)  # CartPole's episodes end inside the sequences
+    assert all(replay["carried"] for replay in replays[1:])  # and run across the rollout's (and chunks') boundaries
+
+
+def test_a_replay_that_ignores_episode_starts_is_stopped(tmp_path, monkeypatch):
+    forward = ppo_lstm.Agent.forward
+
+    def forgetful_forward(self, x, state, episode_starts):  # an edit that keeps the state across episodes
+        if len(x) > 1:
+            episode_starts = torch.zeros_like(episode_starts)
+        return forward(self, x, state, episode_starts)
+
+    monkeypatch.setattr(ppo_lstm.Agent, "forward", forgetful_forward)
+    with pytest.raises(PolicyMismatch, match="reset it where an episode starts"):
+        ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=512))
+
+
+def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(tmp_path, monkeypatch):
+    numpy_policy_step = ppo_lstm.numpy_policy_step
+
+    def forgetful_copy(agent):  # passes the trial before acting (it starts no episode), then acts wrongly
+        step = numpy_policy_step(agent)
+        return lambda obs, state, starts, noise: step(obs, state, np.zeros_like(starts), noise)
+
+    monkeypatch.setattr(ppo_lstm, "numpy_policy_step", forgetful_copy)
+    monkeypatch.setattr(ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=2))
+    with pytest.raises(PolicyMismatch, match="--no-numpy-rollout"):
+        ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256))
+    result = ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256, numpy_rollout=False))
+    assert result.global_step == 256
+
+
+def test_an_edited_policy_acts_through_torch_and_must_be_scored_as_it_acts(tmp_path, monkeypatch, capsys):
+    distribution = ppo_lstm.Agent.distribution
+
+    def sharper(self, actor_out):  # an edit the NumPy copy does not follow, nor the written-out log-probabilities
+        return distribution(self, actor_out * 5)
+
+    monkeypatch.setattr(ppo_lstm.Agent, "distribution", sharper)
+    monkeypatch.setattr(ppo_lstm, "Agent", sharp_agent(ppo_lstm.Agent, seed=2))
+    with pytest.raises(PolicyMismatch, match=r"log_prob_and_entropy must compute what Agent\.distribution does"):
+        ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256))
+    assert "the rollout calls the torch policy at every step" in capsys.readouterr().err
+
+
+# --- learning on the probes ----------------------------------------------------------------------------------------
+
+
+def play_optimally(agent: ppo_lstm.Agent, env_id: str, seeds=range(8)):
+    """Yield (env, value, policy) at every state of episodes played with the optimal policy, the agent's state
+    carried along each episode from zero."""
+    for env, observation in visit_states(env_id, seeds):
+        if env.t == 0:
+            state, start = agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool)
+        with torch.no_grad():
+            actor_out, value, state = agent(torch.as_tensor(observation[None, None], dtype=torch.float32), state, start)
+        start = torch.zeros(1, 1, dtype=torch.bool)
+        yield env, value.item(), agent.distribution(actor_out[0])
+
+
+@pytest.mark.parametrize(
+    ("env_id", "steps", "value_tolerance", "min_probability"),
+    [
+        ("Probe1-v0", 10_240, 0.05, None),
+        ("Probe2-v0", 10_240, 0.05, None),
+        ("Probe3-v0", 10_240, 0.05, None),
+        ("Probe4-v0", 10_240, 0.1, 0.95),
+        ("Probe5-v0", 20_480, 0.1, 0.95),
+        ("Probe6-v0", 40_960, 0.3, 0.9),
+        ("Probe7-v0", 40_960, 0.1, 0.9),
+    ],
+)
+def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probability):
+    args = quick_args(tmp_path, env_id=env_id, total_timesteps=steps, learning_rate=1e-3, ent_coef=0.0)
+    result = ppo_lstm.train(args)
+    for env, value, policy in play_optimally(result.agent, env_id):
+        assert value == pytest.approx(env.optimal_value(args.gamma), abs=value_tolerance), (env.t, env.cue)
+        action_matters = env_id != "Probe7-v0" or env.t == env.horizon - 1  # Probe7: only the last action counts
+        if min_probability is not None and action_matters:
+            assert policy.probs[0, env.optimal_action()].item() >= min_probability, (env.t, env.cue)
+    if env_id == "Probe7-v0":  # memory: ppo_fc stays near 0.5 here (test_ppo_fc)
+        assert np.mean(result.episode_returns[-200:]) >= 0.95
+
+
+@pytest.mark.parametrize(
+    ("env_id", "steps"),
+    [
+        ("ContinuousProbe1-v0", 8_192),
+        ("ContinuousProbe2-v0", 8_192),
+        ("ContinuousProbe3-v0", 8_192),
+        ("ContinuousProbe4-v0", 24_576),
+        ("ContinuousProbe5-v0", 24_576),
+    ],
+)
+def test_continuous_probes(tmp_path, env_id, steps):
+    args = quick_args(tmp_path, env_id=env_id, total_timesteps=steps, **CONTINUOUS)
+    agent = ppo_lstm.train(args).agent
+    action_matters = env_id in ("ContinuousProbe4-v0", "ContinuousProbe5-v0")
+    for env, value, policy in play_optimally(agent, env_id):
+        if action_matters:
+            assert value == pytest.approx(on_policy_value(env, policy), abs=0.1), env.cue
+            assert policy.mean[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), env.cue
+            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.25), env.cue
+        else:
+            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), (env.t, env.cue)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------------------
+
+
+def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
+    # Probe6's episodes are 10 steps with fixed observations: rollouts of 5 steps end inside episodes (the state is
+    # carried over), and the checkpoint every 2 iterations falls where episodes end, as a resumed run restarts them.
+    settings = dict(env_id="Probe6-v0", num_envs=2, num_steps=5, num_minibatches=2, total_timesteps=6 * 10)
+    settings.update(checkpoint_every=2, save_model=True, norm_obs=True)
+    whole = ppo_lstm.train(quick_args(tmp_path / "whole", **settings))
+    middle = whole.run_dir / "checkpoints" / "step_40.pt"
+    assert middle.is_file()
+    copy = tmp_path / "copy" / whole.run_dir.name
+    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_60.pt", "latest.pt"))
+    resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_40.pt"), progress=False))
+    assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 60
+    for (name, expected), actual in zip(
+        whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
+    assert resumed.episode_returns == whole.episode_returns[-2:]
+    logged = read_scalars(copy)["charts/learning_rate"]
+    assert [step for step, _ in logged] == [10 * k for k in range(1, 7)]
+
+
+def test_checkpoints_of_the_other_ppo_script_are_refused(tmp_path):
+    fc_args = dict(run_dir=str(tmp_path / "fc"), progress=False, eval_episodes=0, env_id="Probe1-v0")
+    fc_checkpoint = ppo_fc.train(ppo_fc.Args(total_timesteps=512, **fc_args)).checkpoint
+    lstm_checkpoint = ppo_lstm.train(quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True))
+    for script, path, other in [
+        ("ppo_lstm.py", fc_checkpoint, "ppo_fc"),
+        ("ppo_fc.py", lstm_checkpoint.checkpoint, "ppo_lstm"),
+    ]:
+        for flag in ("--eval-checkpoint", "--resume"):
+            completed = run_script(script, flag, str(path), "--run-dir", str(tmp_path / "refused"))
+            assert completed.returncode == 2, completed.stderr
+            lines = completed.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], completed.stderr
+    assert not (tmp_path / "refused").exists()
+
+
+def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hidden_states(tmp_path):
+    args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_model=True, eval_episodes=3)
+    result = ppo_lstm.train(args)
+    path = tmp_path / "eval.npz"
+    flags = ("--eval-checkpoint", str(result.checkpoint), "--eval-episodes", "3", "--run-dir", str(tmp_path))
+    completed = run_cli(*flags, "--save-trajectories", str(path))
+    assert completed.returncode == 0, completed.stderr
+    assert f"return {np.mean(result.eval_returns):.2f} +- {np.std(result.eval_returns):.2f}" in completed.stdout
+    data = load_trajectories(path)
+    hidden = data["/agents/policy/hidden_state"]
+    assert hidden.shape == (1, data["/rewards"].shape[1], 1, 256)
+    episode_starts = np.concatenate([[True], data["/masks"][0, :-1] == 0])
+    assert not hidden[0, episode_starts].any() and hidden[0, ~episode_starts].any(axis=-1).all()
+    for method in ("basic", "temperature", "topk"):
+        returns = ppo_lstm.evaluate_checkpoint(
+            quick_args(tmp_path, eval_checkpoint=str(result.checkpoint), eval_episodes=2, sampling_method=method)
+        )
+        assert len(returns) == 2
+
+
+def test_training_trajectories_hold_the_hidden_state_each_action_came_from(tmp_path):
+    path = tmp_path / "rollouts.npz"
+    args = quick_args(tmp_path, total_timesteps=1024, num_steps=128, save_trajectories=str(path), rnn_type="gru")
+    result = ppo_lstm.train(args)
+    data = load_trajectories(path)
+    assert data["/agents/policy/hidden_state"].shape == (4, 256, 1, 128)
+    assert data["/agents/policy/logprobs"].shape == (4, 256)
+    assert json.loads(str(data["/meta/args"]))["rnn_type"] == "gru"
+    finished = [episode for episode in split_episodes(data) if episode.finished]
+    assert sorted(episode.total_reward for episode in finished) == sorted(result.episode_returns)
+    # Zero exactly where an episode starts; at the second rollout's first step, carried over from the first.
+    hidden = data["/agents/policy/hidden_state"]
+    starts = np.concatenate([np.ones((4, 1), bool), data["/masks"][:, :-1] == 0], axis=1)
+    assert not hidden[starts].any() and hidden[~starts].any(axis=(-2, -1)).all()
+    assert not starts[:, 128].all()
+
+
+# --- the command line ----------------------------------------------------------------------------------------------
+
+
+def test_cli_run_writes_the_conventional_log_keys(tmp_path):
+    completed = run_cli(
+        "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--run-dir", str(tmp_path), "--eval-episodes", "1"
+    )
+    assert completed.returncode == 0, completed.stderr
+    (run,) = tmp_path.iterdir()
+    assert run.name.startswith("CartPole-v1__ppo_lstm__1__")
+    assert completed.stdout.startswith(f"{run}: 1024 steps, ") and "eval return" in completed.stdout
+    scalars = read_scalars(run)
+    expected = {"charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS"}
+    expected |= {f"losses/{key}" for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")}
+    expected |= {"losses/clipfrac", "losses/explained_variance", "perf/rollout_seconds", "perf/sequences_seconds"}
+    expected |= {"perf/update_seconds", "system/rss_mb", "eval/episodic_return"}
+    assert expected <= set(scalars)
+    assert (run / "checkpoints" / "latest.pt").is_file() and (run / "checkpoints" / "step_1024.pt").is_file()
+
+
+def test_help():
+    completed = run_cli("--help")
+    assert completed.returncode == 0 and "--rnn-type" in completed.stdout and "--bptt-len" in completed.stdout
+
+
+def test_track_with_wandb_offline_and_capture_video(tmp_path):
+    completed = run_cli(
+        "--env-id", "CartPole-v1", "--total-timesteps", "512", "--num-steps", "128", "--run-dir", str(tmp_path),
+        "--track", "--capture-video",
+        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "SDL_VIDEODRIVER": "dummy"},
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    (run,) = tmp_path.iterdir()
+    assert list(run.glob("wandb/offline-run-*"))
+    assert [video for video in run.glob("videos/*.mp4") if video.stat().st_size > 0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+        (["--num-minibatches", "3"], "must divide the number of training sequences"),
+        (["--bptt-len", "5"], "--bptt-len 5 must divide --num-steps 128"),
+        (["--bptt-len", "-1"], "--bptt-len"),
+        (["--rnn-hidden-size", "0"], "--rnn-hidden-size must be positive"),
+        (["--rnn-layers", "0"], "--rnn-layers must be positive"),
+        (["--rnn-type", "rnn"], "--rnn-type"),
+        (["--num-envs", "-2"], "must be positive"),
+        (["--total-timesteps", "100"], "less than one batch"),
+        (["--gamma", "1.5"], "[0, 1]"),
+        (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
+        (["--env-id", "Pendulum-v1", "--sampling-method", "topk"], "needs a discrete action space"),
+    ],
+)
+def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, message):
+    completed = run_cli(*flags, "--run-dir", str(tmp_path / "runs"))
+    assert completed.returncode == 2
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], completed.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+    if "NanReward-v0" not in gym.registry:
+        gym.register("NanReward-v0", entry_point=NanRewardEnv)
+    args = quick_args(tmp_path, env_id="NanReward-v0", total_timesteps=4 * 512, num_envs=1, num_minibatches=1)
+    with pytest.raises(ppo_lstm.TrainingDiverged, match=r"NaN|nan"):
+        ppo_lstm.train(ppo_lstm.Args(**{**vars(args), "checkpoint_every": 1}))
+    (run,) = (tmp_path / "runs").iterdir()
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert checkpoint["global_step"] == 512
+    assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
