@@ -89,6 +89,31 @@ PPO_UNMATCHED = {
 }  # fmt: skip
 
 
+def recurrent_ppo_sb3_settings(args: Any) -> dict[str, Any]:
+    """A recurrent PPO script's settings as sb3-contrib RecurrentPPO's: PPO's, with the recurrent cell's size, its
+    layers and whether the critic has its own, and linear heads on the cell's output as the script has. (With a shared
+    LSTM, RecurrentPPO stops the value loss's gradient at the LSTM; the script's shared core lets it through.)"""
+    settings = ppo_sb3_settings(args)
+    settings["hidden_sizes"] = []  # no MLP between the cell and the heads
+    settings["policy_kwargs"] = {
+        "lstm_hidden_size": args.rnn_hidden_size,
+        "n_lstm_layers": args.rnn_layers,
+        "shared_lstm": args.shared_core,
+        "enable_critic_lstm": not args.shared_core,
+    }
+    return settings
+
+
+RECURRENT_PPO_UNMATCHED = {
+    **PPO_UNMATCHED,
+    "hidden_size": "RecurrentPPO's LSTM reads the observation itself; the script's encoder layer before the cell has "
+    "no counterpart",
+    "rnn_type": "RecurrentPPO has only an LSTM (a case with --rnn-type gru has no counterpart)",
+    "bptt_len": "RecurrentPPO cuts its minibatches of batch_size steps from the env sequences itself; the script's "
+    "default (whole env rollouts) and its chunks have no exact counterpart",
+}
+
+
 SCRIPTS: dict[str, Script] = {
     "ppo_fc": Script(
         name="ppo_fc",
@@ -96,6 +121,13 @@ SCRIPTS: dict[str, Script] = {
         sb3_settings=ppo_sb3_settings,
         vector_env=lambda module, args: module.make_envs(args, "", None)[0],
         unmatched=PPO_UNMATCHED,
+    ),
+    "ppo_lstm": Script(
+        name="ppo_lstm",
+        sb3_algo="recurrent_ppo",
+        sb3_settings=recurrent_ppo_sb3_settings,
+        vector_env=lambda module, args: module.make_envs(args, "", None)[0],
+        unmatched=RECURRENT_PPO_UNMATCHED,
     ),
 }
 

@@ -44,6 +44,13 @@ EVERY_SETTING_MOVED = {
         "--max-grad-norm", "0.8", "--target-kl", "0.03", "--hidden-size", "32", "--norm-obs", "--norm-reward",
         "--norm-reward-clip", "5", "--torch-threads", "2",
     ),
+    "ppo_lstm": (
+        "--num-envs", "4", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "3",
+        "--learning-rate", "1e-3", "--end-learning-rate", "1e-4", "--gamma", "0.95", "--gae-lambda", "0.9",
+        "--clip-coef", "0.3", "--no-clip-vloss", "--no-norm-adv", "--ent-coef", "0.02", "--vf-coef", "0.7",
+        "--max-grad-norm", "0.8", "--target-kl", "0.03", "--norm-obs", "--norm-reward", "--norm-reward-clip", "5",
+        "--torch-threads", "2", "--rnn-hidden-size", "32", "--rnn-layers", "2", "--shared-core",
+    ),
 }  # fmt: skip
 
 
@@ -59,9 +66,20 @@ def ppo_read_back(model, envs, settings) -> dict:
         name: [layer.out_features for layer in net if hasattr(layer, "out_features")]
         for name, net in (("pi", model.policy.mlp_extractor.policy_net), ("vf", model.policy.mlp_extractor.value_net))
     }
-    assert widths["pi"] == widths["vf"] and len(widths["pi"]) == 2 and len(set(widths["pi"])) == 1
+    assert widths["pi"] == widths["vf"] and len(set(widths["pi"])) <= 1
     normalizer = envs if isinstance(envs, VecNormalize) else None
+    if hasattr(model.policy, "lstm_actor"):  # RecurrentPPO: linear heads on the LSTM, as the script's
+        assert widths["pi"] == []
+        recurrent = {
+            "rnn_hidden_size": model.policy.lstm_actor.hidden_size,
+            "rnn_layers": model.policy.lstm_actor.num_layers,
+            "shared_core": model.policy.shared_lstm and model.policy.lstm_critic is None,
+        }
+    else:
+        assert len(widths["pi"]) == 2
+        recurrent = {"hidden_size": widths["pi"][0]}
     return {
+        **recurrent,
         "num_envs": model.n_envs,
         "async_envs": not isinstance(model.get_env().unwrapped if normalizer else model.get_env(), DummyVecEnv),
         "num_steps": model.n_steps,
@@ -77,7 +95,6 @@ def ppo_read_back(model, envs, settings) -> dict:
         "vf_coef": model.vf_coef,
         "max_grad_norm": model.max_grad_norm,
         "target_kl": model.target_kl,
-        "hidden_size": widths["pi"][0],
         "norm_obs": bool(normalizer and normalizer.norm_obs),
         "norm_reward": bool(normalizer and normalizer.norm_reward),
         "norm_reward_clip": normalizer.clip_reward if normalizer and normalizer.norm_reward else None,
