@@ -194,13 +194,15 @@ def check_draws(
     """Raise PolicyMismatch when `actions` are not plausibly draws from the policy, by more than 6 standard errors.
 
     Gaussian (`mean`, `std`): the mean and the variance of the standardised actions. Discrete (`probs`): the count
-    of each action expected at least 25 times (and missed at least 25 times; rarer ones are too far from normal),
+    of each action whose count has a variance of 25 or more (smaller ones are too far from normal),
     and the mean of the randomised probability integral transform, which is exactly uniform for true draws whatever
     the probabilities: it moves when draws are sharper or flatter than the policy."""
     if probs is not None:
-        expected = probs.sum(0)
-        z = (torch.bincount(actions, minlength=probs.shape[-1]) - expected) / (probs * (1 - probs)).sum(0).sqrt()
-        z = z[(expected >= 25) & (len(actions) - expected >= 25)]
+        variance = (probs * (1 - probs)).sum(0)
+        z = (torch.bincount(actions, minlength=probs.shape[-1]) - probs.sum(0)) / variance.sqrt()
+        # A count is near normal only when its variance is large: a near-deterministic policy can expect an action
+        # 256 times with a variance of 0.05, where two rare draws would be 9 standard errors.
+        z = z[variance >= 25]
         ordered = probs.sort(-1, descending=True)
         rank = (ordered.indices == actions[:, None]).int().argmax(-1, keepdim=True)
         drawn = ordered.values.gather(-1, rank).squeeze(-1)

@@ -173,8 +173,10 @@ def test_a_replay_that_ignores_episode_starts_is_stopped(tmp_path, monkeypatch):
         return forward(self, x, state, episode_starts)
 
     monkeypatch.setattr(ppo_lstm.Agent, "forward", forgetful_forward)
-    with pytest.raises(PolicyMismatch, match="reset it where an episode starts"):
-        ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=512))
+    monkeypatch.setattr(ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=3))
+    for numpy_rollout in (True, False):  # the rollout's own step keeps resetting, whichever acts
+        with pytest.raises(PolicyMismatch):
+            ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=512, numpy_rollout=numpy_rollout))
 
 
 def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(tmp_path, monkeypatch):
@@ -317,7 +319,7 @@ def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hi
     assert f"return {np.mean(result.eval_returns):.2f} +- {np.std(result.eval_returns):.2f}" in completed.stdout
     data = load_trajectories(path)
     hidden = data["/agents/policy/hidden_state"]
-    assert hidden.shape == (1, data["/rewards"].shape[1], 1, 256)
+    assert hidden.shape == (1, data["/rewards"].shape[1], 1, 512)  # actor and critic: (h, c) of 128 each
     episode_starts = np.concatenate([[True], data["/masks"][0, :-1] == 0])
     assert not hidden[0, episode_starts].any() and hidden[0, ~episode_starts].any(axis=-1).all()
     for method in ("basic", "temperature", "topk"):
@@ -332,7 +334,7 @@ def test_training_trajectories_hold_the_hidden_state_each_action_came_from(tmp_p
     args = quick_args(tmp_path, total_timesteps=1024, num_steps=128, save_trajectories=str(path), rnn_type="gru")
     result = ppo_lstm.train(args)
     data = load_trajectories(path)
-    assert data["/agents/policy/hidden_state"].shape == (4, 256, 1, 128)
+    assert data["/agents/policy/hidden_state"].shape == (4, 256, 1, 256)  # actor and critic: 128 each
     assert data["/agents/policy/logprobs"].shape == (4, 256)
     assert json.loads(str(data["/meta/args"]))["rnn_type"] == "gru"
     finished = [episode for episode in split_episodes(data) if episode.finished]
