@@ -304,3 +304,11 @@ def test_a_copy_that_does_not_act_like_the_reference_is_not_used(capsys):
     assert (
         fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, obs, 1, networks[0]) is not None
     )
+
+
+def test_rare_draws_of_a_nearly_deterministic_policy_are_no_alarm():
+    # Each action is expected 256 times, but its count's variance is 0.05: two rare draws are 9 standard errors.
+    probs = torch.tensor([[1 - 1e-4, 1e-4], [1e-4, 1 - 1e-4]]).repeat(256, 1)
+    actions = probs.argmax(-1)
+    actions[:2] = 1 - actions[:2]
+    check_draws(actions, probs=probs)
