@@ -310,5 +310,5 @@ def test_rare_draws_of_a_nearly_deterministic_policy_are_no_alarm():
     # Each action is expected 256 times, but its count's variance is 0.05: two rare draws are 9 standard errors.
     probs = torch.tensor([[1 - 1e-4, 1e-4], [1e-4, 1 - 1e-4]]).repeat(256, 1)
     actions = probs.argmax(-1)
-    actions[:2] = 1 - actions[:2]
+    actions[[0, 2]] = 1  # both rows expect action 0
     check_draws(actions, probs=probs)
