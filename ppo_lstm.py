@@ -610,8 +610,8 @@ def train(args: Args) -> TrainResult:
                 actor_outs, values, _ = agent(t_obs, torch.as_tensor(initial_state, device=device), t_starts)
                 logprobs, entropies = check_policy(agent, actor_outs, noise, t_actions, numpy_copy)
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)[None]
-                memory, next_episode_starts = torch.as_tensor(rnn_state, device=device), torch.as_tensor(next_starts)
-                next_value = agent(next_obs, memory, next_episode_starts.to(device)[None])[1][0]
+                memory, next_episode_starts = (torch.as_tensor(a, device=device) for a in (rnn_state, next_starts))
+                next_value = agent(next_obs, memory, next_episode_starts[None])[1][0]
                 advantages = compute_gae(
                     rewards, values.cpu().numpy(), next_value.cpu().numpy(), terminations, truncations,
                     final_values, args.gamma, args.gae_lambda,
