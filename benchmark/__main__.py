@@ -29,7 +29,7 @@ import tyro
 
 from benchmark.cases import SUITES, Case, find_case, settings_hash
 from benchmark.events import RunSummary, find_run_dirs, safe_name, summarise_run
-from benchmark.registry import SCRIPTS, resolve_args
+from benchmark.registry import SCRIPTS, resolve_args, same_settings_flags
 from benchmark.report import (
     Row,
     RowNumbers,
@@ -118,6 +118,8 @@ class CasePlan:
     case: Case
     baseline_group: str | None = None
     raw_env_job: str | None = None
+    reference: Case | None = None
+    """the case of `case.compare_with` with the same settings"""
 
 
 def cases_to_run(args: Run) -> tuple[list[Case], tuple[int, ...]]:
@@ -151,11 +153,16 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
             problems.append(f"no script {script}.py in {REPO}")
         elif args.baselines and script not in SCRIPTS:
             problems.append(f"{script} has no entry in benchmark/registry.py for its baselines (drop --baselines)")
+    for other in sorted({case.compare_with for case in cases if case.compare_with is not None}):
+        if not (REPO / f"{other}.py").is_file():
+            problems.append(f"no script {other}.py in {REPO} to compare with")
     if not problems:
         for case in cases:
             try:
                 resolve_args(case.script, case.flags)
-            except UsageError as exc:
+                if case.compare_with is not None:
+                    same_settings_flags(case.script, case.flags, case.compare_with)
+            except (UsageError, ValueError) as exc:
                 problems.append(f"the flags of case {case.name}: {exc}")
     if problems:
         print("error: " + "; ".join(problems), file=sys.stderr)
@@ -179,9 +186,16 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
         plan = CasePlan(case)
         run_flags = ["--env-id", case.env_id, "--total-timesteps", str(case.total_timesteps)]
         run_flags += ["--eval-episodes", str(args.eval_episodes)]
-        for seed in seeds:
-            command = [sys.executable, str(REPO / f"{case.script}.py"), *run_flags, "--seed", str(seed)]
-            add("script", case.key, case.script, case, seed, [*command, "--no-progress", *case.flags])
+        scripts = [case]
+        if case.compare_with is not None:
+            flags = same_settings_flags(case.script, case.flags, case.compare_with)
+            plan.reference = Case(case.compare_with, case.env_id, case.total_timesteps, flags=flags)
+            scripts.append(plan.reference)
+        for script_case in scripts:
+            for seed in seeds:
+                command = [sys.executable, str(REPO / f"{script_case.script}.py"), *run_flags, "--seed", str(seed)]
+                command += ["--no-progress", *script_case.flags]
+                add("script", script_case.key, script_case.script, script_case, seed, command)
         if args.baselines:
             script = SCRIPTS[case.script]
             settings = script.sb3_settings(resolve_args(case.script, case.flags))
@@ -253,7 +267,10 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
     rows, seen = [], set()
     for plan in plans:
         case = plan.case
-        for group, judged in ((case.key, True), (plan.baseline_group, False)):
+        groups = [(case.key, case.flags, True), (plan.baseline_group, (), False)]
+        if plan.reference is not None:
+            groups.insert(1, (plan.reference.key, plan.reference.flags, False))
+        for group, flags, judged in groups:
             if group is None or group in seen:
                 continue
             seen.add(group)
@@ -264,9 +281,10 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                     env_id=case.env_id,
                     key=group,
                     total_timesteps=case.total_timesteps,
-                    flags=case.flags if judged else (),
+                    flags=flags,
                     threshold=case.threshold,
                     judged=judged,
+                    judged_on=case.judged_on,
                     runs=[job.summary for job in group_jobs if job.summary is not None],
                     failed_seeds=[job.seed for job in group_jobs if job.summary is None and job.seed is not None],
                 )
@@ -281,8 +299,10 @@ def speed_rows(jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNum
             numbers[plan.case.key],
             raw.get(plan.raw_env_job) if plan.raw_env_job else None,
             numbers.get(plan.baseline_group) if plan.baseline_group else None,
+            numbers[plan.reference.key] if plan.reference else None,
         )
         for plan in plans
+        if plan.baseline_group or plan.reference
     ]
 
 
@@ -339,14 +359,14 @@ def run(args: Run) -> int:
 
     rows = rows_of(jobs, plans)
     numbers = {row.key: row_numbers(row) for row in rows}
-    speed = speed_rows(jobs, plans, numbers) if args.baselines else []
+    speed = speed_rows(jobs, plans, numbers)
     raw_bars = [
         (f"raw env\n{job.label} {job.output['env_id']}", [job.output["sps"]]) for job in jobs if "sps" in job.output
     ]
     figures = draw(rows, raw_bars, out)
     tables = ["## Results", "", *results_table(list(numbers.values()))]
     if speed:
-        tables += ["", "## Speed against the baselines (same run)", "", *speed_table(speed)]
+        tables += ["", "## Speed against the baselines and other scripts (same run)", "", *speed_table(speed)]
     tables += ["", *HOW_MEASURED]
     failures = [job for job in jobs if job.error is not None]
     if failures:

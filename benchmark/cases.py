@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from benchmark.events import safe_name
 
@@ -30,9 +31,15 @@ class Case:
     total_timesteps: int
     """env steps of each run"""
     threshold: float | None = None
-    """PASS when the mean return of the last 100 training episodes reaches this on every seed (None: no verdict)"""
+    """PASS when every seed's return (see `judged_on`) reaches this (None: no verdict)"""
     flags: tuple[str, ...] = ()
     """command-line flags that differ from the script's defaults"""
+    judged_on: Literal["training", "eval"] = "training"
+    """the return the threshold applies to: the mean of the last 100 training episodes, or the mean of the
+    deterministic evaluation after training"""
+    compare_with: str | None = None
+    """another script, run in the same benchmark on the same env and steps with every setting the two share (see
+    `benchmark.registry.same_settings_flags`), whose SPS this case's is divided by"""
 
     @property
     def key(self) -> str:
@@ -68,8 +75,8 @@ DEFAULT_TIMESTEPS = 100_000
 def find_case(script: str, env_id: str, total_timesteps: int | None = None) -> Case:
     """The row of CASES for `script` on `env_id` with `total_timesteps` steps (the longest row when not given).
 
-    Another length keeps the row's flags but has no threshold (one set for 500k steps means nothing at 50k); a pair
-    with no row runs with the script's defaults and no threshold.
+    Another length keeps the row's flags and comparison but has no threshold (one set for 500k steps means nothing at
+    50k); a pair with no row runs with the script's defaults and no threshold.
     """
     rows = sorted(
         (case for case in CASES if case.script == script and case.env_id == env_id),
@@ -83,4 +90,4 @@ def find_case(script: str, env_id: str, total_timesteps: int | None = None) -> C
     longest = rows[-1]
     if total_timesteps is None:
         return longest
-    return Case(script, env_id, total_timesteps, None, longest.flags)
+    return replace(longest, total_timesteps=total_timesteps, threshold=None)

@@ -9,6 +9,7 @@ either given to the baseline (and read back from the built SB3 model) or listed 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Callable
@@ -143,6 +144,36 @@ def resolve_args(name: str, flags: tuple[str, ...] | list[str]) -> Any:
     """The script's complete `Args` for a command line of `flags`, parsed by the script's own `Args` with tyro; a bad
     flag is a `UsageError` with tyro's message."""
     return parse_args(load_script(name).Args, list(flags))
+
+
+HARNESS_SET = ("env_id", "total_timesteps", "seed", "eval_episodes", "run_dir", "exp_name")
+"""fields the harness gives every run itself (exp_name names the run after its script)"""
+
+
+def same_settings_flags(name: str, flags: tuple[str, ...] | list[str], other: str) -> tuple[str, ...]:
+    """Flags for script `other` that give it every setting it shares with script `name` run with `flags` (the fields
+    of both `Args` with the same name), so that the two can be timed on equal terms; the result is parsed back and
+    checked, a mismatch being a `ValueError`."""
+    args, defaults = resolve_args(name, flags), resolve_args(other, [])
+    shared = [field.name for field in dataclasses.fields(defaults) if hasattr(args, field.name)]
+    derived: list[str] = []
+    for field_name in shared:
+        value, option = getattr(args, field_name), "--" + field_name.replace("_", "-")
+        if field_name in HARNESS_SET or value == getattr(defaults, field_name):
+            continue
+        if isinstance(value, bool):
+            derived.append(option if value else "--no-" + option[2:])
+        else:
+            derived += [option, str(value)]
+    parsed = resolve_args(other, derived)
+    differing = [
+        field_name
+        for field_name in shared
+        if field_name not in HARNESS_SET and getattr(parsed, field_name) != getattr(args, field_name)
+    ]
+    if differing:
+        raise ValueError(f"{other} could not be given the settings {', '.join(differing)} of {name} {' '.join(flags)}")
+    return tuple(derived)
 
 
 if __name__ == "__main__":  # python -m benchmark.registry SCRIPT [FLAGS...]: the baseline's settings, as JSON

@@ -31,9 +31,11 @@ class Row:
     total_timesteps: int | None = None
     flags: tuple[str, ...] = ()
     threshold: float | None = None
-    """the case's threshold on the last-100 return"""
+    """the case's threshold"""
     judged: bool = False
     """whether the row gets a PASS/FAIL verdict (our scripts' cases with a threshold)"""
+    judged_on: str = "training"
+    """what the threshold applies to: "training" (the last-100 return) or "eval" (the deterministic evaluation)"""
     runs: list[RunSummary] = field(default_factory=list)
     failed_seeds: list[int] = field(default_factory=list)
 
@@ -61,6 +63,7 @@ class RowNumbers:
     eval_return_mean: float | None
     eval_return_std: float | None
     threshold: float | None
+    judged_on: str
     steps_to_threshold: list[int | None]
     """per seed: the first step at which the mean of the last 100 episodes reached the threshold (None: never)"""
     median_steps_to_threshold: float | None
@@ -83,13 +86,15 @@ def row_numbers(row: Row) -> RowNumbers:
     if len(last_returns) >= MIN_SEEDS_FOR_IQM:
         iqm_value = iqm(last_returns)
         low, high = iqm_interval([last_returns])
-    to_threshold = [run.steps_to_reach(row.threshold) for run in runs] if row.threshold is not None else []
+    on_training = row.threshold is not None and row.judged_on == "training"
+    to_threshold = [run.steps_to_reach(row.threshold) for run in runs] if on_training else []
     median = median_steps_to_threshold(to_threshold)
     (return_mean, return_std), (eval_mean, eval_std), (sps_mean, sps_std) = map(mean_std, (last_returns, evals, sps))
     verdict = "-"
     if row.judged and row.threshold is not None:
-        passed = runs and not row.failed_seeds and len(last_returns) == len(runs)
-        verdict = "PASS" if passed and min(last_returns) >= row.threshold else "FAIL"
+        judged_returns = last_returns if row.judged_on == "training" else evals
+        passed = runs and not row.failed_seeds and len(judged_returns) == len(runs)
+        verdict = "PASS" if passed and min(judged_returns) >= row.threshold else "FAIL"
     elif row.judged and row.failed_seeds:
         verdict = "FAIL"
     return RowNumbers(
@@ -109,6 +114,7 @@ def row_numbers(row: Row) -> RowNumbers:
         eval_return_mean=eval_mean,
         eval_return_std=eval_std,
         threshold=row.threshold,
+        judged_on=row.judged_on,
         steps_to_threshold=to_threshold,
         median_steps_to_threshold=None if median is None or math.isinf(median) else median,
         median_beyond_budget=median is not None and math.isinf(median),
@@ -132,6 +138,10 @@ class SpeedNumbers:
     baseline: str | None
     baseline_sps: float | None
     script_over_baseline: float | None
+    reference: str | None = None
+    """another script with the same settings (the case's `compare_with`)"""
+    reference_sps: float | None = None
+    script_over_reference: float | None = None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -139,8 +149,11 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return None if numerator is None or not denominator else numerator / denominator
 
 
-def speed_numbers(row: RowNumbers, raw_env_sps: float | None, baseline: RowNumbers | None) -> SpeedNumbers:
+def speed_numbers(
+    row: RowNumbers, raw_env_sps: float | None, baseline: RowNumbers | None, reference: RowNumbers | None = None
+) -> SpeedNumbers:
     baseline_sps = baseline.sps_mean if baseline is not None else None
+    reference_sps = reference.sps_mean if reference is not None else None
     return SpeedNumbers(
         label=row.label,
         env_id=row.env_id,
@@ -151,6 +164,9 @@ def speed_numbers(row: RowNumbers, raw_env_sps: float | None, baseline: RowNumbe
         baseline=baseline.label if baseline is not None else None,
         baseline_sps=baseline_sps,
         script_over_baseline=ratio(row.sps_mean, baseline_sps),
+        reference=reference.label if reference is not None else None,
+        reference_sps=reference_sps,
+        script_over_reference=ratio(row.sps_mean, reference_sps),
     )
 
 
@@ -177,6 +193,8 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list
 def threshold_text(numbers: RowNumbers) -> str:
     if numbers.threshold is None:
         return "-"
+    if numbers.judged_on == "eval":
+        return f"- (judged on the eval return ≥ {numbers.threshold:g})"
     reached = sum(steps is not None for steps in numbers.steps_to_threshold)
     budget = f"> {numbers.total_timesteps:,}" if numbers.total_timesteps else "beyond the budget"
     median = budget if numbers.median_beyond_budget else fmt(numbers.median_steps_to_threshold, 0)
@@ -232,6 +250,9 @@ def speed_table(rows: Sequence[SpeedNumbers]) -> list[str]:
         "baseline",
         "baseline SPS",
         "script / baseline",
+        "other script (same settings)",
+        "its SPS",
+        "script / other",
     ]
     lines = [
         [
@@ -243,6 +264,9 @@ def speed_table(rows: Sequence[SpeedNumbers]) -> list[str]:
             numbers.baseline or "-",
             fmt(numbers.baseline_sps, 0),
             fmt(numbers.script_over_baseline, 2),
+            numbers.reference or "-",
+            fmt(numbers.reference_sps, 0),
+            fmt(numbers.script_over_reference, 2),
         ]
         for numbers in rows
     ]
@@ -349,8 +373,8 @@ class Aggregate:
 def aggregates(rows: Sequence[Row]) -> list[Aggregate]:
     by_label: dict[str, list[list[float]]] = defaultdict(list)
     for row in rows:
-        if row.threshold is None or row.threshold <= 0:  # a ratio to it would not order returns
-            continue
+        if row.threshold is None or row.threshold <= 0 or row.judged_on != "training":  # a ratio to it would not
+            continue  # order returns, and an eval threshold is not one on the training return
         scores = [run.last_return / row.threshold for run in row.runs if run.last_return is not None]
         if scores:
             by_label[row.label].append(scores)

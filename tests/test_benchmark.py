@@ -15,7 +15,7 @@ import benchmark.__main__ as harness
 from benchmark import cases
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
-from benchmark.registry import SCRIPTS, resolve_args
+from benchmark.registry import HARNESS_SET, SCRIPTS, resolve_args, same_settings_flags
 from benchmark.report import Row, results_table, row_numbers, speed_numbers
 from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
 
@@ -33,6 +33,22 @@ def test_case_table_lookup():
     assert unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS and unlisted.threshold is None and not unlisted.flags
     for entries, seeds in cases.SUITES.values():
         assert seeds and all(cases.find_case(*entry).threshold is not None for entry in entries)
+    compared = [case for case in cases.CASES if case.compare_with is not None]
+    for case in compared:  # another length keeps the comparison (a speed run can be shorter)
+        assert cases.find_case(case.script, case.env_id, 1000).compare_with == case.compare_with
+
+
+def test_a_compared_script_gets_every_setting_the_two_share():
+    flags = ("--num-envs", "8", "--norm-obs", "--no-clip-vloss", "--target-kl", "0.02", "--rnn-hidden-size", "32")
+    derived = same_settings_flags("ppo_lstm", flags, "ppo_fc")
+    lstm, fc = resolve_args("ppo_lstm", flags), resolve_args("ppo_fc", derived)
+    shared = [field.name for field in fields(fc) if hasattr(lstm, field.name) and field.name not in HARNESS_SET]
+    assert "num_envs" in shared and "rnn_hidden_size" not in shared
+    assert all(getattr(fc, name) == getattr(lstm, name) for name in shared)
+    assert fc.num_envs == 8 and fc.norm_obs and not fc.clip_vloss and fc.target_kl == 0.02
+    assert same_settings_flags("ppo_lstm", (), "ppo_lstm") == ()
+    back = same_settings_flags("ppo_fc", ("--target-kl", "0.02"), "ppo_lstm")
+    assert resolve_args("ppo_lstm", back).target_kl == 0.02 and resolve_args("ppo_fc", ()).target_kl is None
 
 
 # Flags that move every setting the baseline is given away from its default.
@@ -156,6 +172,23 @@ def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
     assert len(rows) == 4 + 3 and len({row.key for row in rows}) == len(rows)
 
 
+def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tmp_path):
+    case = cases.Case("ppo_lstm", "CartPole-v1", 1024, flags=("--num-envs", "2"), compare_with="ppo_fc")
+    jobs, [plan] = harness.make_jobs(harness.Run(), [case], (1, 2), tmp_path)
+    assert [job.label for job in jobs] == ["ppo_lstm"] * 2 + ["ppo_fc"] * 2
+    fc_command = jobs[2].command
+    assert fc_command[1].endswith("ppo_fc.py") and fc_command[fc_command.index("--num-envs") + 1] == "2"
+    assert plan.reference.flags == ("--num-envs", "2") and plan.reference.key != case.key
+    for job, sps in zip(jobs, (600.0, 800.0, 1000.0, 1000.0), strict=True):
+        job.summary = summary(job.seed, [1.0], sps)
+    rows = harness.rows_of(jobs, plans=[plan])
+    assert [(row.label, row.judged) for row in rows] == [("ppo_lstm", True), ("ppo_fc", False)]
+    numbers = {row.key: row_numbers(row) for row in rows}
+    [speed] = harness.speed_rows(jobs, [plan], numbers)
+    assert speed.reference == "ppo_fc" and speed.script_over_reference == pytest.approx(0.7)
+    assert speed.baseline is None and speed.script_over_baseline is None
+
+
 def summary(seed, last_returns, sps=None, episode_steps=None, rss=None) -> RunSummary:
     returns = np.asarray(last_returns, dtype=float)
     steps = np.arange(1, len(returns) + 1) * 10 if episode_steps is None else np.asarray(episode_steps)
@@ -193,6 +226,18 @@ def test_spread_iqm_and_median_steps_across_seeds():
     beyond = row_numbers(Row("ppo_fc", "CartPole-v1", "key", 2000, threshold=1e9, judged=True, runs=runs))
     assert beyond.median_beyond_budget and beyond.median_steps_to_threshold is None
     assert "> 2,000 (0 of 5 seeds reached" in results_table([beyond])[-1]
+
+
+def test_an_eval_threshold_judges_the_deterministic_evaluation():
+    runs = [summary(1, [10.0] * 120), summary(2, [10.0] * 120)]
+    runs[0].eval_returns, runs[1].eval_returns = [500.0, 480.0], [470.0, 470.0]
+    row = Row("ppo_lstm", "E", "key", 1200, threshold=475.0, judged=True, judged_on="eval", runs=runs)
+    numbers = row_numbers(row)
+    assert numbers.verdict == "FAIL" and numbers.steps_to_threshold == []  # seed 2 evaluates at 470
+    runs[1].eval_returns = [480.0]
+    assert row_numbers(row).verdict == "PASS"  # a training return of 10 does not matter
+    assert "judged on the eval return ≥ 475" in results_table([row_numbers(row)])[-1]
+    assert harness.aggregates([row]) == []  # the aggregate is of training returns against their thresholds
 
 
 def test_iqm_and_its_interval_follow_the_definitions():

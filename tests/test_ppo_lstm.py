@@ -1,5 +1,6 @@
 """ppo_lstm.py: the hidden state (reset, replay, stand-in), learning on the probes, checkpoints, trajectories, the CLI."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -139,7 +140,7 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, mon
     replays = []
     check_replay = ppo_lstm.check_replay
 
-    def recording_check_replay(agent, obs, states, starts, actions, logprobs, entropies, values):
+    def recording_check_replay(agent, obs, states, starts, actions, actor_outs, values, logprobs, entropies):
         with torch.no_grad():
             actor_out, replayed_values, _ = agent(obs, states, starts)
             replayed_logprobs, _ = agent.log_prob_and_entropy(actor_out, actions)
@@ -152,7 +153,7 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, mon
                 carried=((states.abs().amax((0, 2)) > 0) & ~starts[0]).any().item(),
             )
         )
-        check_replay(agent, obs, states, starts, actions, logprobs, entropies, values)
+        check_replay(agent, obs, states, starts, actions, actor_outs, values, logprobs, entropies)
 
     monkeypatch.setattr(ppo_lstm, "check_replay", recording_check_replay)
     args = quick_args(tmp_path, num_envs=2, num_steps=32, num_minibatches=2, total_timesteps=6 * 64, bptt_len=bptt_len)
@@ -162,6 +163,23 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, mon
     assert max(replay["values"] for replay in replays) < 1e-5
     assert all(replay["starts_inside"] for replay in replays)  # CartPole's episodes end inside the sequences
     assert all(replay["carried"] for replay in replays[1:])  # and run across the rollout's (and chunks') boundaries
+
+
+def test_a_narrow_gaussian_over_chunks_is_no_false_alarm(tmp_path, monkeypatch):
+    # Chunks replay the cell in another batch layout than the rollout's pass (float32 rounding ~1e-6); a narrow
+    # Gaussian turns that into log-probability differences far above 1e-5 (PendulumNoVel-v1 was stopped by one).
+    build_agent = ppo_lstm.build_agent
+
+    def narrow_agent(*args, **kwargs):
+        agent = build_agent(*args, **kwargs)
+        with torch.no_grad():
+            agent.actor_logstd.fill_(-8.0)
+        return agent
+
+    monkeypatch.setattr(ppo_lstm, "build_agent", narrow_agent)
+    monkeypatch.setattr(ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=1))  # outputs of order 1, not 1e-4
+    args = quick_args(tmp_path, env_id="PendulumNoVel-v1", num_envs=4, num_steps=64, bptt_len=8, num_minibatches=4)
+    assert ppo_lstm.train(dataclasses.replace(args, total_timesteps=4 * 256, learning_rate=1e-6)).global_step == 1024
 
 
 def test_a_replay_that_ignores_episode_starts_is_stopped(tmp_path, monkeypatch):
