@@ -65,7 +65,7 @@ class Run:
     """one run per seed (default 1 2 3; with --suite, replaces the suite's seeds)"""
     total_timesteps: int | None = None
     """env steps of every run (default: each case's own, see benchmark/cases.py)"""
-    suite: Literal["quick", "full"] | None = None
+    suite: Literal["quick", "full", "recurrent"] | None = None
     """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --total-timesteps"""
     workers: int = 1
     """processes at a time (more than one distorts SPS: the runs share the CPU)"""

@@ -34,9 +34,10 @@ class Case:
     """PASS when every seed's return (see `judged_on`) reaches this (None: no verdict)"""
     flags: tuple[str, ...] = ()
     """command-line flags that differ from the script's defaults"""
-    judged_on: Literal["training", "eval"] = "training"
-    """the return the threshold applies to: the mean of the last 100 training episodes, or the mean of the
-    deterministic evaluation after training"""
+    judged_on: Literal["training", "reached", "eval"] = "training"
+    """what the threshold applies to: the mean of the last 100 training episodes at the end ("training"), that mean
+    at any point within the budget ("reached": the steps-to-threshold column), or the mean of the deterministic
+    evaluation after training ("eval")"""
     compare_with: str | None = None
     """another script, run in the same benchmark on the same env and steps with every setting the two share (see
     `benchmark.registry.same_settings_flags`), whose SPS this case's is divided by"""
@@ -59,13 +60,43 @@ class Case:
 CASES: tuple[Case, ...] = (
     Case("ppo_fc", "CartPole-v1", 500_000, threshold=490.0),
     Case("ppo_fc", "CartPole-v1", 100_000, threshold=150.0),
-)
+    Case("ppo_lstm", "CartPole-v1", 500_000, threshold=490.0, compare_with="ppo_fc"),
+    # The issue asks for 475 "within 500k steps": reached by then, the end's last-100 return shown beside it.
+    Case("ppo_lstm", "CartPoleNoVel-v1", 500_000, threshold=475.0, judged_on="reached", compare_with="ppo_fc"),
+    # Sample efficiency: RecurrentPPO with the RL Zoo's settings evaluates at 498 ± 7 after 100k steps. These are
+    # the Zoo's (8 envs of 32 steps, one minibatch, 20 epochs, GAE 0.98, gamma 0.999, no entropy bonus, lr 1e-3,
+    # a 64-unit LSTM, normalisation), its clip range falling linearly from 0.2 taken as 0.1.
+    Case(
+        "ppo_lstm", "CartPoleNoVel-v1", 100_000, threshold=475.0, judged_on="eval",
+        flags=(
+            "--num-steps", "32", "--num-minibatches", "1", "--update-epochs", "20", "--gae-lambda", "0.98",
+            "--gamma", "0.999", "--learning-rate", "1e-3", "--rnn-hidden-size", "64",
+        ),
+    ),
+    # RecurrentPPO's published -218 ± 140 (sb3-contrib's documentation): a PASS beats it on every seed.
+    Case(
+        "ppo_lstm", "PendulumNoVel-v1", 500_000, threshold=-218.0,
+        flags=(
+            "--num-envs", "4", "--num-steps", "1024", "--bptt-len", "32", "--num-minibatches", "32",
+            "--update-epochs", "10", "--gamma", "0.9", "--learning-rate", "1e-3", "--clip-coef", "0.2",
+        ),
+    ),
+)  # fmt: skip
 
 # A suite: the cases (script, env id, steps: a row of CASES) and the seeds to run each with. Five seeds or more give
 # the IQM and its confidence interval.
 SUITES: dict[str, tuple[tuple[tuple[str, str, int], ...], tuple[int, ...]]] = {
     "quick": ((("ppo_fc", "CartPole-v1", 100_000),), (1, 2)),  # a few minutes on 2 cores
     "full": ((("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3, 4, 5)),  # the numbers in the README
+    "recurrent": (  # ppo_lstm's numbers in the README
+        (
+            ("ppo_lstm", "CartPole-v1", 500_000),
+            ("ppo_lstm", "CartPoleNoVel-v1", 500_000),
+            ("ppo_lstm", "CartPoleNoVel-v1", 100_000),
+            ("ppo_lstm", "PendulumNoVel-v1", 500_000),
+        ),
+        (1, 2, 3),
+    ),
 }
 
 # Steps of a (script, env) pair that has no row in CASES.

@@ -35,7 +35,7 @@ class Row:
     judged: bool = False
     """whether the row gets a PASS/FAIL verdict (our scripts' cases with a threshold)"""
     judged_on: str = "training"
-    """what the threshold applies to: "training" (the last-100 return) or "eval" (the deterministic evaluation)"""
+    """what the threshold applies to (`benchmark.cases.Case.judged_on`): training, reached or eval"""
     runs: list[RunSummary] = field(default_factory=list)
     failed_seeds: list[int] = field(default_factory=list)
 
@@ -86,13 +86,16 @@ def row_numbers(row: Row) -> RowNumbers:
     if len(last_returns) >= MIN_SEEDS_FOR_IQM:
         iqm_value = iqm(last_returns)
         low, high = iqm_interval([last_returns])
-    on_training = row.threshold is not None and row.judged_on == "training"
+    on_training = row.threshold is not None and row.judged_on in ("training", "reached")
     to_threshold = [run.steps_to_reach(row.threshold) for run in runs] if on_training else []
     median = median_steps_to_threshold(to_threshold)
     (return_mean, return_std), (eval_mean, eval_std), (sps_mean, sps_std) = map(mean_std, (last_returns, evals, sps))
     verdict = "-"
     if row.judged and row.threshold is not None:
-        judged_returns = last_returns if row.judged_on == "training" else evals
+        if row.judged_on == "reached":  # -inf for a seed that never reached it
+            judged_returns = [row.threshold if steps is not None else -math.inf for steps in to_threshold]
+        else:
+            judged_returns = last_returns if row.judged_on == "training" else evals
         passed = runs and not row.failed_seeds and len(judged_returns) == len(runs)
         verdict = "PASS" if passed and min(judged_returns) >= row.threshold else "FAIL"
     elif row.judged and row.failed_seeds:

@@ -63,8 +63,8 @@ EVERY_SETTING_MOVED = {
     "ppo_lstm": (
         "--num-envs", "4", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "3",
         "--learning-rate", "1e-3", "--end-learning-rate", "1e-4", "--gamma", "0.95", "--gae-lambda", "0.9",
-        "--clip-coef", "0.3", "--no-clip-vloss", "--no-norm-adv", "--ent-coef", "0.02", "--vf-coef", "0.7",
-        "--max-grad-norm", "0.8", "--target-kl", "0.03", "--norm-obs", "--norm-reward", "--norm-reward-clip", "5",
+        "--clip-coef", "0.3", "--clip-vloss", "--no-norm-adv", "--ent-coef", "0.02", "--vf-coef", "0.7",
+        "--max-grad-norm", "0.8", "--target-kl", "0.03", "--no-norm-obs", "--norm-reward-clip", "5",
         "--torch-threads", "2", "--rnn-hidden-size", "32", "--rnn-layers", "2", "--shared-core",
     ),
 }  # fmt: skip
@@ -125,6 +125,7 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
     script = SCRIPTS[script_name]
     flag_sets = [
         (),
+        ("--no-norm-obs", "--no-norm-reward"),  # off, where a script normalises by default
         EVERY_SETTING_MOVED[script_name],
         *(case.flags for case in cases.CASES if case.script == script_name),
     ]
@@ -178,7 +179,9 @@ def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tm
     assert [job.label for job in jobs] == ["ppo_lstm"] * 2 + ["ppo_fc"] * 2
     fc_command = jobs[2].command
     assert fc_command[1].endswith("ppo_fc.py") and fc_command[fc_command.index("--num-envs") + 1] == "2"
-    assert plan.reference.flags == ("--num-envs", "2") and plan.reference.key != case.key
+    assert plan.reference.flags == same_settings_flags("ppo_lstm", case.flags, "ppo_fc")
+    assert fc_command[-len(plan.reference.flags) - 2 : -2] == list(plan.reference.flags)  # before --run-dir
+    assert plan.reference.key != case.key
     for job, sps in zip(jobs, (600.0, 800.0, 1000.0, 1000.0), strict=True):
         job.summary = summary(job.seed, [1.0], sps)
     rows = harness.rows_of(jobs, plans=[plan])
@@ -238,6 +241,18 @@ def test_an_eval_threshold_judges_the_deterministic_evaluation():
     assert row_numbers(row).verdict == "PASS"  # a training return of 10 does not matter
     assert "judged on the eval return ≥ 475" in results_table([row_numbers(row)])[-1]
     assert harness.aggregates([row]) == []  # the aggregate is of training returns against their thresholds
+
+
+def test_a_reached_threshold_judges_every_seed_within_the_budget():
+    # Seed 1 averages 100 over episodes 100-199, then ends at 50; seed 2 ends at 100.
+    runs = [summary(1, [100.0] * 200 + [0.0] * 100), summary(2, [100.0] * 150)]
+    row = Row("ppo_lstm", "E", "key", 3000, threshold=100.0, judged=True, judged_on="reached", runs=runs)
+    numbers = row_numbers(row)
+    assert numbers.steps_to_threshold == [1000, 1000] and numbers.verdict == "PASS"
+    assert numbers.last_return_mean == pytest.approx(50.0)  # the end is shown as it is
+    assert row_numbers(Row(**{**vars(row), "judged_on": "training"})).verdict == "FAIL"
+    runs.append(summary(3, [99.0] * 300))
+    assert row_numbers(row).verdict == "FAIL"  # seed 3 never reached it
 
 
 def test_iqm_and_its_interval_follow_the_definitions():
