@@ -43,7 +43,10 @@ def run_cli(*flags: str, env: dict | None = None, timeout: int = 300) -> subproc
 
 
 def quick_args(tmp_path, **overrides) -> ppo_lstm.Args:
+    """The defaults, with raw rewards (the probes' values are in reward units) and the 4 envs the tests' rollout
+    shapes and budgets were written for."""
     settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    settings |= dict(num_envs=4, norm_reward=False)
     return ppo_lstm.Args(**{**settings, **overrides})
 
 
@@ -391,7 +394,7 @@ def test_help():
 
 def test_track_with_wandb_offline_and_capture_video(tmp_path):
     completed = run_cli(
-        "--env-id", "CartPole-v1", "--total-timesteps", "512", "--num-steps", "128", "--run-dir", str(tmp_path),
+        "--env-id", "CartPole-v1", "--total-timesteps", "512", "--num-steps", "64", "--run-dir", str(tmp_path),
         "--track", "--capture-video",
         env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "SDL_VIDEODRIVER": "dummy"},
     )  # fmt: skip
