@@ -62,7 +62,7 @@ class Args:
     cuda: bool = True
     """if toggled, use a GPU when one is available"""
     torch_threads: int = 1
-    """CPU threads for torch (0 keeps torch's default); one thread is fastest for small networks"""
+    """CPU threads for torch and NumPy's BLAS (0 keeps their defaults); one thread is fastest for small networks"""
     track: bool = False
     """if toggled, track the run with Weights and Biases (works with WANDB_MODE=offline)"""
     wandb_project_name: str = "onefile-rl"
