@@ -102,7 +102,7 @@ class Args:
     total_timesteps: int = 500_000
     """total timesteps of the experiment (rounded down to whole batches of --num-envs x --num-steps)"""
     num_envs: int = 8
-    """the number of parallel environments; 8, not CleanRL's 4: more episodes per update steady the recurrent policy's gradient (CartPoleNoVel-v1 at 500k steps with CleanRL's other defaults and no value-loss clipping: 395 against 247 with 4)"""
+    """the number of parallel environments; 8, not CleanRL's 4, as measured: CartPoleNoVel-v1 at 500k steps with CleanRL's other defaults and no value-loss clipping, seed 1: last-100 return 395 against 247 with 4"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     num_steps: int = 128
@@ -128,7 +128,7 @@ class Args:
     clip_vloss: bool = False
     """toggles whether or not to use a clipped loss for the value function; off, not CleanRL's on: every setting screened on CartPoleNoVel-v1 (these defaults among them) ran without it"""
     ent_coef: float = 0.0
-    """coefficient of the entropy; 0, not CleanRL's 0.01: the entropy bonus kept the policy too random to balance without velocities (CartPoleNoVel-v1 at 500k steps with CleanRL's other defaults and no value-loss clipping: 287 against 247 with 0.01)"""
+    """coefficient of the entropy; 0, not CleanRL's 0.01, as measured: CartPoleNoVel-v1 at 500k steps with CleanRL's other defaults and no value-loss clipping, seed 1: last-100 return 287 against 247 with 0.01"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
     max_grad_norm: float = 0.5

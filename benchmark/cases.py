@@ -73,7 +73,7 @@ CASES: tuple[Case, ...] = (
             "--gamma", "0.999", "--learning-rate", "1e-3", "--rnn-hidden-size", "64",
         ),
     ),
-    # RecurrentPPO's published -218 ± 140 (sb3-contrib's documentation): a PASS beats it on every seed.
+    # RecurrentPPO's published figure, as issue 11 quotes it, is -218 ± 140: a PASS beats it on every seed.
     Case(
         "ppo_lstm", "PendulumNoVel-v1", 500_000, threshold=-218.0,
         flags=(
