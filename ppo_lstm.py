@@ -418,22 +418,33 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
     return lstm if isinstance(rnn, nn.LSTM) else gru
 
 
-def check_policy(
-    agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool
-) -> tuple[Tensor, Tensor]:
+def check_policy(agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool) -> Tensor:
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at `actor_outs` (the torch
-    policy's outputs along the rollout), and its entropies, after checking that the actions are its draws with `noise`."""
+    policy's outputs along the rollout), after checking that the actions are its draws with `noise` and that the
+    update's written-out `log_prob_and_entropy` scores them as the distribution does."""
     policy = agent.distribution(actor_outs.flatten(0, 1))
-    actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
+    flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
     if agent.discrete:
-        stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
-        stand_in.check_draws(actions, probs=policy.probs)
-        log_probs, entropies = policy.log_prob(actions), policy.entropy()
+        stand_in.check_same_actions(flat_actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
+        stand_in.check_draws(flat_actions, probs=policy.probs)
+        log_probs, entropies = policy.log_prob(flat_actions), policy.entropy()
     else:
-        stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
-        stand_in.check_draws(actions, mean=policy.mean, std=policy.stddev)
-        log_probs, entropies = policy.log_prob(actions).sum(-1), policy.entropy().sum(-1)
-    return log_probs.reshape(actor_outs.shape[:2]), entropies.reshape(actor_outs.shape[:2])
+        stand_in.check_same_actions(flat_actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
+        stand_in.check_draws(flat_actions, mean=policy.mean, std=policy.stddev)
+        log_probs, entropies = policy.log_prob(flat_actions).sum(-1), policy.entropy().sum(-1)
+    log_probs, entropies = log_probs.reshape(actor_outs.shape[:2]), entropies.reshape(actor_outs.shape[:2])
+    written_out = agent.log_prob_and_entropy(actor_outs, actions)
+    for computed, expected, what in (
+        (written_out[0], log_probs, "log-probabilities"),
+        (written_out[1], entropies, "entropies"),
+    ):
+        if not torch.allclose(computed, expected, rtol=1e-4, atol=1e-5):
+            raise PolicyMismatch(
+                f"the update's {what} (log_prob_and_entropy) differ from those of Agent.distribution (largest "
+                f"difference {(computed - expected).abs().max().item():.3g}): log_prob_and_entropy must compute what "
+                f"Agent.distribution does"
+            )
+    return log_probs
 
 
 def check_args(args: Args) -> None:
@@ -608,7 +619,7 @@ def train(args: Args) -> TrainResult:
                 t_obs, t_starts = torch.as_tensor(obs, device=device), torch.as_tensor(episode_starts, device=device)
                 t_actions, t_states = torch.as_tensor(actions, device=device), torch.as_tensor(states, device=device)
                 actor_outs, values, _ = agent(t_obs, torch.as_tensor(initial_state, device=device), t_starts)
-                logprobs, entropies = check_policy(agent, actor_outs, noise, t_actions, numpy_copy)
+                logprobs = check_policy(agent, actor_outs, noise, t_actions, numpy_copy)
                 next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)[None]
                 memory, next_episode_starts = (torch.as_tensor(a, device=device) for a in (rnn_state, next_starts))
                 next_value = agent(next_obs, memory, next_episode_starts[None])[1][0]
@@ -632,22 +643,20 @@ def train(args: Args) -> TrainResult:
             sequences_start = time.time()
             s_obs, s_starts, s_actions = as_sequences(t_obs), as_sequences(t_starts), as_sequences(t_actions)
             s_states = t_states[sequence_starts, :, sequence_envs].transpose(0, 1)  # (layers, sequences, state size)
-            s_logprobs, s_entropies, s_actor_outs = (
-                as_sequences(logprobs),
-                as_sequences(entropies),
-                as_sequences(actor_outs),
-            )
+            s_logprobs, s_actor_outs = as_sequences(logprobs), as_sequences(actor_outs)
             s_values, s_advantages, s_returns = as_sequences(values), as_sequences(advantages), as_sequences(returns)
             sequences_seconds = time.time() - sequences_start
 
             update_start = time.time()
-            check_replay(agent, s_obs, s_states, s_starts, s_actions, s_actor_outs, s_values, s_logprobs, s_entropies)
             ratios = []
-            for _epoch in range(args.update_epochs):
+            for epoch in range(args.update_epochs):
                 permutation = torch.randperm(num_sequences, device=device)
                 for start in range(0, num_sequences, sequences_per_minibatch):
                     mb = permutation[start : start + sequences_per_minibatch]
                     actor_out, newvalue, _ = agent(s_obs[:, mb], s_states[:, mb], s_starts[:, mb])
+                    if epoch == 0 and start == 0:  # no step yet: this pass replays the rollout's on these sequences
+                        recorded = (s_actor_outs[:, mb], s_values[:, mb])
+                        check_replay(s_states[:, mb], s_starts[:, mb], (actor_out, newvalue), recorded)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, s_actions[:, mb])
                     logratio = newlogprob - s_logprobs[:, mb]
                     ratio = logratio.exp()
@@ -731,30 +740,29 @@ def train(args: Args) -> TrainResult:
 
 
 def check_replay(
-    agent: Agent, obs: Tensor, states: Tensor, episode_starts: Tensor, actions: Tensor, actor_outs: Tensor,
-    values: Tensor, logprobs: Tensor, entropies: Tensor,
-) -> None:  # fmt: skip
-    """Before the first gradient step: stop unless the update's pass along the training sequences (from their recorded
-    states, reset where an episode starts) gives the rollout pass's actor outputs and values, and the written-out
-    `log_prob_and_entropy` gives the rollout's log-probabilities and entropies (`Agent.distribution`'s) at the rollout's
-    outputs. The passes are compared on outputs, not log-probabilities: the cell's float32 rounding depends on the
-    batch layout (~1e-6), and a narrow Gaussian magnifies that in a log-probability (3e-5 on PendulumNoVel-v1)."""
-    with torch.no_grad():
-        replayed_outs, replayed_values, _ = agent(obs, states, episode_starts)
-        written_out = agent.log_prob_and_entropy(actor_outs, actions)
-    for replayed, recorded, what in (
-        (replayed_outs, actor_outs, "actor outputs"),
-        (replayed_values, values, "values"),
-        (written_out[0], logprobs, "log-probabilities (log_prob_and_entropy)"),
-        (written_out[1], entropies, "entropies (log_prob_and_entropy)"),
-    ):
-        if not torch.allclose(replayed, recorded, rtol=1e-4, atol=1e-5):
-            raise PolicyMismatch(
-                f"the update's {what} differ from the rollout's (largest difference "
-                f"{(replayed - recorded).abs().max().item():.3g}): each training sequence must start from the state "
-                f"recorded in the rollout and reset it where an episode starts, and log_prob_and_entropy must "
-                f"compute what Agent.distribution does"
-            )
+    states: Tensor, episode_starts: Tensor, replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tensor]
+) -> None:
+    """Before the first gradient step: stop unless the update's pass along training sequences (from their recorded
+    `states`, reset where `episode_starts`) gives the `recorded` actor outputs and values of the rollout's pass. The
+    passes are compared on outputs, not log-probabilities: the cell's float32 rounding depends on the batch layout
+    (~1e-6), and a narrow Gaussian magnifies that in a log-probability (3e-5 on PendulumNoVel-v1)."""
+    for replayed_part, recorded_part, what in zip(replayed, recorded, ("actor outputs", "values"), strict=True):
+        replayed_part = replayed_part.detach()
+        if torch.allclose(replayed_part, recorded_part, rtol=1e-4, atol=1e-5):
+            continue
+        difference = (replayed_part - recorded_part).abs().reshape(*episode_starts.shape, -1).amax(-1)
+        step, sequence = divmod(int(difference.argmax()), episode_starts.shape[1])
+        starts = episode_starts[: step + 1, sequence].nonzero()
+        where = (
+            f"{step - int(starts[-1])} steps after an episode start"
+            if len(starts)
+            else f"{step} steps after a recorded state of norm {states[:, sequence].norm().item():.3g}"
+        )
+        raise PolicyMismatch(
+            f"the update's {what} differ from the rollout's (largest difference {difference.max().item():.3g}, "
+            f"{where}): each training sequence must start from the state recorded in the rollout and reset it "
+            f"where an episode starts"
+        )
 
 
 def compute_gae(
