@@ -3,6 +3,7 @@
 import json
 import shutil
 import subprocess
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -305,6 +306,9 @@ def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
     assert middle.is_file()
     copy = tmp_path / "copy" / whole.run_dir.name
     shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_60.pt", "latest.pt"))
+    # TensorBoard reads a run's event files in name order, named by the second they were opened: a resume within
+    # the second of the first run's start (only a test is that quick) could sort before it and escape its purge.
+    time.sleep(1.1)
     resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_40.pt"), progress=False))
     assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 60
     for (name, expected), actual in zip(
@@ -342,7 +346,7 @@ def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hi
     assert f"return {np.mean(result.eval_returns):.2f} +- {np.std(result.eval_returns):.2f}" in completed.stdout
     data = load_trajectories(path)
     hidden = data["/agents/policy/hidden_state"]
-    assert hidden.shape == (1, data["/rewards"].shape[1], 1, 512)  # actor and critic: (h, c) of 128 each
+    assert hidden.shape == (1, data["/rewards"].shape[1], 1, 256)  # the shared core's (h, c) of 128 each
     episode_starts = np.concatenate([[True], data["/masks"][0, :-1] == 0])
     assert not hidden[0, episode_starts].any() and hidden[0, ~episode_starts].any(axis=-1).all()
     for method in ("basic", "temperature", "topk"):
@@ -357,7 +361,7 @@ def test_training_trajectories_hold_the_hidden_state_each_action_came_from(tmp_p
     args = quick_args(tmp_path, total_timesteps=1024, num_steps=128, save_trajectories=str(path), rnn_type="gru")
     result = ppo_lstm.train(args)
     data = load_trajectories(path)
-    assert data["/agents/policy/hidden_state"].shape == (4, 256, 1, 256)  # actor and critic: 128 each
+    assert data["/agents/policy/hidden_state"].shape == (4, 256, 1, 128)  # the shared core's GRU: 128
     assert data["/agents/policy/logprobs"].shape == (4, 256)
     assert json.loads(str(data["/meta/args"]))["rnn_type"] == "gru"
     finished = [episode for episode in split_episodes(data) if episode.finished]
