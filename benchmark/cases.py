@@ -79,8 +79,7 @@ CASES: tuple[Case, ...] = (
         "ppo_lstm", "PendulumNoVel-v1", 500_000, threshold=-218.0,
         flags=(
             "--num-envs", "4", "--num-steps", "1024", "--bptt-len", "32", "--num-minibatches", "32",
-            "--update-epochs", "10", "--gamma", "0.9", "--learning-rate", "1e-3", "--clip-coef", "0.2",
-            "--no-shared-core",
+            "--update-epochs", "10", "--gamma", "0.9", "--learning-rate", "1e-3", "--no-shared-core",
         ),
     ),
 )  # fmt: skip
