@@ -168,6 +168,21 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, mon
     assert all(replay["carried"] for replay in replays[1:])  # and run across the rollout's (and chunks') boundaries
 
 
+def test_replay_tolerance_follows_the_outputs_scale():
+    # A CartPoleNoVel-v1 run (100k case, seed 1) was stopped by rounding: cell states of 115 gave differences of
+    # 2.8e-5 in logits of 4.7, the largest where a logit was near zero, so an elementwise rtol missed the scale.
+    starts, states = torch.zeros(4, 2, dtype=torch.bool), torch.zeros(1, 2, 8)
+    logits = torch.tensor([4.7, 0.001]).repeat(4, 2, 1)
+    values = torch.ones(4, 2)
+    rounded = logits.clone()
+    rounded[..., 1] += 2.8e-5
+    ppo_lstm.check_replay(states, starts, (rounded, values), (logits, values))
+    wrong = logits.clone()
+    wrong[2, 1, 1] += 1e-3  # what a state that is not reset or restored gives, and less
+    with pytest.raises(PolicyMismatch, match="2 steps after a recorded state"):
+        ppo_lstm.check_replay(states, starts, (wrong, values), (logits, values))
+
+
 def test_a_narrow_gaussian_over_chunks_is_no_false_alarm(tmp_path, monkeypatch):
     # Chunks replay the cell from the states the NumPy rollout recorded, in another batch layout than the rollout's
     # torch pass; a narrow Gaussian turns that float32 rounding into log-probability differences far above 1e-5
