@@ -85,7 +85,7 @@ class Args:
     eval_checkpoint: str | None = None
     """evaluate the agent of this checkpoint for --eval-episodes episodes, then exit"""
     eval_episodes: int = 10
-    """episodes of evaluation with the deterministic policy after training (0: none)"""
+    """episodes of evaluation after training, actions drawn by --sampling-method (greedy: deterministic) (0: none)"""
     sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
     """how evaluation (after training, and --eval-checkpoint) draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
     temperature: float = 1.0
@@ -377,7 +377,8 @@ def train(args: Args) -> TrainResult:
             rollout_start = time.time()
 
             # The rollout only acts; log-probs and values come after it, from one torch pass over all its steps.
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np)
+            # float32, as the rollout stores them: integer observations (one-hot, MiniGrid's) would not normalise
+            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np.astype(np.float32))
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np = noise.cpu().numpy()
             recorded_steps = []  # with --save-trajectories: what the trajectory file needs once log-probs are known

@@ -88,7 +88,7 @@ class Args:
     eval_checkpoint: str | None = None
     """evaluate the agent of this checkpoint for --eval-episodes episodes, then exit"""
     eval_episodes: int = 10
-    """episodes of evaluation with the deterministic policy after training (0: none)"""
+    """episodes of evaluation after training, actions drawn by --sampling-method (greedy: deterministic) (0: none)"""
     sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
     """how evaluation (after training, and --eval-checkpoint) draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
     temperature: float = 1.0
@@ -152,7 +152,7 @@ class Args:
     rnn_layers: int = 1
     """the number of stacked recurrent layers"""
     shared_core: bool = True
-    """if toggled (default, as CleanRL's LSTM PPO), the actor and the critic share the encoder and the recurrent cell, each with its own linear head on the cell's output; off: the critic has its own encoder and cell of the same shape (sb3-contrib's RecurrentPPO), at twice the cell's cost. Shared, with the reward normalisation on, CartPoleNoVel-v1's last-100 return at 500k steps was 500, 461, 500, 491 and 500 (seeds 1-5), against 500, 483 and 483 with a critic core of its own (seeds 1-3)"""
+    """if toggled (default, as CleanRL's LSTM PPO), the actor and the critic share the encoder and the recurrent cell, each with its own linear head on the cell's output; off: the critic has its own encoder and cell of the same shape (as sb3-contrib's enable_critic_lstm), at twice the cell's cost. Shared, with the reward normalisation on, CartPoleNoVel-v1's last-100 return at 500k steps was 500, 461, 500, 491 and 500 (seeds 1-5), against 500, 483 and 483 with a critic core of its own (seeds 1-3)"""
     bptt_len: int = 0
     """0: each minibatch holds whole env rollouts (--num-steps long); L > 0: the rollouts are cut into chunks of L steps, each starting from the hidden state recorded in the rollout, and minibatches mix the chunks"""
 
@@ -297,7 +297,8 @@ class Agent(nn.Module):
 
     def log_prob_and_entropy(self, actor_out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         """The log-probability of `action` and the policy's entropy given the actor's output. For a categorical they
-        are written out (cheaper than a Categorical); the update checks them against `distribution`."""
+        are written out (cheaper than a Categorical); `check_policy` checks them against `distribution` after every
+        rollout."""
         if self.discrete:
             log_probs = actor_out.log_softmax(-1)  # -inf logits (masks) would need Categorical's clamp
             log_prob = log_probs.gather(-1, action[..., None]).squeeze(-1)
@@ -584,7 +585,8 @@ def train(args: Args) -> TrainResult:
             rollout_start = time.time()
 
             # The rollout only acts; log-probs and values come after it, from one torch pass along its sequences.
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np)
+            # float32, as the rollout stores them: integer observations (one-hot, MiniGrid's) would not normalise
+            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np.astype(np.float32))
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np, initial_state = noise.cpu().numpy(), rnn_state.copy()
             recorded_steps = []  # with --save-trajectories: what the trajectory file needs once log-probs are known
@@ -605,7 +607,8 @@ def train(args: Args) -> TrainResult:
                 # Truncated episodes bootstrap from the value of their last observation, seen with their memory.
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = torch.as_tensor(np.stack(infos["final_obs"][truncated_only]), device=device)[None]
+                    last_obs = np.stack(infos["final_obs"][truncated_only])
+                    last_obs = torch.as_tensor(last_obs, dtype=torch.float32, device=device)[None]
                     with torch.no_grad():
                         continuing = torch.zeros((1, int(truncated_only.sum())), dtype=torch.bool, device=device)
                         memory = torch.as_tensor(rnn_state[:, truncated_only], device=device)

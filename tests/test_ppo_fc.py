@@ -47,6 +47,12 @@ def quick_args(tmp_path, **overrides) -> ppo_fc.Args:
     return ppo_fc.Args(**{**settings, **overrides})
 
 
+def test_integer_observations_keep_the_numpy_copy(tmp_path, capsys):
+    # Taxi-v4's one-hot observations are int64: the copy's trial saw them raw and the torch policy refused them.
+    ppo_fc.train(quick_args(tmp_path, env_id="Taxi-v4", total_timesteps=1024))
+    assert "the rollout calls the torch policy" not in capsys.readouterr().err
+
+
 # --- GAE and the learning-rate schedule ----------------------------------------------------------------------------
 
 

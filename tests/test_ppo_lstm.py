@@ -168,6 +168,22 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, mon
     assert all(replay["carried"] for replay in replays[1:])  # and run across the rollout's (and chunks') boundaries
 
 
+def test_integer_observations_reach_the_agent_as_float32(tmp_path, monkeypatch, capsys):
+    # Taxi-v4's one-hot observations are int64 and a random policy's episodes are truncated at 200 steps: the trial of
+    # the NumPy copy and the truncation bootstrap saw them raw, and the normalisation cast its statistics to int64.
+    seen, forward = set(), ppo_lstm.Agent.forward
+
+    def recording_forward(self, x, state, episode_starts):
+        seen.add(x.dtype)
+        return forward(self, x, state, episode_starts)
+
+    monkeypatch.setattr(ppo_lstm.Agent, "forward", recording_forward)
+    result = ppo_lstm.train(quick_args(tmp_path, env_id="Taxi-v4", num_steps=256, total_timesteps=2048))
+    assert len(result.episode_returns) >= 8  # truncated episodes: the bootstrap ran
+    assert seen == {torch.float32}
+    assert "the rollout calls the torch policy" not in capsys.readouterr().err
+
+
 def test_replay_tolerance_follows_the_outputs_scale():
     # A CartPoleNoVel-v1 run (100k case, seed 1) was stopped by rounding: cell states of 115 gave differences of
     # 2.8e-5 in logits of 4.7, the largest where a logit was near zero, so an elementwise rtol missed the scale.
