@@ -342,11 +342,15 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
         return torch_step, False
     numpy_step: StepFunction | None = None
 
-    def from_some_state(step: StepFunction) -> stand_in.PolicyFunction:  # the trial: one step from a random state
+    def from_some_state(step: StepFunction) -> stand_in.PolicyFunction:
+        """The trial: one step from a random state; its actions and the whole state after it (the critic's part
+        too, which no action shows)."""
+
         def act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
             shape = (agent.rnn_layers, len(obs), agent.state_size)
             state = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-            return step(obs, state, np.zeros(len(obs), dtype=bool), noise)[0]
+            actions, next_state = step(obs, state, np.zeros(len(obs), dtype=bool), noise)
+            return np.concatenate([actions.reshape(len(obs), -1), next_state.swapaxes(0, 1).reshape(len(obs), -1)], 1)
 
         return act
 

@@ -249,6 +249,25 @@ def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(t
     assert result.global_step == 256
 
 
+def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypatch, capsys):
+    numpy_policy_step = ppo_lstm.numpy_policy_step
+
+    def wrong_critic_copy(agent):  # acts right; the critic core's half of the state it carries is not the cell's
+        step = numpy_policy_step(agent)
+
+        def wrong_step(obs, state, starts, noise):
+            actions, next_state = step(obs, state, starts, noise)
+            next_state[..., agent.core.state_size :] *= 0.5
+            return actions, next_state
+
+        return wrong_step
+
+    monkeypatch.setattr(ppo_lstm, "numpy_policy_step", wrong_critic_copy)
+    result = ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256, shared_core=False))
+    assert result.global_step == 256
+    assert "the rollout calls the torch policy at every step" in capsys.readouterr().err
+
+
 def test_an_edited_policy_acts_through_torch_and_must_be_scored_as_it_acts(tmp_path, monkeypatch, capsys):
     distribution = ppo_lstm.Agent.distribution
 
