@@ -154,7 +154,7 @@ class Args:
     shared_core: bool = True
     """if toggled (default, as CleanRL's LSTM PPO), the actor and the critic share the encoder and the recurrent cell, each with its own linear head on the cell's output; off: the critic has its own encoder and cell of the same shape (as sb3-contrib's enable_critic_lstm), at twice the cell's cost. Shared, with the reward normalisation on, CartPoleNoVel-v1's last-100 return at 500k steps was 500, 461, 500, 491 and 500 (seeds 1-5), against 500, 483 and 483 with a critic core of its own (seeds 1-3)"""
     bptt_len: int = 0
-    """0: each minibatch holds whole env rollouts (--num-steps long); L > 0: the rollouts are cut into chunks of L steps, each starting from the hidden state recorded in the rollout, and minibatches mix the chunks"""
+    """0: each minibatch holds whole env rollouts (--num-steps long); L > 0: the rollouts are cut into chunks of L steps, each starting from the hidden state recorded in the rollout, and minibatches mix the chunks (gradients then stop at chunk starts; the cell runs faster, its padded pieces being at most L long)"""
 
 
 def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
