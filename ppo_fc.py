@@ -437,8 +437,10 @@ def train(args: Args) -> TrainResult:
                     mb_inds = permutation[start : start + minibatch_size]
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                     if epoch == 0 and start == 0:  # no step yet: the update must score actions as the rollout did
-                        stand_in.check_same_values("log-probabilities", newlogprob, b_logprobs[mb_inds])
-                        stand_in.check_same_values("entropies", entropy, b_entropies[mb_inds])
+                        stand_in.check_same_values(
+                            "log-probabilities", newlogprob, b_logprobs[mb_inds], "get_action_and_value"
+                        )
+                        stand_in.check_same_values("entropies", entropy, b_entropies[mb_inds], "get_action_and_value")
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())

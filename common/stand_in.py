@@ -220,12 +220,12 @@ def check_draws(
         )
 
 
-def check_same_values(name: str, computed: torch.Tensor, expected: torch.Tensor) -> None:
-    """Raise PolicyMismatch unless a written-out form's `computed` values (log-probabilities, entropies) equal the
-    `expected` ones of the policy's definition, to float32 rounding."""
+def check_same_values(name: str, computed: torch.Tensor, expected: torch.Tensor, written_by: str) -> None:
+    """Raise PolicyMismatch unless a written-out form's `computed` values (log-probabilities, entropies, from the
+    script's function `written_by`) equal the `expected` ones of the policy's definition, to float32 rounding."""
     if not torch.allclose(computed, expected, rtol=1e-4, atol=1e-5):
         raise PolicyMismatch(
             f"the update's written-out {name} differ from those of Agent.distribution (largest difference "
             f"{(computed - expected).abs().max().item():.3g}); after editing distribution(), make "
-            f"get_action_and_value compute the same"
+            f"{written_by} compute the same"
         )

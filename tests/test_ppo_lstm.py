@@ -179,7 +179,7 @@ def test_integer_observations_reach_the_agent_as_float32(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(ppo_lstm.Agent, "forward", recording_forward)
     result = ppo_lstm.train(quick_args(tmp_path, env_id="Taxi-v4", num_steps=256, total_timesteps=2048))
-    assert len(result.episode_returns) >= 8  # truncated episodes: the bootstrap ran
+    assert 200 in result.episode_lengths  # Taxi-v4 truncates at 200 steps: the bootstrap ran
     assert seen == {torch.float32}
     assert "the rollout calls the torch policy" not in capsys.readouterr().err
 
@@ -194,7 +194,7 @@ def test_replay_tolerance_follows_the_outputs_scale():
     rounded[..., 1] += 2.8e-5
     ppo_lstm.check_replay(states, starts, (rounded, values), (logits, values))
     wrong = logits.clone()
-    wrong[2, 1, 1] += 1e-3  # what a state that is not reset or restored gives, and less
+    wrong[2, 1, 1] += 1e-3  # a state not reset at episode starts gave 1.7 and 8.5 in trained agents' logits
     with pytest.raises(PolicyMismatch, match="2 steps after a recorded state"):
         ppo_lstm.check_replay(states, starts, (wrong, values), (logits, values))
 
@@ -276,7 +276,7 @@ def test_an_edited_policy_acts_through_torch_and_must_be_scored_as_it_acts(tmp_p
 
     monkeypatch.setattr(ppo_lstm.Agent, "distribution", sharper)
     monkeypatch.setattr(ppo_lstm, "Agent", sharp_agent(ppo_lstm.Agent, seed=2))
-    with pytest.raises(PolicyMismatch, match=r"log_prob_and_entropy must compute what Agent\.distribution does"):
+    with pytest.raises(PolicyMismatch, match="make log_prob_and_entropy compute the same"):
         ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256))
     assert "the rollout calls the torch policy at every step" in capsys.readouterr().err
 
