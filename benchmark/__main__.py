@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from benchmark.cases import SUITES, Case, find_case, settings_hash
+from benchmark.cases import SUITES, Case, find_case, settings_hash, suite_cases
 from benchmark.events import RunSummary, find_run_dirs, safe_name, summarise_run
 from benchmark.registry import SCRIPTS, resolve_args, same_settings_flags
 from benchmark.report import (
@@ -65,7 +65,7 @@ class Run:
     """one run per seed (default 1 2 3; with --suite, replaces the suite's seeds)"""
     total_timesteps: int | None = None
     """env steps of every run (default: each case's own, see benchmark/cases.py)"""
-    suite: Literal["quick", "full", "recurrent"] | None = None
+    suite: Literal["quick", "full", "recurrent", "bptt"] | None = None
     """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --total-timesteps"""
     workers: int = 1
     """processes at a time (more than one distorts SPS: the runs share the CPU)"""
@@ -124,8 +124,7 @@ class CasePlan:
 
 def cases_to_run(args: Run) -> tuple[list[Case], tuple[int, ...]]:
     if args.suite is not None:
-        entries, seeds = SUITES[args.suite]
-        return [find_case(script, env_id, steps) for script, env_id, steps in entries], args.seeds or seeds
+        return suite_cases(args.suite), args.seeds or SUITES[args.suite][1]
     scripts, envs = args.scripts or DEFAULT_SCRIPTS, args.envs or DEFAULT_ENVS
     cases = [find_case(script, env_id, args.total_timesteps) for script in scripts for env_id in envs]
     return cases, args.seeds or DEFAULT_SEEDS

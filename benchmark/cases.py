@@ -54,6 +54,11 @@ class Case:
         )
 
 
+# The issue asks for 475 "within 500k steps": reached by then, the end's last-100 return shown beside it.
+CARTPOLE_NOVEL_500K = Case(
+    "ppo_lstm", "CartPoleNoVel-v1", 500_000, threshold=475.0, judged_on="reached", compare_with="ppo_fc"
+)
+
 # Thresholds sit under what the reference implementations reach (CleanRL publishes 490.04 ± 6.12 for ppo.py on
 # CartPole-v1 at 500k steps), so that a PASS means the algorithm works, not that a seed was lucky. The 100k-step row
 # is the quick suite's check that learning happens at all.
@@ -61,8 +66,7 @@ CASES: tuple[Case, ...] = (
     Case("ppo_fc", "CartPole-v1", 500_000, threshold=490.0),
     Case("ppo_fc", "CartPole-v1", 100_000, threshold=150.0),
     Case("ppo_lstm", "CartPole-v1", 500_000, threshold=490.0, compare_with="ppo_fc"),
-    # The issue asks for 475 "within 500k steps": reached by then, the end's last-100 return shown beside it.
-    Case("ppo_lstm", "CartPoleNoVel-v1", 500_000, threshold=475.0, judged_on="reached", compare_with="ppo_fc"),
+    CARTPOLE_NOVEL_500K,
     # Sample efficiency: RecurrentPPO with the RL Zoo's settings evaluates at 498 ± 7 after 100k steps. These are
     # the Zoo's (8 envs of 32 steps, one minibatch, 20 epochs, GAE 0.98, gamma 0.999, no entropy bonus, lr 1e-3,
     # a 64-unit LSTM and one of its own for the critic, normalisation), its clip range falling linearly from 0.2
@@ -84,9 +88,14 @@ CASES: tuple[Case, ...] = (
     ),
 )  # fmt: skip
 
-# A suite: the cases (script, env id, steps: a row of CASES) and the seeds to run each with. Five seeds or more give
-# the IQM and its confidence interval.
-SUITES: dict[str, tuple[tuple[tuple[str, str, int], ...], tuple[int, ...]]] = {
+# Variants of a row that only a suite runs: a lookup by script, env and steps gives the row itself.
+BPTT_VARIANTS: tuple[Case, ...] = tuple(
+    replace(CARTPOLE_NOVEL_500K, flags=("--bptt-len", str(length)), compare_with=None) for length in (32, 8)
+)
+
+# A suite: the cases (script, env id, steps: a row of CASES; or a Case itself) and the seeds to run each with. Five
+# seeds or more give the IQM and its confidence interval.
+SUITES: dict[str, tuple[tuple[tuple[str, str, int] | Case, ...], tuple[int, ...]]] = {
     "quick": ((("ppo_fc", "CartPole-v1", 100_000),), (1, 2)),  # a few minutes on 2 cores
     "full": ((("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3, 4, 5)),  # the numbers in the README
     "recurrent": (  # ppo_lstm's numbers in the README
@@ -98,6 +107,8 @@ SUITES: dict[str, tuple[tuple[tuple[str, str, int], ...], tuple[int, ...]]] = {
         ),
         (1, 2, 3),
     ),
+    # ppo_lstm's --bptt-len lengths (whole rollouts, 32, 8) in the README; run with --workers 1 for their SPS.
+    "bptt": ((("ppo_lstm", "CartPoleNoVel-v1", 500_000), *BPTT_VARIANTS), (1, 2, 3)),
 }
 
 # Steps of a (script, env) pair that has no row in CASES.
@@ -123,3 +134,8 @@ def find_case(script: str, env_id: str, total_timesteps: int | None = None) -> C
     if total_timesteps is None:
         return longest
     return replace(longest, total_timesteps=total_timesteps, threshold=None)
+
+
+def suite_cases(name: str) -> list[Case]:
+    """The cases of the suite `name`, in its order."""
+    return [entry if isinstance(entry, Case) else find_case(*entry) for entry in SUITES[name][0]]

@@ -4,6 +4,7 @@ to end (results.json, figures, failures)."""
 import json
 import subprocess
 import sys
+import typing
 from dataclasses import fields
 from pathlib import Path
 
@@ -31,8 +32,10 @@ def test_case_table_lookup():
     assert shorter.total_timesteps == 30_000 and shorter.threshold is None  # a threshold is for its own length
     unlisted = cases.find_case("ppo_fc", "Acrobot-v1")
     assert unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS and unlisted.threshold is None and not unlisted.flags
-    for entries, seeds in cases.SUITES.values():
-        assert seeds and all(cases.find_case(*entry).threshold is not None for entry in entries)
+    for name, (_, seeds) in cases.SUITES.items():
+        assert seeds and all(case.threshold is not None for case in cases.suite_cases(name))
+    assert [case.flags for case in cases.suite_cases("bptt")] == [(), ("--bptt-len", "32"), ("--bptt-len", "8")]
+    assert cases.find_case("ppo_lstm", "CartPoleNoVel-v1", 500_000) == cases.CARTPOLE_NOVEL_500K  # not a variant
     compared = [case for case in cases.CASES if case.compare_with is not None]
     for case in compared:  # another length keeps the comparison (a speed run can be shorter)
         assert cases.find_case(case.script, case.env_id, 1000).compare_with == case.compare_with
@@ -353,6 +356,11 @@ def test_bad_input_is_one_error_line(argv, message, tmp_path):
     assert process.stderr.startswith("error: ") and message in process.stderr
     assert len(process.stderr.strip().splitlines()) == 1 and "Traceback" not in process.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_every_suite_can_be_named_on_the_command_line():
+    named, _ = typing.get_args(typing.get_type_hints(harness.Run)["suite"])  # Literal[...] | None
+    assert set(typing.get_args(named)) == set(cases.SUITES)
 
 
 def test_a_suite_honours_seeds():
