@@ -130,6 +130,7 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
         (),
         ("--no-norm-obs", "--no-norm-reward"),  # off, where a script normalises by default
         EVERY_SETTING_MOVED[script_name],
+        *{case.flags for name in cases.SUITES for case in cases.suite_cases(name) if case.script == script_name},
         *(case.flags for case in cases.CASES if case.script == script_name),
     ]
     for flags in flag_sets:
