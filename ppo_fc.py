@@ -23,7 +23,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, stand_in
+from common import checkpoints, env_state, stand_in
 from common.cli import check_ranges, exit_status, notice, parse_args
 from common.envs import env_action, env_spaces, flat_observations, resolve_env_id, vector_env
 from common.errors import TrainingDiverged, UsageError
@@ -38,8 +38,8 @@ from common.train_result import TrainResult
 from common.trajectories import TrajectoryWriter, unused_npz_path
 
 SCRIPT = Path(__file__).stem
-CHECKPOINT_FORMAT = 3  # 3: actor and critic are nn.Sequential (state-dict keys changed)
-CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms")
+CHECKPOINT_FORMAT = 4  # 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
+CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 # The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
 RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout")
 EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
@@ -355,8 +355,10 @@ def train(args: Args) -> TrainResult:
         notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
     if checkpoint is not None:
         restore_rng_state(checkpoint["rng"])  # last, after every module is built: building draws random numbers
-    # Env internals cannot be saved without pickling: a resumed run starts fresh episodes, seeded apart from the first.
     next_obs_np, _ = envs.reset(seed=args.seed + global_step)
+    # A resumed run continues the episodes the checkpoint cut (if the envs replay to there).
+    if checkpoint is not None and (resumed := env_state.restore(envs, checkpoint["episodes"], args.seed + global_step)):
+        next_obs_np = resumed["observations"]
     episodes, checkpoint_path = EpisodeLog(writer), None
     progress = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress, unit="step")
     start_time, start_step = time.time(), global_step
@@ -365,6 +367,7 @@ def train(args: Args) -> TrainResult:
     def write_checkpoint(iteration: int) -> Path:
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
+        state["episodes"] = env_state.capture(envs, next_obs_np)
         return checkpoints.save(run_path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
     iteration = saved_iteration = start_iteration - 1

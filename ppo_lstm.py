@@ -26,7 +26,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, stand_in
+from common import checkpoints, env_state, stand_in
 from common.cli import check_ranges, exit_status, notice, parse_args
 from common.envs import env_action, env_spaces, flat_observations, resolve_env_id, vector_env
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError
@@ -41,8 +41,8 @@ from common.train_result import TrainResult
 from common.trajectories import TrajectoryWriter, unused_npz_path
 
 SCRIPT = Path(__file__).stem
-CHECKPOINT_FORMAT = 1
-CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms")
+CHECKPOINT_FORMAT = 2  # 2: the envs' places in their episodes and the recurrent state there ("episodes")
+CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 # The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
 RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout")
 EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
@@ -556,11 +556,12 @@ def train(args: Args) -> TrainResult:
         notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
     if checkpoint is not None:
         restore_rng_state(checkpoint["rng"])  # last, after every module is built: building draws random numbers
-    # Env internals cannot be saved without pickling: a resumed run starts fresh episodes, seeded apart from the first,
-    # so its recurrent state starts at zero there like that of every episode.
     next_obs_np, _ = envs.reset(seed=args.seed + global_step)
     next_starts = np.ones(args.num_envs, dtype=bool)
     rnn_state = agent.initial_state(args.num_envs).cpu().numpy()  # carried from step to step and rollout to rollout
+    # A resumed run continues the episodes the checkpoint cut, with the memory they had (if the envs replay to there).
+    if checkpoint is not None and (resumed := env_state.restore(envs, checkpoint["episodes"], args.seed + global_step)):
+        next_obs_np, next_starts, rnn_state = resumed["observations"], resumed["episode_starts"], resumed["rnn_state"]
     episodes, checkpoint_path = EpisodeLog(writer), None
     progress = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress, unit="step")
     start_time, start_step = time.time(), global_step
@@ -569,6 +570,7 @@ def train(args: Args) -> TrainResult:
     def write_checkpoint(iteration: int) -> Path:
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
+        state["episodes"] = env_state.capture(envs, next_obs_np, episode_starts=next_starts, rnn_state=rnn_state)
         return checkpoints.save(run_path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
     iteration = saved_iteration = start_iteration - 1

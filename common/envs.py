@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from importlib import metadata
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 from gymnasium.spaces import Box, Dict, Space, Text, Tuple
 
 from common.cli import notice, one_line
+from common.env_state import EpisodeRecorder
 from common.errors import UsageError
 from common.interrupt import sigint_ignored_by_new_processes
 
@@ -166,11 +168,17 @@ def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
 def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gym.vector.VectorEnv:
     """The envs of `env_fns`, stepped together and reset in the step where an episode ends (gymnasium's SAME_STEP
     autoreset; `final_obs` holds the last observation). With `async_envs`, each in its own process, which ignores
-    Ctrl-C: the training process decides when to stop and finishes its iteration first."""
+    Ctrl-C: the training process decides when to stop and finishes its iteration first. Each env records its episode
+    so far (`common.env_state`), for checkpoints that continue it."""
+    env_fns = [partial(_recorded, env_fn) for env_fn in env_fns]
     if not async_envs:
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     with sigint_ignored_by_new_processes():
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def _recorded(env_fn: Callable[[], gym.Env]) -> gym.Env:
+    return EpisodeRecorder(env_fn())
 
 
 def env_action(action: np.ndarray, action_space: Space) -> np.ndarray:

@@ -1,6 +1,7 @@
 """What the scripts' tests share: reading a run's scalars, running a script, reference computations, probe walks."""
 
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,23 @@ class NanRewardEnv(gym.Env):
     def step(self, action):
         self.steps += 1
         return np.zeros(1, np.float32), 1.0 if self.steps < 600 else float("nan"), True, False, {}
+
+
+class GlobalRandomEnv(gym.Env):
+    """Observations drawn from Python's global generator, which no seed of the env's reaches (an env that gymnasium's
+    seeding does not make reproducible); episodes of 3 steps."""
+
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([random.random()], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([random.random()], np.float32), 0.0, self.t == 3, False, {}
+
+
+gym.register("GlobalRandom-v0", entry_point=GlobalRandomEnv)

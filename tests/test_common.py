@@ -8,13 +8,15 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 
-from common import checkpoints, seeding
+from common import checkpoints, env_state, seeding
 from common.cli import check_ranges, notice, one_line, parse_args
+from common.envs import vector_env
 from common.errors import PolicyMismatch, UsageError
 from common.interrupt import sigint_ignored_by_new_processes
 from common.run_folder import create_run_folder, unused_path
@@ -312,3 +314,31 @@ def test_rare_draws_of_a_nearly_deterministic_policy_are_no_alarm():
     actions = probs.argmax(-1)
     actions[[0, 2]] = 1  # both rows expect action 0
     check_draws(actions, probs=probs)
+
+
+def test_env_state_restores_envs_mid_episode_and_their_wrappers(tmp_path):
+    # Pendulum-v1: random starts, Box actions, 200-step episodes; 8 envs cut at different places in them.
+    def stack():
+        envs = vector_env([lambda: gym.make("Pendulum-v1")] * 3, async_envs=False)
+        return gym.wrappers.vector.NormalizeReward(gym.wrappers.vector.RecordEpisodeStatistics(envs))
+
+    actions = np.random.default_rng(0).uniform(-2, 2, (500, 3, 1)).astype(np.float32)
+    original = stack()
+    obs, _ = original.reset(seed=5)
+    for action in actions[:250]:  # past one autoreset: the state of each env's generator at its reset is kept
+        obs, *_ = original.step(action)
+    path = tmp_path / "state.pt"
+    torch.save(env_state.capture(original, obs, marker=np.arange(3)), path)
+
+    copy = stack()
+    checkpoints.restore_reward_normalizer(copy, checkpoints.reward_normalizer_state(original))  # the scripts' part
+    copy.reset(seed=99)
+    restored = env_state.restore(copy, torch.load(path, weights_only=True), seed=99)
+    assert restored is not None and np.array_equal(restored["observations"], obs)
+    assert np.array_equal(restored["marker"], np.arange(3))
+    for action in actions[250:]:
+        expected, got = original.step(action), copy.step(action)
+        for part in range(4):
+            np.testing.assert_array_equal(got[part], expected[part])
+        if "episode" in expected[4]:
+            np.testing.assert_array_equal(got[4]["episode"]["r"], expected[4]["episode"]["r"])

@@ -411,24 +411,29 @@ def test_continuous_probes(tmp_path, env_id, steps):
 # --- checkpoints ---------------------------------------------------------------------------------------------------
 
 
-def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
-    # Probe4 has one-step episodes and a constant observation: every checkpoint falls on an episode boundary.
-    settings = dict(env_id="Probe4-v0", total_timesteps=6 * 512, checkpoint_every=3, save_model=True, norm_obs=True)
+def test_resume_continues_the_cut_episodes_as_an_uninterrupted_run(tmp_path):
+    # CartPole's episodes start at random and outlast 16-step rollouts: the checkpoint after iteration 3 cuts them.
+    settings = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=6 * 32)
+    settings.update(checkpoint_every=3, save_model=True, norm_obs=True, norm_reward=True)
     whole = ppo_fc.train(quick_args(tmp_path / "whole", **settings))
-    middle = whole.run_dir / "checkpoints" / "step_1536.pt"
+    middle = whole.run_dir / "checkpoints" / "step_96.pt"
     assert middle.is_file() and whole.checkpoint == whole.run_dir / "checkpoints" / "latest.pt"
+    assert all(len(env["actions"]) for env in torch.load(middle, weights_only=True)["episodes"]["envs"])
 
     copy = tmp_path / "copy" / whole.run_dir.name
     # The copy keeps the whole run's events past the checkpoint, as a crashed run leaves them.
-    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_3072.pt", "latest.pt"))
-    resumed = ppo_fc.train(ppo_fc.Args(resume=str(copy / "checkpoints" / "step_1536.pt"), progress=False))
-    assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 3072
+    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_192.pt", "latest.pt"))
+    time.sleep(1.1)  # event files sort by the second they were opened (see the ppo_lstm test)
+    resumed = ppo_fc.train(ppo_fc.Args(resume=str(copy / "checkpoints" / "step_96.pt"), progress=False))
+    assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 192
     for (name, expected), actual in zip(
         whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
+    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 96]
+    assert resumed.episode_returns == ended_after
     logged = read_scalars(copy)["charts/learning_rate"]
-    assert [step for step, _ in logged] == [512 * k for k in range(1, 7)]  # each step once
+    assert [step for step, _ in logged] == [32 * k for k in range(1, 7)]  # each step once
     np.testing.assert_allclose(
         [value for _, value in logged], [v for _, v in read_scalars(whole.run_dir)["charts/learning_rate"]]
     )

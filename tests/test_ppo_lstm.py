@@ -346,28 +346,39 @@ def test_continuous_probes(tmp_path, env_id, steps):
 # --- checkpoints ---------------------------------------------------------------------------------------------------
 
 
-def test_resume_gives_the_parameters_of_an_uninterrupted_run(tmp_path):
-    # Probe6's episodes are 10 steps with fixed observations: rollouts of 5 steps end inside episodes (the state is
-    # carried over), and the checkpoint every 2 iterations falls where episodes end, as a resumed run restarts them.
-    settings = dict(env_id="Probe6-v0", num_envs=2, num_steps=5, num_minibatches=2, total_timesteps=6 * 10)
-    settings.update(checkpoint_every=2, save_model=True, norm_obs=True)
+@pytest.mark.parametrize("async_envs", [False, True])
+def test_resume_continues_the_cut_episodes_with_their_memory_as_an_uninterrupted_run(tmp_path, async_envs):
+    # CartPole's episodes start at random and outlast 16-step rollouts: the checkpoint after iteration 2 cuts them.
+    settings = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=6 * 32)
+    settings.update(checkpoint_every=2, save_model=True, norm_obs=True, norm_reward=True, async_envs=async_envs)
     whole = ppo_lstm.train(quick_args(tmp_path / "whole", **settings))
-    middle = whole.run_dir / "checkpoints" / "step_40.pt"
-    assert middle.is_file()
+    middle = whole.run_dir / "checkpoints" / "step_64.pt"
+    carried = torch.load(middle, weights_only=True)["episodes"]
+    assert not carried["episode_starts"].any() and carried["rnn_state"].abs().amin(-1).gt(0).all()  # mid-episode
     copy = tmp_path / "copy" / whole.run_dir.name
-    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_60.pt", "latest.pt"))
+    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_128.pt", "step_192.pt", "latest.pt"))
     # TensorBoard reads a run's event files in name order, named by the second they were opened: a resume within
     # the second of the first run's start (only a test is that quick) could sort before it and escape its purge.
     time.sleep(1.1)
-    resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_40.pt"), progress=False))
-    assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 60
+    resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_64.pt"), progress=False))
+    assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 192
     for (name, expected), actual in zip(
         whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
-    assert resumed.episode_returns == whole.episode_returns[-2:]
+    # Every episode that ended after the checkpoint, the cut ones whole (their returns began before it).
+    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 64]
+    assert resumed.episode_returns == ended_after
     logged = read_scalars(copy)["charts/learning_rate"]
-    assert [step for step, _ in logged] == [10 * k for k in range(1, 7)]
+    assert [step for step, _ in logged] == [32 * k for k in range(1, 7)]
+
+
+def test_envs_that_do_not_replay_start_new_episodes_on_resume(tmp_path, capsys):
+    # The env draws from Python's global generator, not its np_random: the replay cannot reach the saved place.
+    settings = dict(env_id="GlobalRandom-v0", num_envs=2, num_steps=4, num_minibatches=2, total_timesteps=3 * 8)
+    whole = ppo_lstm.train(quick_args(tmp_path, checkpoint_every=1, save_model=True, **settings))
+    resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(whole.run_dir / "checkpoints" / "step_8.pt"), progress=False))
+    assert resumed.global_step == 24 and "do not replay" in capsys.readouterr().err
 
 
 def test_checkpoints_of_the_other_ppo_script_are_refused(tmp_path):
