@@ -356,9 +356,8 @@ def train(args: Args) -> TrainResult:
     if checkpoint is not None:
         restore_rng_state(checkpoint["rng"])  # last, after every module is built: building draws random numbers
     next_obs_np, _ = envs.reset(seed=args.seed + global_step)
-    # A resumed run continues the episodes the checkpoint cut (if the envs replay to there).
-    if checkpoint is not None and (resumed := env_state.restore(envs, checkpoint["episodes"], args.seed + global_step)):
-        next_obs_np = resumed["observations"]
+    if checkpoint is not None:  # continue the episodes the checkpoint cut (or, if the envs cannot, start new ones)
+        next_obs_np, _ = env_state.restore(envs, checkpoint["episodes"], args.seed + global_step)
     episodes, checkpoint_path = EpisodeLog(writer), None
     progress = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress, unit="step")
     start_time, start_step = time.time(), global_step

@@ -559,9 +559,10 @@ def train(args: Args) -> TrainResult:
     next_obs_np, _ = envs.reset(seed=args.seed + global_step)
     next_starts = np.ones(args.num_envs, dtype=bool)
     rnn_state = agent.initial_state(args.num_envs).cpu().numpy()  # carried from step to step and rollout to rollout
-    # A resumed run continues the episodes the checkpoint cut, with the memory they had (if the envs replay to there).
-    if checkpoint is not None and (resumed := env_state.restore(envs, checkpoint["episodes"], args.seed + global_step)):
-        next_obs_np, next_starts, rnn_state = resumed["observations"], resumed["episode_starts"], resumed["rnn_state"]
+    if checkpoint is not None:  # continue the episodes the checkpoint cut, with the memory they had
+        next_obs_np, carried = env_state.restore(envs, checkpoint["episodes"], args.seed + global_step)
+        if carried:  # else the envs start new episodes
+            next_starts, rnn_state = carried["episode_starts"], carried["rnn_state"]
     episodes, checkpoint_path = EpisodeLog(writer), None
     progress = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress, unit="step")
     start_time, start_step = time.time(), global_step

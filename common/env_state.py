@@ -30,29 +30,42 @@ WRAPPER_ARRAYS = {
 
 class EpisodeRecorder(gym.Wrapper):
     """Keeps what `replay` needs to bring a fresh copy of this env to where this one is in its episode: how the
-    episode's reset was seeded and the actions since."""
+    episode's reset was seeded and the actions since (up to `MAX_STEPS`: past them, and for an env whose
+    `np_random` is not a numpy Generator, the episode cannot be replayed)."""
+
+    MAX_STEPS = 100_000  # 14 MB of 6-dimensional float32 actions held for each env; a checkpoint stores them too
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
         self.episode_start: dict[str, Any] = {"seed": None, "rng": None}
-        self.episode_actions: list[np.ndarray] = []
+        self.episode_actions: list[Any] | None = []  # None: not replayable
         self.replay_from: dict[str, Any] | None = None  # set through the vector env's set_attr, then `replay`
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        rng = None if seed is not None else self.unwrapped.np_random.bit_generator.state
-        self.episode_start, self.episode_actions = {"seed": seed, "rng": rng}, []
+        rng = None if seed is not None else generator_state(self.unwrapped)
+        self.episode_start = {"seed": seed, "rng": rng}
+        self.episode_actions = [] if seed is not None or rng is not None else None
         return super().reset(seed=seed, options=options)
 
     def step(self, action):
-        # A copy of an array action (the caller may reuse its buffer); a discrete one comes as an immutable scalar.
-        self.episode_actions.append(action.copy() if isinstance(action, np.ndarray) else action)
+        if self.episode_actions is not None:
+            # A copy of an array action (the caller may reuse its buffer); a discrete one is an immutable scalar.
+            self.episode_actions.append(action.copy() if isinstance(action, np.ndarray) else action)
+            if len(self.episode_actions) > self.MAX_STEPS:
+                self.episode_actions = None
         return self.env.step(action)
 
     def episode_so_far(self) -> dict[str, Any]:
-        return {"start": self.episode_start, "actions": np.array(self.episode_actions)}
+        """The record `replay` takes (None if this episode cannot be replayed), with the generator's state now, which
+        the replay must reach too."""
+        if self.episode_actions is None:
+            return {"replayable": False}
+        actions = np.array(self.episode_actions)
+        return {"replayable": True, "start": self.episode_start, "actions": actions, "rng": generator_state(self)}
 
-    def replay(self) -> Any:
-        """Bring this env to where `replay_from` (another copy's `episode_so_far`) was; the observation there."""
+    def replay(self) -> tuple[Any, dict[str, Any] | None]:
+        """Bring this env to where `replay_from` (another copy's `episode_so_far`) was: the observation there and the
+        generator's state."""
         record, self.replay_from = self.replay_from, None
         rng = record["start"]["rng"]
         if rng is not None:
@@ -62,7 +75,13 @@ class EpisodeRecorder(gym.Wrapper):
         observation, _ = self.reset(seed=record["start"]["seed"])
         for action in record["actions"]:
             observation, *_ = self.step(action)
-        return observation
+        return observation, generator_state(self)
+
+
+def generator_state(env: gym.Env) -> dict[str, Any] | None:
+    """The state of the env's `np_random` (None for a legacy RandomState, which some old envs still set)."""
+    generator = env.unwrapped.np_random
+    return generator.bit_generator.state if isinstance(generator, np.random.Generator) else None
 
 
 def capture(envs: VectorEnv, observations: np.ndarray, **carried: np.ndarray) -> dict[str, Any]:
@@ -74,21 +93,38 @@ def capture(envs: VectorEnv, observations: np.ndarray, **carried: np.ndarray) ->
     return _checkpoint_values({**state, "observations": observations})
 
 
-def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> dict[str, Any] | None:
-    """Bring `envs` (as `capture` saw them, and now reset) back to the places `state` holds, and return what it
-    holds (the observations, and what else was carried) as NumPy arrays. If an env does not replay to the saved
-    observation, every env starts a new episode (reset with `seed`), and None comes back."""
+def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """Bring `envs` (as `capture` saw them, and now reset) back to the places `state` holds: the observations there,
+    and what else was carried (NumPy arrays). If an env cannot be replayed, or its replay reaches another observation
+    or generator state, every env starts a new episode (reset with `seed`) with a notice, and nothing is carried.
+
+    Exact for envs whose every draw comes from their own `np_random` and whose episodes depend on nothing an earlier
+    episode left behind (a curriculum counter would not be restored, and the check sees only the generator and the
+    observation)."""
     state = _numpy_values(state)
-    envs.unwrapped.set_attr("replay_from", state["envs"])
-    replayed = envs.unwrapped.call("replay")
-    if not all(np.array_equal(obs, saved) for obs, saved in zip(replayed, state["observations"], strict=True)):
-        notice("the envs do not replay to where the checkpoint left them (randomness outside np_random?): new episodes")
-        envs.reset(seed=seed)
-        return None
-    for wrapper, name, key in _wrapper_arrays(envs):
-        if key in state["wrappers"]:
-            setattr(wrapper, name, state["wrappers"][key])
-    return state
+    if all(record["replayable"] for record in state["envs"]):
+        envs.unwrapped.set_attr("replay_from", state["envs"])
+        replayed = envs.unwrapped.call("replay")
+        if all(
+            np.array_equal(np.asarray(observation, saved.dtype), saved) and _equal(rng, record["rng"])
+            for (observation, rng), saved, record in zip(replayed, state["observations"], state["envs"], strict=True)
+        ):
+            for wrapper, name, key in _wrapper_arrays(envs):
+                if key in state["wrappers"]:
+                    setattr(wrapper, name, state["wrappers"][key])
+            return state.pop("observations"), {key: state[key] for key in state if key not in ("envs", "wrappers")}
+    notice("the envs cannot be brought back to where the checkpoint left them (see common/env_state.py): new episodes")
+    observations, _ = envs.reset(seed=seed)
+    return observations, {}
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equality of generator states, which may hold arrays (MT19937's key)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[key], b[key]) for key in a)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(a, b)
+    return a == b
 
 
 def _wrapper_arrays(envs: VectorEnv) -> Iterator[tuple[VectorWrapper, str, str]]:

@@ -333,12 +333,41 @@ def test_env_state_restores_envs_mid_episode_and_their_wrappers(tmp_path):
     copy = stack()
     checkpoints.restore_reward_normalizer(copy, checkpoints.reward_normalizer_state(original))  # the scripts' part
     copy.reset(seed=99)
-    restored = env_state.restore(copy, torch.load(path, weights_only=True), seed=99)
-    assert restored is not None and np.array_equal(restored["observations"], obs)
-    assert np.array_equal(restored["marker"], np.arange(3))
+    observations, carried = env_state.restore(copy, torch.load(path, weights_only=True), seed=99)
+    assert np.array_equal(observations, obs) and np.array_equal(carried["marker"], np.arange(3))
     for action in actions[250:]:
         expected, got = original.step(action), copy.step(action)
         for part in range(4):
             np.testing.assert_array_equal(got[part], expected[part])
         if "episode" in expected[4]:
             np.testing.assert_array_equal(got[4]["episode"]["r"], expected[4]["episode"]["r"])
+
+
+class LegacyRandomEnv(gym.Env):
+    """An old-style env that keeps a RandomState as its np_random: it trains, and a resume starts new episodes."""
+
+    observation_space = gym.spaces.Box(0, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.np_random = np.random.RandomState(seed)
+        self.t = 0
+        return np.array([self.np_random.uniform()], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.np_random.uniform()], np.float32), 0.0, self.t == 2, False, {}
+
+
+def test_env_state_of_envs_that_cannot_be_replayed_starts_new_episodes(capsys):
+    original = vector_env([LegacyRandomEnv] * 2, async_envs=False)
+    obs, _ = original.reset(seed=0)
+    for _ in range(3):  # past an autoreset
+        obs, *_ = original.step(np.zeros(2, dtype=np.int64))
+    state = env_state.capture(original, obs)
+    copy = vector_env([LegacyRandomEnv] * 2, async_envs=False)
+    copy.reset(seed=1)
+    observations, carried = env_state.restore(copy, state, seed=7)
+    assert carried == {} and "cannot be brought back" in capsys.readouterr().err
+    np.testing.assert_array_equal(observations, vector_env([LegacyRandomEnv] * 2, async_envs=False).reset(seed=7)[0])

@@ -378,7 +378,7 @@ def test_envs_that_do_not_replay_start_new_episodes_on_resume(tmp_path, capsys):
     settings = dict(env_id="GlobalRandom-v0", num_envs=2, num_steps=4, num_minibatches=2, total_timesteps=3 * 8)
     whole = ppo_lstm.train(quick_args(tmp_path, checkpoint_every=1, save_model=True, **settings))
     resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(whole.run_dir / "checkpoints" / "step_8.pt"), progress=False))
-    assert resumed.global_step == 24 and "do not replay" in capsys.readouterr().err
+    assert resumed.global_step == 24 and "cannot be brought back" in capsys.readouterr().err
 
 
 def test_checkpoints_of_the_other_ppo_script_are_refused(tmp_path):
