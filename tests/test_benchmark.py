@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 import benchmark.__main__ as harness
-from benchmark import cases
+from benchmark import cases, recurrent_floor
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
 from benchmark.registry import HARNESS_SET, SCRIPTS, resolve_args, same_settings_flags
@@ -407,3 +407,15 @@ def test_raw_env_steps_the_scripts_own_env_stack():
     assert process.returncode == 0, process.stderr
     printed = json.loads(process.stdout.strip().splitlines()[-1])
     assert printed["num_envs"] == 3 and printed["steps"] == 3000 and printed["sps"] > 0
+
+
+def test_recurrent_floor_times_the_scripts_own_core_over_an_iterations_minibatches(monkeypatch):
+    calls = []
+    script = recurrent_floor.load_script("ppo_lstm")
+    forward = script.Core.forward
+    monkeypatch.setattr(
+        script.Core, "forward", lambda self, x, *rest: calls.append(tuple(x.shape)) or forward(self, x, *rest)
+    )
+    seconds, steps = recurrent_floor.cell_floor_seconds(["--num-envs", "4", "--bptt-len", "32", "--no-shared-core"], 1)
+    assert steps == 4 * 128 and seconds > 0
+    assert set(calls) == {(32, 4, 4)}  # chunks of 32 steps, 16 chunks in 4 minibatches, CartPole's 4 observations
