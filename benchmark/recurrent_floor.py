@@ -1,9 +1,9 @@
 """The least time a recurrent script's update can spend in its cell, at the script's settings:
 ``python -m benchmark.recurrent_floor [FLAGS OF ppo_lstm.py]``.
 
-It times the script's own core (`Core`: encoder and cell, built from its `Args`) forward and backward over one
-minibatch of whole training sequences with no episode start inside them, so nothing is padded, and multiplies by the
-minibatches of an iteration. Episode starts only add to this (a piece per episode, padded to the longest), and so
+It times the script's own agent (built as the script builds it) forward and backward over one minibatch of whole
+training sequences with no episode start inside them, so nothing is padded, and multiplies by the minibatches of an
+iteration. Episode starts only add to this (a piece per episode, padded to the longest), and so
 does everything else an update does, so an iteration cannot take less; with the env stack's time under random
 actions (the harness's raw-env row) it bounds the script's SPS from above.
 """
@@ -22,8 +22,8 @@ from common.envs import env_spaces, resolve_env_id
 
 
 def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]:
-    """Seconds per iteration of the update's cell calls without padding (median of `repeats` minibatches), and the
-    steps an iteration collects, for ppo_lstm.py run with `flags`."""
+    """Seconds per iteration of the update's passes through the agent without padding (from the median of `repeats`
+    minibatches), and the steps an iteration collects, for ppo_lstm.py run with `flags`."""
     script = load_script("ppo_lstm")
     args = resolve_args("ppo_lstm", flags)
     script.check_args(args)
@@ -32,28 +32,27 @@ def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]
         torch.set_num_threads(args.torch_threads)
     sequence_len = args.bptt_len or args.num_steps
     sequences = args.num_envs * args.num_steps // sequence_len // args.num_minibatches
-    cores = 1 if args.shared_core else 2
+    agent = script.build_agent(args, None, torch.device("cpu"))
     observation_space, _, _ = env_spaces(script.make_env(resolve_env_id(args.env_id)))
-    observation_size = int(np.prod(observation_space.shape))
-    core = script.Core(observation_size, args.hidden_size, args.rnn_type, args.rnn_hidden_size, args.rnn_layers)
-    x = torch.randn(sequence_len, sequences, observation_size)
-    state = torch.zeros(args.rnn_layers, sequences, core.state_size)
+    x = torch.randn(sequence_len, sequences, int(np.prod(observation_space.shape)))
+    state = agent.initial_state(sequences)
+    no_starts = torch.zeros(sequence_len, sequences, dtype=torch.bool)
     times = []
     for _ in range(repeats + 5):  # the first calls set up oneDNN's kernels
         start = time.perf_counter()
-        output, _ = core(x, state, None)
-        output.sum().backward()
+        actor_out, value, _ = agent(x, state, no_starts)
+        (actor_out.sum() + value.sum()).backward()
         times.append(time.perf_counter() - start)
     median = sorted(times[5:])[repeats // 2]
-    return median * cores * args.num_minibatches * args.update_epochs, args.num_envs * args.num_steps
+    return median * args.num_minibatches * args.update_epochs, args.num_envs * args.num_steps
 
 
 def main() -> int:
     def run() -> None:
         seconds, steps = cell_floor_seconds(sys.argv[1:])
         print(
-            f"cell calls of one update without padding: {seconds * 1e3:.1f} ms per iteration of {steps} steps "
-            f"(at most {steps / seconds:,.0f} SPS from the update's cell alone)"
+            f"the agent's passes of one update without padding: {seconds * 1e3:.1f} ms per iteration of {steps} steps "
+            f"(at most {steps / seconds:,.0f} SPS from them alone)"
         )
 
     return exit_status(run)

@@ -38,7 +38,7 @@ class EpisodeRecorder(gym.Wrapper):
     def __init__(self, env: gym.Env):
         super().__init__(env)
         self.episode_start: dict[str, Any] = {"seed": None, "rng": None}
-        self.episode_actions: list[Any] | None = []  # None: not replayable
+        self.episode_actions: list[Any] | None = None  # None: not replayable (no reset yet, or past MAX_STEPS)
         self.replay_from: dict[str, Any] | None = None  # set through the vector env's set_attr, then `replay`
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -56,8 +56,8 @@ class EpisodeRecorder(gym.Wrapper):
         return self.env.step(action)
 
     def episode_so_far(self) -> dict[str, Any]:
-        """The record `replay` takes (None if this episode cannot be replayed), with the generator's state now, which
-        the replay must reach too."""
+        """The record `replay` takes (or `replayable` False), with the generator's state now, which the replay must
+        reach too."""
         if self.episode_actions is None:
             return {"replayable": False}
         actions = np.array(self.episode_actions)

@@ -409,7 +409,7 @@ def test_raw_env_steps_the_scripts_own_env_stack():
     assert printed["num_envs"] == 3 and printed["steps"] == 3000 and printed["sps"] > 0
 
 
-def test_recurrent_floor_times_the_scripts_own_core_over_an_iterations_minibatches(monkeypatch):
+def test_recurrent_floor_times_the_scripts_own_agent_over_an_iterations_minibatches(monkeypatch):
     calls = []
     script = recurrent_floor.load_script("ppo_lstm")
     forward = script.Core.forward
@@ -418,4 +418,5 @@ def test_recurrent_floor_times_the_scripts_own_core_over_an_iterations_minibatch
     )
     seconds, steps = recurrent_floor.cell_floor_seconds(["--num-envs", "4", "--bptt-len", "32", "--no-shared-core"], 1)
     assert steps == 4 * 128 and seconds > 0
-    assert set(calls) == {(32, 4, 4)}  # chunks of 32 steps, 16 chunks in 4 minibatches, CartPole's 4 observations
+    # Both cores: chunks of 32 steps, 16 chunks in 4 minibatches, CartPole's 4 observations (the input of the encoders).
+    assert calls == [(32, 4, 4)] * 2 * (1 + 5)

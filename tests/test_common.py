@@ -317,7 +317,7 @@ def test_rare_draws_of_a_nearly_deterministic_policy_are_no_alarm():
 
 
 def test_env_state_restores_envs_mid_episode_and_their_wrappers(tmp_path):
-    # Pendulum-v1: random starts, Box actions, 200-step episodes; 8 envs cut at different places in them.
+    # Pendulum-v1: random starts, Box actions, 200-step episodes; 3 envs cut 50 steps into their second episodes.
     def stack():
         envs = vector_env([lambda: gym.make("Pendulum-v1")] * 3, async_envs=False)
         return gym.wrappers.vector.NormalizeReward(gym.wrappers.vector.RecordEpisodeStatistics(envs))
