@@ -27,9 +27,9 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from benchmark.cases import SUITES, Case, find_case, settings_hash, suite_cases
+from benchmark.cases import SUITES, Case, ReferenceRuns, find_case, settings_hash, suite_cases
 from benchmark.events import RunSummary, find_run_dirs, safe_name, summarise_run
-from benchmark.registry import SCRIPTS, resolve_args, same_settings_flags
+from benchmark.registry import REFERENCES, SCRIPTS, resolve_args, same_settings_flags
 from benchmark.report import (
     Row,
     RowNumbers,
@@ -44,6 +44,7 @@ from benchmark.report import (
     speed_numbers,
     speed_table,
 )
+from benchmark.stored import load_run, store_run
 from common.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,6 +52,9 @@ STDERR_TAIL_LINES = 12
 RAW_ENV_STEPS = 200_000
 """env steps of each raw-env measurement (fewer when a case is shorter)"""
 DEFAULT_SCRIPTS, DEFAULT_ENVS, DEFAULT_SEEDS = ("ppo_fc",), ("CartPole-v1",), (1, 2, 3)
+DEFAULT_EVAL_EPISODES = 10
+RANDOM_POLICY_EPISODES = 100
+"""episodes of each measurement of the random policy's return"""
 
 
 @dataclass
@@ -65,14 +69,19 @@ class Run:
     """one run per seed (default 1 2 3; with --suite, replaces the suite's seeds)"""
     total_timesteps: int | None = None
     """env steps of every run (default: each case's own, see benchmark/cases.py)"""
-    suite: Literal["quick", "full", "recurrent", "bptt"] | None = None
+    suite: Literal["quick", "full", "recurrent", "bptt", "memory"] | None = None
     """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --total-timesteps"""
     workers: int = 1
     """processes at a time (more than one distorts SPS: the runs share the CPU)"""
     baselines: bool = False
     """also measure each script's env stack under random actions and its Stable-Baselines3 counterpart"""
-    eval_episodes: int = 10
-    """deterministic evaluation episodes at the end of every run"""
+    eval_episodes: int | None = None
+    """deterministic evaluation episodes at the end of every run (default: the suite's, else 10)"""
+    reuse_baselines: str | None = None
+    """a folder of stored reference runs (benchmark/registry.py REFERENCES): those stored there are reused, not run
+    again (the table gives their date and commit); those missing are run and stored there as each finishes"""
+    only_baselines: bool = False
+    """run the references, baselines and random-policy measurements only, not the scripts (to fill --reuse-baselines)"""
     out: str | None = None
     """output folder (default benchmark/results/<date>_<time>); runs go to <out>/runs, their output to <out>/logs"""
 
@@ -91,7 +100,7 @@ class Plot:
 class Job:
     """One process of the benchmark and how it ended."""
 
-    kind: Literal["script", "sb3", "raw-env"]
+    kind: Literal["script", "sb3", "raw-env", "random-policy"]
     id: str
     """unique in a benchmark: names the job's run folder and logs"""
     group: str
@@ -109,6 +118,8 @@ class Job:
     """the JSON a raw-env measurement printed"""
     summary: RunSummary | None = None
     """the run the job made, read back from its events"""
+    stored: dict[str, Any] | None = None
+    """for a reference run taken from --reuse-baselines: when and where it was made (not run again)"""
 
 
 @dataclass
@@ -120,14 +131,25 @@ class CasePlan:
     raw_env_job: str | None = None
     reference: Case | None = None
     """the case of `case.compare_with` with the same settings"""
+    reference_group: str | None = None
+    """the runs of the case's `ReferenceRuns`"""
+    random_policy_job: str | None = None
+    """the measurement of the random policy's return on the case's env"""
 
 
 def cases_to_run(args: Run) -> tuple[list[Case], tuple[int, ...]]:
     if args.suite is not None:
-        return suite_cases(args.suite), args.seeds or SUITES[args.suite][1]
+        return suite_cases(args.suite), args.seeds or SUITES[args.suite].seeds
     scripts, envs = args.scripts or DEFAULT_SCRIPTS, args.envs or DEFAULT_ENVS
     cases = [find_case(script, env_id, args.total_timesteps) for script in scripts for env_id in envs]
     return cases, args.seeds or DEFAULT_SEEDS
+
+
+def eval_episodes(args: Run) -> int:
+    """The evaluation episodes of every run: the command line's, else the suite's, else 10."""
+    if args.eval_episodes is not None:
+        return args.eval_episodes
+    return SUITES[args.suite].eval_episodes if args.suite is not None else DEFAULT_EVAL_EPISODES
 
 
 def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
@@ -145,7 +167,7 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
         problems.append("--total-timesteps must be positive")
     if not seeds or len(set(seeds)) != len(seeds):
         problems.append("--seeds needs one or more distinct seeds")
-    if args.workers < 1 or args.eval_episodes < 0:
+    if args.workers < 1 or (args.eval_episodes is not None and args.eval_episodes < 0):
         problems.append("--workers must be at least 1 and --eval-episodes at least 0")
     for script in sorted({case.script for case in cases}):
         if not (REPO / f"{script}.py").is_file():
@@ -174,23 +196,39 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
     jobs: dict[str, Job] = {}
     plans = []
 
-    def add(kind: Literal["script", "sb3", "raw-env"], group: str, label: str, case: Case, seed: int | None, command):
+    def add(kind: Literal["script", "sb3", "raw-env", "random-policy"], group: str, label: str, case: Case,
+            seed: int | None, command):  # fmt: skip
         job_id = group if seed is None else f"{group}__{seed}"
         run_dir = out / "runs" / job_id
-        if kind != "raw-env":
+        if kind in ("script", "sb3"):
             command = [*command, "--run-dir", str(run_dir)]
         jobs.setdefault(job_id, Job(kind, job_id, group, label, case.env_id, seed, command, run_dir))
 
+    baselines_module = [sys.executable, "-m", "benchmark.baselines"]
     for case in cases:
         plan = CasePlan(case)
         run_flags = ["--env-id", case.env_id, "--total-timesteps", str(case.total_timesteps)]
-        run_flags += ["--eval-episodes", str(args.eval_episodes)]
+        run_flags += ["--eval-episodes", str(eval_episodes(args))]
+        env_name = safe_name(case.env_id)
         scripts = [case]
         if case.compare_with is not None:
             flags = same_settings_flags(case.script, case.flags, case.compare_with)
             plan.reference = Case(case.compare_with, case.env_id, case.total_timesteps, flags=flags)
             scripts.append(plan.reference)
-        for script_case in scripts:
+        if isinstance(case.reference, ReferenceRuns):
+            reference = REFERENCES[case.reference.name]
+            settings_id = settings_hash(reference.settings)
+            plan.reference_group = f"{reference.name}__{env_name}__{case.total_timesteps}__{settings_id}"
+            for seed in case.reference.seeds:
+                command = [*baselines_module, "sb3", "--algo", reference.sb3_algo, *run_flags, "--seed", str(seed)]
+                command += ["--settings", json.dumps(reference.settings), "--label", reference.name]
+                add("sb3", plan.reference_group, reference.name, case, seed, command)
+        if case.task_max is not None:
+            plan.random_policy_job = f"random-policy__{env_name}"
+            command = [*baselines_module, "random-policy", "--env-id", case.env_id]
+            command += ["--episodes", str(RANDOM_POLICY_EPISODES)]
+            add("random-policy", plan.random_policy_job, "random policy", case, None, command)
+        for script_case in [] if args.only_baselines else scripts:
             for seed in seeds:
                 command = [sys.executable, str(REPO / f"{script_case.script}.py"), *run_flags, "--seed", str(seed)]
                 command += ["--no-progress", *script_case.flags]
@@ -198,16 +236,15 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
         if args.baselines:
             script = SCRIPTS[case.script]
             settings = script.sb3_settings(resolve_args(case.script, case.flags))
-            env_name = safe_name(case.env_id)
             plan.baseline_group = (
                 f"sb3_{script.sb3_algo}__{env_name}__{case.total_timesteps}__{settings_hash(settings)}"
             )
             for seed in seeds:
-                command = [sys.executable, "-m", "benchmark.baselines", "sb3", "--algo", script.sb3_algo, *run_flags]
+                command = [*baselines_module, "sb3", "--algo", script.sb3_algo, *run_flags]
                 command += ["--seed", str(seed), "--settings", json.dumps(settings)]
                 add("sb3", plan.baseline_group, f"sb3_{script.sb3_algo}", case, seed, command)
             plan.raw_env_job = f"raw-env__{case.script}__{env_name}__{settings_hash(case.flags)}"
-            command = [sys.executable, "-m", "benchmark.baselines", "raw-env", "--script", case.script]
+            command = [*baselines_module, "raw-env", "--script", case.script]
             command += ["--env-id", case.env_id, "--flags", json.dumps(case.flags)]
             command += ["--steps", str(min(case.total_timesteps, RAW_ENV_STEPS))]
             add("raw-env", plan.raw_env_job, f"raw env ({case.script})", case, None, command)
@@ -225,7 +262,7 @@ def run_job(job: Job, logs: Path) -> Job:
     if process.returncode != 0:
         stderr_tail = "\n".join(process.stderr.strip().splitlines()[-STDERR_TAIL_LINES:]) or "(no stderr)"
         job.error = f"exit status {process.returncode}: {stderr_tail}"
-    elif job.kind == "raw-env":
+    elif job.kind in ("raw-env", "random-policy"):
         try:
             job.output = json.loads(process.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
@@ -242,10 +279,21 @@ def run_job(job: Job, logs: Path) -> Job:
     return job
 
 
-def run_jobs(jobs: list[Job], workers: int, logs: Path) -> None:
-    """Run the jobs, `workers` at a time, printing a line as each ends."""
+def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = None) -> None:
+    """Run the jobs, `workers` at a time (every seed's first: a partial benchmark then covers every case), printing
+    a line as each ends. With a `store`, the reference runs stored there are reused and those run are stored there
+    as each ends."""
+    revision, to_run = git_revision() if store is not None else None, []
+    for job in jobs:
+        kept = load_run(store, job.id) if store is not None and job.label in REFERENCES else None
+        if kept is None:
+            to_run.append(job)
+        else:
+            job.summary, job.stored = kept
+            print(f"[stored] {job.id} ({job.label}): made {job.stored['date']} at {job.stored['git']}", flush=True)
+    to_run.sort(key=lambda job: -1 if job.seed is None else job.seed)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_job, job, logs) for job in jobs]
+        futures = [pool.submit(run_job, job, logs) for job in to_run]
         for done, future in enumerate(as_completed(futures), start=1):
             job = future.result()
             if job.error is not None:
@@ -253,9 +301,15 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path) -> None:
             elif job.summary is not None:
                 run = job.summary
                 status = f"last-100 return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS {fmt(run.sps, 0)}"
+                if store is not None and job.label in REFERENCES:
+                    made = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "git": revision}
+                    made |= {"machine": machine(), "command": shlex.join(job.command), "wall_seconds": job.wall_seconds}
+                    status += f"; stored in {store_run(store, job.id, run, made)}"
+            elif job.kind == "random-policy":
+                status = f"return {fmt(job.output.get('mean'), 3)} over {job.output.get('episodes')} episodes"
             else:
                 status = f"SPS {fmt(job.output.get('sps'), 0)}"
-            print(f"[{done}/{len(jobs)}] {job.id} ({job.label}): {job.wall_seconds:.0f} s, {status}", flush=True)
+            print(f"[{done}/{len(to_run)}] {job.id} ({job.label}): {job.wall_seconds:.0f} s, {status}", flush=True)
 
 
 def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
@@ -266,11 +320,11 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
     rows, seen = [], set()
     for plan in plans:
         case = plan.case
-        groups = [(case.key, case.flags, True), (plan.baseline_group, (), False)]
+        groups = [(case.key, case.flags, True), (plan.reference_group, (), False), (plan.baseline_group, (), False)]
         if plan.reference is not None:
             groups.insert(1, (plan.reference.key, plan.reference.flags, False))
         for group, flags, judged in groups:
-            if group is None or group in seen:
+            if group is None or group in seen or not by_group[group]:  # none: --only-baselines left the script out
                 continue
             seen.add(group)
             group_jobs = by_group[group]
@@ -354,7 +408,7 @@ def run(args: Run) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     jobs, plans = make_jobs(args, cases, seeds, out)
     print(f"benchmark: {len(jobs)} processes, {args.workers} at a time; results in {out}", flush=True)
-    run_jobs(jobs, args.workers, out / "logs")
+    run_jobs(jobs, args.workers, out / "logs", Path(args.reuse_baselines).resolve() if args.reuse_baselines else None)
 
     rows = rows_of(jobs, plans)
     numbers = {row.key: row_numbers(row) for row in rows}

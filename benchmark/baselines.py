@@ -18,14 +18,17 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+import gymnasium as gym
 import numpy as np
 
 import probe_envs  # noqa: F401  (registers the probe ids)
 from benchmark.events import safe_name
 from benchmark.registry import SCRIPTS, load_script, resolve_args
+from common.envs import flat_observations, resolve_env_id
 from common.resident_memory import rss_mb
 
 
@@ -84,6 +87,35 @@ def raw_env(args: RawEnvArgs) -> None:
 
 
 @dataclass
+class RandomPolicyArgs:
+    """The mean return of the uniformly random policy (`action_space.sample()`) on an env, as the scripts make it:
+    the bottom of the task's range in the memory suite's table. Prints one JSON object as the last line of stdout."""
+
+    env_id: str = "CartPole-v1"
+    """the gymnasium env id"""
+    episodes: int = 100
+    """the number of episodes"""
+    seed: int = 1
+    """episode k resets with seed + k; the action sampler is seeded with `seed`"""
+
+
+def random_policy(args: RandomPolicyArgs) -> None:
+    env = flat_env(args.env_id)
+    env.action_space.seed(args.seed)
+    returns = []
+    for episode in range(args.episodes):
+        env.reset(seed=args.seed + episode)
+        episode_return, done = 0.0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            episode_return, done = episode_return + float(reward), terminated or truncated
+        returns.append(episode_return)
+    env.close()
+    summary = {"env_id": args.env_id, "episodes": args.episodes, "seed": args.seed}
+    print(json.dumps({**summary, "mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns}))
+
+
+@dataclass
 class Sb3Args:
     """A Stable-Baselines3 run with the settings of one of our scripts (see `benchmark.registry`)."""
 
@@ -101,6 +133,8 @@ class Sb3Args:
     """the run folder is created inside, named as the scripts name theirs"""
     eval_episodes: int = 10
     """deterministic evaluation episodes after training"""
+    label: str | None = None
+    """the run's exp name, which names its row in the tables (default sb3_<algo>)"""
 
 
 def sb3(args: Sb3Args) -> None:
@@ -112,7 +146,7 @@ def sb3(args: Sb3Args) -> None:
 
     settings = json.loads(args.settings)
     torch.set_num_threads(settings["torch_threads"])
-    exp_name = f"sb3_{args.algo}"
+    exp_name = args.label or f"sb3_{args.algo}"
     run_path = Path(args.run_dir) / f"{safe_name(args.env_id)}__{exp_name}__{args.seed}__{int(time.time())}"
     writer = SummaryWriter(str(run_path))
     envs = make_sb3_envs(args.env_id, settings, args.seed)
@@ -148,14 +182,27 @@ def sb3(args: Sb3Args) -> None:
     print(json.dumps({"run_dir": str(run_path), "steps": int(model.num_timesteps), "eval_returns": eval_returns}))
 
 
-def make_sb3_envs(env_id: str, settings: dict[str, Any], seed: int) -> Any:
-    """The SB3 vector env of `settings`: Monitor-wrapped envs in a DummyVecEnv (SubprocVecEnv with async_envs), in
-    VecNormalize when observations or rewards are normalised."""
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
+def flat_env(env_id: str) -> gym.Env:
+    """The env of `env_id` as the scripts see it: any installed package's id (popgym, MiniGrid), with the
+    observation flattened to a vector (`common.envs`). SB3's own `make_vec_env(env_id)` knows neither."""
+    return flat_observations(gym.make(resolve_env_id(env_id)))
 
-    vec_env_cls = SubprocVecEnv if settings.get("async_envs") else DummyVecEnv
-    envs = make_vec_env(env_id, n_envs=settings["num_envs"], seed=seed, vec_env_cls=vec_env_cls)
+
+def sb3_vec_env(env_id: str, num_envs: int, seed: int, async_envs: bool = False) -> Any:
+    """Monitor-wrapped envs of `flat_env` in SB3's DummyVecEnv (SubprocVecEnv with `async_envs`)."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    vec_env_cls = SubprocVecEnv if async_envs else DummyVecEnv
+    return make_vec_env(partial(flat_env, env_id), n_envs=num_envs, seed=seed, vec_env_cls=vec_env_cls)
+
+
+def make_sb3_envs(env_id: str, settings: dict[str, Any], seed: int) -> Any:
+    """The SB3 vector env of `settings`: `sb3_vec_env`, in VecNormalize when observations or rewards are
+    normalised."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    envs = sb3_vec_env(env_id, settings["num_envs"], seed, settings.get("async_envs", False))
     if not (settings.get("norm_obs") or settings.get("norm_reward")):
         return envs
     return VecNormalize(
@@ -200,13 +247,12 @@ def build_sb3_model(algo: str, settings: dict[str, Any], envs: Any, seed: int) -
 
 def evaluate_sb3(model: Any, train_envs: Any, args: Sb3Args) -> list[float]:
     """Returns of `args.eval_episodes` deterministic episodes in one new env (normalisation statistics frozen)."""
-    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import VecNormalize
 
     if not args.eval_episodes:
         return []
-    env = make_vec_env(args.env_id, n_envs=1, seed=args.seed + 10_000)
+    env = sb3_vec_env(args.env_id, 1, args.seed + 10_000)
     if isinstance(train_envs, VecNormalize):
         env = VecNormalize(env, training=False, norm_reward=False, norm_obs=train_envs.norm_obs)
         env.obs_rms = train_envs.obs_rms
@@ -220,5 +266,10 @@ def evaluate_sb3(model: Any, train_envs: Any, args: Sb3Args) -> list[float]:
 if __name__ == "__main__":
     import tyro
 
-    command = tyro.extras.subcommand_cli_from_dict({"raw-env": RawEnvArgs, "sb3": Sb3Args})
-    raw_env(command) if isinstance(command, RawEnvArgs) else sb3(command)
+    commands = {
+        "raw-env": (RawEnvArgs, raw_env),
+        "sb3": (Sb3Args, sb3),
+        "random-policy": (RandomPolicyArgs, random_policy),
+    }
+    command = tyro.extras.subcommand_cli_from_dict({name: args for name, (args, _) in commands.items()})
+    next(function for args, function in commands.values() if isinstance(command, args))(command)

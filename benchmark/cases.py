@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from benchmark.events import safe_name
 
@@ -17,6 +17,22 @@ from benchmark.events import safe_name
 def settings_hash(settings: object) -> str:
     """A short hash of JSON-able settings (flags, or a baseline's settings), for job ids."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+
+
+@dataclass(frozen=True)
+class Published:
+    """A reference result published elsewhere: a deterministic evaluation return."""
+
+    eval_return: float
+    source: str
+
+
+@dataclass(frozen=True)
+class ReferenceRuns:
+    """Runs of a fixed-settings baseline (`benchmark.registry.REFERENCES`) on the case's env and steps."""
+
+    name: str
+    seeds: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -34,13 +50,19 @@ class Case:
     """PASS when every seed's return (see `judged_on`) reaches this (None: no verdict)"""
     flags: tuple[str, ...] = ()
     """command-line flags that differ from the script's defaults"""
-    judged_on: Literal["training", "reached", "eval"] = "training"
+    judged_on: Literal["training", "reached", "eval", "reference"] = "training"
     """what the threshold applies to: the mean of the last 100 training episodes at the end ("training"), that mean
     at any point within the budget ("reached": the steps-to-threshold column), or the mean of the deterministic
-    evaluation after training ("eval")"""
+    evaluation after training ("eval"); "reference": the mean over seeds of that evaluation, against a threshold the
+    harness derives from `reference` (`REFERENCE_MARGIN`)"""
     compare_with: str | None = None
     """another script, run in the same benchmark on the same env and steps with every setting the two share (see
     `benchmark.registry.same_settings_flags`), whose SPS this case's is divided by"""
+
+    reference: Published | ReferenceRuns | None = None
+    """with judged_on "reference": what the case is judged against"""
+    task_max: float | None = None
+    """the highest return the task can give: with the random policy's return (measured by the harness), its range"""
 
     @property
     def key(self) -> str:
@@ -93,12 +115,60 @@ BPTT_VARIANTS: tuple[Case, ...] = tuple(
     replace(CARTPOLE_NOVEL_500K, flags=("--bptt-len", str(length)), compare_with=None) for length in (32, 8)
 )
 
-# A suite: the cases (script, env id, steps: a row of CASES; or a Case itself) and the seeds to run each with. Five
-# seeds or more give the IQM and its confidence interval.
-SUITES: dict[str, tuple[tuple[tuple[str, str, int] | Case, ...], tuple[int, ...]]] = {
-    "quick": ((("ppo_fc", "CartPole-v1", 100_000),), (1, 2)),  # a few minutes on 2 cores
-    "full": ((("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3, 4, 5)),  # the numbers in the README
-    "recurrent": (  # ppo_lstm's numbers in the README
+# The memory suite: tasks no default was tuned on, each judged on its deterministic evaluation against a reference
+# (`REFERENCE_MARGIN`). No case has flags of its own: discrete actions run with the script's defaults, continuous
+# actions with the one set below, the same for both continuous tasks.
+CONTINUOUS_FLAGS: tuple[str, ...] = (
+    "--num-envs", "4", "--num-steps", "1024", "--bptt-len", "32", "--num-minibatches", "32", "--update-epochs", "10",
+    "--gamma", "0.9", "--learning-rate", "1e-3", "--no-shared-core",
+)  # fmt: skip
+RECURRENT_PPO_RUNS = ReferenceRuns("sb3_recurrent_ppo_reference", seeds=(1, 2))
+
+
+def memory_case(env_id: str, total_timesteps: int, task_max: float, reference: Published | ReferenceRuns,
+                flags: tuple[str, ...] = ()) -> Case:  # fmt: skip
+    return Case(
+        "ppo_lstm", env_id, total_timesteps, flags=flags, judged_on="reference", reference=reference,
+        task_max=task_max,
+    )  # fmt: skip
+
+
+# Maxima: CartPole pays 1 a step for at most 500 steps; Pendulum's reward is at most 0; popgym scales every task's
+# episode return into [-1, 1] (its pendulum's into [0, 1]); MiniGrid pays at most 1, at the goal.
+MEMORY_CASES: tuple[Case, ...] = (
+    memory_case("CartPoleNoVel-v1", 500_000, 500.0, Published(498.0, "the RL Zoo's RecurrentPPO, 498 ± 7 at 100k")),
+    memory_case("popgym-RepeatFirstEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS),
+    memory_case("popgym-CountRecallEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS),
+    memory_case("popgym-PositionOnlyCartPoleEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS),
+    memory_case("MiniGrid-MemoryS7-v0", 500_000, 1.0, replace(RECURRENT_PPO_RUNS, seeds=(1,))),
+    memory_case(
+        "PendulumNoVel-v1", 500_000, 0.0, Published(-218.0, "RecurrentPPO, -218 ± 140 (issue 11)"), CONTINUOUS_FLAGS
+    ),
+    memory_case("popgym-PositionOnlyPendulumEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS, CONTINUOUS_FLAGS),
+)
+
+REFERENCE_MARGIN = 0.05
+"""a "reference" case passes when its mean evaluation reaches the reference's less this share of the task's range
+(maximum less the random policy's return)"""
+SPEED_THRESHOLD = 0.8
+"""the speed comparison's threshold: the random return plus this share of the way to the reference's evaluation, on
+the last-100 training mean"""
+
+
+class Suite(NamedTuple):
+    """A named set of cases (script, env id, steps: a row of CASES; or a Case itself) and the seeds to run each with.
+    Five seeds or more give the IQM and its confidence interval."""
+
+    cases: tuple[tuple[str, str, int] | Case, ...]
+    seeds: tuple[int, ...]
+    eval_episodes: int = 10
+    """deterministic evaluation episodes after each run, unless the command line sets them"""
+
+
+SUITES: dict[str, Suite] = {
+    "quick": Suite((("ppo_fc", "CartPole-v1", 100_000),), (1, 2)),  # a few minutes on 2 cores
+    "full": Suite((("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3, 4, 5)),  # the numbers in the README
+    "recurrent": Suite(  # ppo_lstm's numbers in the README
         (
             ("ppo_lstm", "CartPole-v1", 500_000),
             ("ppo_lstm", "CartPoleNoVel-v1", 500_000),
@@ -108,7 +178,9 @@ SUITES: dict[str, tuple[tuple[tuple[str, str, int] | Case, ...], tuple[int, ...]
         (1, 2, 3),
     ),
     # ppo_lstm's --bptt-len lengths (whole rollouts, 32, 8) in the README; run with --workers 1 for their SPS.
-    "bptt": ((("ppo_lstm", "CartPoleNoVel-v1", 500_000), *BPTT_VARIANTS), (1, 2, 3)),
+    "bptt": Suite((("ppo_lstm", "CartPoleNoVel-v1", 500_000), *BPTT_VARIANTS), (1, 2, 3)),
+    # ppo_lstm's defaults on memory tasks, against sb3-contrib's RecurrentPPO (docs/ppo_lstm.md).
+    "memory": Suite(MEMORY_CASES, (1, 2, 3), eval_episodes=20),
 }
 
 # Steps of a (script, env) pair that has no row in CASES.

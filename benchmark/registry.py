@@ -133,6 +133,67 @@ SCRIPTS: dict[str, Script] = {
 }
 
 
+@dataclass(frozen=True)
+class Reference:
+    """A baseline with settings of its own, fixed, not derived from a script's: the same configuration on every task
+    it is run on, so that a script's defaults are measured against something they cannot move."""
+
+    name: str
+    """its label in the tables and its runs' exp name"""
+    sb3_algo: str
+    """the Stable-Baselines3 algorithm (`benchmark.baselines sb3 --algo`)"""
+    settings: dict[str, Any]
+    """its settings (`benchmark.baselines sb3 --settings`, JSON)"""
+    description: str
+    """what the settings are, for the docs and the table's notes"""
+
+
+# sb3-contrib's RecurrentPPO with its own defaults (n_steps 128, batch 128, 10 epochs, lr 3e-4 held constant, clip
+# 0.2, GAE 0.95, gamma 0.99, no entropy bonus, an LSTM for the actor and one for the critic, each followed by its 64-64
+# tanh MLP, no normalisation), written out so that a change of sb3-contrib's defaults does not move it; two
+# departures: 8 envs (its default is 1) and 128-unit LSTMs (its default of 256 ran at 145 SPS on this machine's CPU,
+# too slow for the memory suite's budget).
+RECURRENT_PPO_REFERENCE = Reference(
+    name="sb3_recurrent_ppo_reference",
+    sb3_algo="recurrent_ppo",
+    settings={
+        "num_envs": 8,
+        "async_envs": False,
+        "norm_obs": False,
+        "norm_reward": False,
+        "torch_threads": 1,
+        "learning_rate": 3e-4,
+        "end_learning_rate": 3e-4,
+        "hidden_sizes": [64, 64],
+        "activation": "tanh",
+        "policy_kwargs": {
+            "lstm_hidden_size": 128,
+            "n_lstm_layers": 1,
+            "shared_lstm": False,
+            "enable_critic_lstm": True,
+        },
+        "model": {
+            "n_steps": 128,
+            "batch_size": 128,
+            "n_epochs": 10,
+            "gamma": 0.99,
+            "gae_lambda": 0.95,
+            "clip_range": 0.2,
+            "clip_range_vf": None,
+            "normalize_advantage": True,
+            "ent_coef": 0.0,
+            "vf_coef": 0.5,
+            "max_grad_norm": 0.5,
+            "target_kl": None,
+        },
+    },
+    description="sb3-contrib RecurrentPPO, its defaults (10 epochs, batch 128, lr 3e-4, clip 0.2, GAE 0.95, no "
+    "entropy bonus, actor and critic LSTMs with 64-64 MLPs) with 8 envs of 128 steps and 128-unit LSTMs",
+)
+
+REFERENCES: dict[str, Reference] = {RECURRENT_PPO_REFERENCE.name: RECURRENT_PPO_REFERENCE}
+
+
 def load_script(name: str) -> ModuleType:
     """The script `name`.py of the repository root, imported as a module (its `main()` is not run)."""
     if str(REPO) not in sys.path:

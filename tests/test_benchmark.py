@@ -32,8 +32,9 @@ def test_case_table_lookup():
     assert shorter.total_timesteps == 30_000 and shorter.threshold is None  # a threshold is for its own length
     unlisted = cases.find_case("ppo_fc", "Acrobot-v1")
     assert unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS and unlisted.threshold is None and not unlisted.flags
-    for name, (_, seeds) in cases.SUITES.items():
-        assert seeds and all(case.threshold is not None for case in cases.suite_cases(name))
+    for name, suite in cases.SUITES.items():  # every case is judged: on a threshold, or against a reference
+        judged = [case.threshold is not None or case.reference is not None for case in cases.suite_cases(name)]
+        assert suite.seeds and all(judged)
     assert [case.flags for case in cases.suite_cases("bptt")] == [(), ("--bptt-len", "32"), ("--bptt-len", "8")]
     assert cases.find_case("ppo_lstm", "CartPoleNoVel-v1", 500_000) == cases.CARTPOLE_NOVEL_500K  # not a variant
     compared = [case for case in cases.CASES if case.compare_with is not None]

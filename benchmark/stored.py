@@ -1,0 +1,82 @@
+"""Reference runs kept between benchmarks (`python -m benchmark run --reuse-baselines DIR`).
+
+The fixed-settings references of `benchmark.registry.REFERENCES` take hours on a CPU and do not depend on the scripts,
+so each finished run is written to DIR as one JSON file named by its job id (which holds the reference, env, steps,
+a hash of its settings and the seed): what the tables need of the run (`RunSummary`: every training episode's step,
+time and return, the evaluation returns, SPS), with when, where and how it was made. A later benchmark that asks for
+the same job reads it back instead of running it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmark.events import RunSummary
+
+FORMAT = 1
+
+
+def stored_path(folder: str | Path, job_id: str) -> Path:
+    return Path(folder) / f"{job_id}.json"
+
+
+def store_run(folder: str | Path, job_id: str, summary: RunSummary, made: dict[str, Any]) -> Path:
+    """Write `summary` and `made` (date, commit, machine, command, wall seconds) for `job_id`, atomically."""
+    record = {
+        "format": FORMAT,
+        "job_id": job_id,
+        "made": made,
+        "run": {
+            "run_dir": summary.run_dir,
+            "script": summary.script,
+            "env_id": summary.env_id,
+            "seed": summary.seed,
+            "steps": summary.steps,
+            "episode_steps": summary.episode_steps.astype(int).tolist(),
+            "episode_seconds": np.round(summary.episode_seconds, 2).tolist(),
+            "episode_returns": np.round(summary.episode_returns, 6).tolist(),
+            "eval_returns": [float(value) for value in summary.eval_returns],
+            "sps": summary.sps,
+            "peak_rss_mb": summary.peak_rss_mb,
+            "sessions": summary.sessions,
+        },
+    }
+    path = stored_path(folder, job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as file:
+        json.dump(record, file, separators=(",", ":"))
+    os.chmod(file.name, 0o644)  # a temporary file is private; the stored run is not
+    os.replace(file.name, path)
+    return path
+
+
+def load_run(folder: str | Path, job_id: str) -> tuple[RunSummary, dict[str, Any]] | None:
+    """The stored run of `job_id` and how it was made, or None if `folder` has none."""
+    path = stored_path(folder, job_id)
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record.get("format") != FORMAT or record.get("job_id") != job_id:
+        raise ValueError(f"{path} is not a stored run of format {FORMAT} for {job_id}")
+    run = record["run"]
+    summary = RunSummary(
+        run_dir=run["run_dir"],
+        script=run["script"],
+        env_id=run["env_id"],
+        seed=run["seed"],
+        steps=run["steps"],
+        episode_steps=np.array(run["episode_steps"], dtype=np.int64),
+        episode_seconds=np.array(run["episode_seconds"], dtype=np.float64),
+        episode_returns=np.array(run["episode_returns"], dtype=np.float64),
+        eval_returns=run["eval_returns"],
+        sps=run["sps"],
+        peak_rss_mb=run["peak_rss_mb"],
+        sessions=run["sessions"],
+    )
+    return summary, record["made"]
