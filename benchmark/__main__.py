@@ -25,22 +25,37 @@ from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import tyro
 
-from benchmark.cases import SUITES, Case, ReferenceRuns, find_case, settings_hash, suite_cases
+from benchmark.cases import (
+    REFERENCE_MARGIN,
+    SPEED_THRESHOLD,
+    SUITES,
+    Case,
+    Published,
+    ReferenceRuns,
+    find_case,
+    settings_hash,
+    suite_cases,
+)
 from benchmark.events import RunSummary, find_run_dirs, safe_name, summarise_run
 from benchmark.registry import REFERENCES, SCRIPTS, resolve_args, same_settings_flags
 from benchmark.report import (
+    AgainstReference,
     Row,
     RowNumbers,
     SpeedNumbers,
+    against_reference_table,
     aggregates,
     fmt,
+    median_to_reach,
     plot_aggregate,
     plot_learning_curves,
     plot_sps,
     results_table,
     row_numbers,
+    share_of_range,
     speed_numbers,
     speed_table,
 )
@@ -335,7 +350,7 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                     key=group,
                     total_timesteps=case.total_timesteps,
                     flags=flags,
-                    threshold=case.threshold,
+                    threshold=reference_bound(plan, jobs) if case.judged_on == "reference" else case.threshold,
                     judged=judged,
                     judged_on=case.judged_on,
                     runs=[job.summary for job in group_jobs if job.summary is not None],
@@ -343,6 +358,70 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                 )
             )
     return rows
+
+
+def task_and_reference(plan: CasePlan, jobs: list[Job]) -> tuple[float | None, float | None]:
+    """The random policy's mean return on the case's env, and the reference's mean evaluation (the published one,
+    or the mean over the reference's runs); None where not measured."""
+    random_job = next((job for job in jobs if job.id == plan.random_policy_job), None)
+    random_return = random_job.output.get("mean") if random_job is not None else None
+    if isinstance(plan.case.reference, Published):
+        return random_return, plan.case.reference.eval_return
+    evals = [
+        job.summary.eval_return
+        for job in jobs
+        if job.group == plan.reference_group and job.summary is not None and job.summary.eval_return is not None
+    ]
+    return random_return, float(np.mean(evals)) if evals else None
+
+
+def reference_bound(plan: CasePlan, jobs: list[Job]) -> float | None:
+    """What the case's mean evaluation must reach: the reference's, less REFERENCE_MARGIN of the task's range."""
+    random_return, reference_eval = task_and_reference(plan, jobs)
+    if random_return is None or reference_eval is None or plan.case.task_max is None:
+        return None
+    return reference_eval - REFERENCE_MARGIN * (plan.case.task_max - random_return)
+
+
+def against_reference(
+    plan: CasePlan, jobs: list[Job], rows: list[Row], numbers: dict[str, RowNumbers]
+) -> AgainstReference:
+    """The case's line of the table against its reference (for a case judged on "reference")."""
+    case = plan.case
+    random_return, reference_eval = task_and_reference(plan, jobs)
+    script_row = next((row for row in rows if row.key == case.key), None)
+    reference_row = next((row for row in rows if row.key == plan.reference_group), None)
+    script_runs = script_row.runs if script_row is not None else []
+    reference_runs = reference_row.runs if reference_row is not None else []
+    speed_threshold = None
+    if random_return is not None and reference_eval is not None:
+        speed_threshold = random_return + SPEED_THRESHOLD * (reference_eval - random_return)
+    script_numbers = numbers.get(case.key)
+    script_eval = script_numbers.eval_return_mean if script_numbers else None
+    reference_jobs = [job for job in jobs if job.group == plan.reference_group and job.summary is not None]
+    made = [f"seed {job.seed} {job.stored['date'][:10]} at {job.stored['git']}" for job in reference_jobs if job.stored]
+    return AgainstReference(
+        env_id=case.env_id,
+        total_timesteps=case.total_timesteps,
+        random_return=random_return,
+        task_max=case.task_max,
+        reference=case.reference.source if isinstance(case.reference, Published) else case.reference.name,
+        reference_eval=reference_eval,
+        reference_seeds=[run.seed for run in reference_runs],
+        reference_made=made,
+        script=case.script,
+        script_eval=script_eval,
+        script_eval_std=script_numbers.eval_return_std if script_numbers else None,
+        bound=reference_bound(plan, jobs),
+        script_score=share_of_range(script_eval, random_return, case.task_max),
+        reference_score=share_of_range(reference_eval, random_return, case.task_max),
+        speed_threshold=speed_threshold,
+        script_steps=median_to_reach(script_runs, speed_threshold, seconds=False),
+        script_seconds=median_to_reach(script_runs, speed_threshold, seconds=True),
+        reference_steps=median_to_reach(reference_runs, speed_threshold, seconds=False),
+        reference_seconds=median_to_reach(reference_runs, speed_threshold, seconds=True),
+        verdict=script_numbers.verdict if script_numbers else "-",
+    )
 
 
 def speed_rows(jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNumbers]) -> list[SpeedNumbers]:
@@ -418,6 +497,9 @@ def run(args: Run) -> int:
     ]
     figures = draw(rows, raw_bars, out)
     tables = ["## Results", "", *results_table(list(numbers.values()))]
+    against = [against_reference(plan, jobs, rows, numbers) for plan in plans if plan.case.judged_on == "reference"]
+    if against:
+        tables += ["", "## Against the reference", "", *against_reference_table(against), "", *AGAINST_REFERENCE]
     if speed:
         tables += ["", "## Speed against the baselines and other scripts (same run)", "", *speed_table(speed)]
     tables += ["", *HOW_MEASURED]
@@ -435,6 +517,7 @@ def run(args: Run) -> int:
         "seeds": list(seeds),
         "rows": [asdict(value) for value in numbers.values()],
         "speed": [asdict(value) for value in speed],
+        "against_reference": [asdict(value) for value in against],
         "aggregate": [asdict(value) for value in aggregates(rows)],
         "jobs": [
             {
@@ -469,6 +552,15 @@ def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> list[str
         f"- seeds {' '.join(map(str, seeds))}; {args.workers} process{'es' if args.workers > 1 else ''} at a time",
     ]
 
+
+AGAINST_REFERENCE = [
+    f"A case passes when its mean evaluation over seeds reaches the reference's less {REFERENCE_MARGIN:.0%} of the "
+    "task's range (maximum less the random policy's return). Share of range: (eval - random) / (max - random). Speed "
+    f"threshold: the random return plus {SPEED_THRESHOLD:.0%} of the way to the reference's evaluation, reached by "
+    "the mean of the last 100 training episodes; steps and seconds of training to it are medians over seeds (n/a: "
+    "the median seed never reached it). Seconds of stored reference runs were measured in another session: compare "
+    "SPS in one run.",
+]
 
 HOW_MEASURED = [
     "How the numbers are measured:",

@@ -186,6 +186,15 @@ class RunSummary:
     def steps_to_reach(self, threshold: float) -> int | None:
         """The first global step at which at least `LAST_EPISODES` episodes have ended and the mean of the last
         `LAST_EPISODES` reaches `threshold`; None if that never happens."""
+        episode = self._episode_reaching(threshold)
+        return None if episode is None else int(self.episode_steps[episode])
+
+    def seconds_to_reach(self, threshold: float) -> float | None:
+        """The seconds of training (`episode_seconds`) at the step of `steps_to_reach`; None if never."""
+        episode = self._episode_reaching(threshold)
+        return None if episode is None else float(self.episode_seconds[episode])
+
+    def _episode_reaching(self, threshold: float) -> int | None:
         if len(self.episode_returns) < LAST_EPISODES:
             return None
         means = trailing_mean(self.episode_returns, LAST_EPISODES)
@@ -193,7 +202,7 @@ class RunSummary:
         last_at_step = np.append(self.episode_steps[1:] != self.episode_steps[:-1], True)
         full_window = np.arange(len(means)) >= LAST_EPISODES - 1
         reached = np.flatnonzero(full_window & last_at_step & (means >= threshold))
-        return int(self.episode_steps[reached[0]]) if len(reached) else None
+        return int(reached[0]) if len(reached) else None
 
 
 def summarise_run(run_dir: str | Path, script: str | None = None, env_id: str | None = None) -> RunSummary:

@@ -97,7 +97,9 @@ def row_numbers(row: Row) -> RowNumbers:
         else:
             judged_returns = last_returns if row.judged_on == "training" else evals
         passed = runs and not row.failed_seeds and len(judged_returns) == len(runs)
-        verdict = "PASS" if passed and min(judged_returns) >= row.threshold else "FAIL"
+        # Against a reference the mean over seeds is judged; otherwise every seed.
+        judged = np.mean(judged_returns) if row.judged_on == "reference" and passed else min(judged_returns, default=0)
+        verdict = "PASS" if passed and judged >= row.threshold else "FAIL"
     elif row.judged and row.failed_seeds:
         verdict = "FAIL"
     return RowNumbers(
@@ -198,6 +200,8 @@ def threshold_text(numbers: RowNumbers) -> str:
         return "-"
     if numbers.judged_on == "eval":
         return f"- (judged on the eval return ≥ {numbers.threshold:g})"
+    if numbers.judged_on == "reference":
+        return f"- (judged on the mean eval return ≥ {numbers.threshold:.4g}: see the reference table)"
     reached = sum(steps is not None for steps in numbers.steps_to_threshold)
     budget = f"> {numbers.total_timesteps:,}" if numbers.total_timesteps else "beyond the budget"
     median = budget if numbers.median_beyond_budget else fmt(numbers.median_steps_to_threshold, 0)
@@ -273,6 +277,85 @@ def speed_table(rows: Sequence[SpeedNumbers]) -> list[str]:
         ]
         for numbers in rows
     ]
+    return markdown_table(header, lines)
+
+
+@dataclass
+class AgainstReference:
+    """A case judged against a reference (`judged_on` "reference"): the task's range, the script's and the
+    reference's deterministic evaluations, the pass bound, and how soon each reaches a common speed threshold."""
+
+    env_id: str
+    total_timesteps: int
+    random_return: float | None
+    """the uniformly random policy's mean return (the bottom of the range)"""
+    task_max: float
+    reference: str
+    """the reference: a REFERENCES label, or a published source"""
+    reference_eval: float | None
+    """its mean evaluation return over seeds (or the published one)"""
+    reference_seeds: list[int | None]
+    reference_made: list[str]
+    """for stored reference runs: when and at which commit each was made"""
+    script: str
+    script_eval: float | None
+    script_eval_std: float | None
+    bound: float | None
+    """the script's mean evaluation must reach this: the reference's less `REFERENCE_MARGIN` of the range"""
+    script_score: float | None
+    """the script's evaluation as a share of the way from the random return to the task's maximum"""
+    reference_score: float | None
+    speed_threshold: float | None
+    """the random return plus `SPEED_THRESHOLD` of the way to the reference's evaluation (on the last-100 mean)"""
+    script_steps: float | None
+    """median over seeds of the steps to the speed threshold (None: the median seed never reached it)"""
+    script_seconds: float | None
+    reference_steps: float | None
+    reference_seconds: float | None
+    verdict: str
+
+
+def share_of_range(value: float | None, low: float | None, high: float) -> float | None:
+    return None if value is None or low is None or high == low else (value - low) / (high - low)
+
+
+def median_to_reach(runs: Sequence[RunSummary], threshold: float | None, seconds: bool) -> float | None:
+    """The median over `runs` of the steps (or seconds of training) to `threshold`, a run that never reaches it
+    counting as beyond; None when the median run never reaches it."""
+    if threshold is None or not runs:
+        return None
+    reach = [run.seconds_to_reach(threshold) if seconds else run.steps_to_reach(threshold) for run in runs]
+    median = median_steps_to_threshold(reach)
+    return None if median is None or math.isinf(median) else median
+
+
+def against_reference_table(rows: Sequence[AgainstReference]) -> list[str]:
+    header = [
+        "task (steps)", "random", "max", "reference", "its eval (share of range)", "script eval (share)", "pass bound",
+        "speed threshold", "steps to it: script / reference", "seconds to it: script / reference", "result",
+    ]  # fmt: skip
+    lines = []
+    for row in rows:
+        reference = row.reference + (
+            f", seeds {' '.join(map(str, row.reference_seeds))}" if row.reference_seeds else ""
+        )
+        if row.reference_made:
+            reference += f" (stored: {'; '.join(row.reference_made)})"
+        lines.append(
+            [
+                f"{row.env_id} ({row.total_timesteps:,})",
+                fmt(row.random_return, 3),
+                f"{row.task_max:g}",
+                reference,
+                f"{fmt(row.reference_eval, 3)} ({fmt(row.reference_score, 2)})",
+                f"{spread(row.script_eval, row.script_eval_std, 3)} ({fmt(row.script_score, 2)})",
+                fmt(row.bound, 3),
+                fmt(row.speed_threshold, 3),
+                f"{fmt(row.script_steps, 0)} / {fmt(row.reference_steps, 0)}",
+                f"{fmt(row.script_seconds, 0)} / {fmt(row.reference_seconds, 0)}",
+                row.verdict,
+            ]
+        )
     return markdown_table(header, lines)
 
 

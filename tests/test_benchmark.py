@@ -8,6 +8,7 @@ import typing
 from dataclasses import fields
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from scipy import stats
@@ -16,9 +17,10 @@ import benchmark.__main__ as harness
 from benchmark import cases, recurrent_floor
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
-from benchmark.registry import HARNESS_SET, SCRIPTS, resolve_args, same_settings_flags
+from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, resolve_args, same_settings_flags
 from benchmark.report import Row, results_table, row_numbers, speed_numbers
 from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
+from common.envs import env_spaces, resolve_env_id
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -421,3 +423,106 @@ def test_recurrent_floor_times_the_scripts_own_agent_over_an_iterations_minibatc
     assert steps == 4 * 128 and seconds > 0
     # Both cores: chunks of 32 steps, 16 chunks in 4 minibatches, CartPole's 4 observations (the input of the encoders).
     assert calls == [(32, 4, 4)] * 2 * (1 + 5)
+
+
+REFERENCE_NAME = "sb3_recurrent_ppo_reference"
+
+
+def reference_case(env_id="E", steps=1200, seeds=(1, 2), task_max=1.0):
+    return cases.memory_case(env_id, steps, task_max, cases.ReferenceRuns(REFERENCE_NAME, seeds))
+
+
+def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_range(tmp_path):
+    jobs, [plan] = harness.make_jobs(harness.Run(), [reference_case("Probe1-v0")], (1, 2), tmp_path)
+    reference_jobs = [job for job in jobs if job.group == plan.reference_group]
+    assert [job.seed for job in reference_jobs] == [1, 2] and all(job.kind == "sb3" for job in reference_jobs)
+    command = reference_jobs[0].command
+    settings = json.loads(command[command.index("--settings") + 1])
+    assert settings == REFERENCES[REFERENCE_NAME].settings and command[command.index("--label") + 1] == REFERENCE_NAME
+    [random_job] = [job for job in jobs if job.kind == "random-policy"]
+    random_job.output = {"mean": -0.5}  # a range of 1.5: the margin is 0.075
+    # The reference evaluates at 0.9 and 1.0 (mean 0.95): the bound is 0.875. Script seeds 0.8 and 1.0: mean 0.9.
+    for job in jobs:
+        job.summary = summary(job.seed, np.linspace(-0.5, 1.0, 300), episode_steps=np.arange(1, 301) * 4)
+    evals = {(REFERENCE_NAME, 1): [0.9], (REFERENCE_NAME, 2): [1.0], ("ppo_lstm", 1): [0.8], ("ppo_lstm", 2): [1.0]}
+    for job in jobs:
+        if job.summary is not None:
+            job.summary.eval_returns = evals.get((job.label, job.seed), [])
+    rows = harness.rows_of(jobs, [plan])
+    script_row = next(row for row in rows if row.label == "ppo_lstm")
+    assert script_row.threshold == pytest.approx(0.95 - 0.05 * 1.5)
+    numbers = {row.key: row_numbers(row) for row in rows}
+    assert numbers[script_row.key].verdict == "PASS"  # one seed under the bound: the mean over seeds is judged
+    line = harness.against_reference(plan, jobs, rows, numbers)
+    assert line.reference_eval == pytest.approx(0.95) and line.bound == pytest.approx(0.875)
+    assert line.script_score == pytest.approx(1.4 / 1.5) and line.reference_score == pytest.approx(1.45 / 1.5)
+    assert line.speed_threshold == pytest.approx(-0.5 + 0.8 * 1.45)
+    # Returns climb linearly: the last-100 mean reaches the threshold at one episode for every run.
+    means = np.convolve(np.linspace(-0.5, 1.0, 300), np.ones(100) / 100, "valid")
+    episode = 99 + int(np.argmax(means >= line.speed_threshold))
+    assert line.script_steps == line.reference_steps == (episode + 1) * 4
+    assert line.script_seconds == pytest.approx((episode + 1) * 4 / 100.0)
+    evals["ppo_lstm", 1] = [0.7]  # mean 0.85
+    for job in jobs:
+        if job.summary is not None:
+            job.summary.eval_returns = evals.get((job.label, job.seed), [])
+    assert row_numbers(harness.rows_of(jobs, [plan])[0]).verdict == "FAIL"
+    random_job.output = {}  # not measured: no bound, no verdict
+    assert harness.rows_of(jobs, [plan])[0].threshold is None
+
+
+def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(tmp_path, monkeypatch, capsys):
+    case = cases.memory_case("Probe1-v0", 1024, 1.0, cases.ReferenceRuns(REFERENCE_NAME, (1,)))
+    monkeypatch.setitem(cases.SUITES, "memory", cases.Suite((case,), (1,), eval_episodes=2))
+    store = tmp_path / "store"
+    first = harness.Run(suite="memory", reuse_baselines=str(store), out=str(tmp_path / "first"))
+    assert harness.run(first) == 0
+    [stored] = store.glob("*.json")
+    assert stored.name.startswith(f"{REFERENCE_NAME}__Probe1-v0__1024__") and stored.name.endswith("__1.json")
+    second = harness.Run(suite="memory", reuse_baselines=str(store), out=str(tmp_path / "second"))
+    capsys.readouterr()
+    assert harness.run(second) == 0
+    printed = capsys.readouterr().out
+    assert f"[stored] {stored.stem} ({REFERENCE_NAME})" in printed
+    assert not list((tmp_path / "second" / "runs").glob(f"{REFERENCE_NAME}*"))  # not run again
+    record = json.loads((tmp_path / "second" / "results.json").read_text())
+    [line] = record["against_reference"]
+    # Probe1 pays 1 per episode whatever is done: the random policy, the reference and the script all score 1.
+    assert line["random_return"] == 1.0 and line["reference_eval"] == 1.0 and line["script_eval"] == 1.0
+    assert line["verdict"] == "PASS" and line["reference_made"][0].startswith("seed 1 ")
+    assert "## Against the reference" in (tmp_path / "second" / "results.md").read_text()
+    first_record = json.loads((tmp_path / "first" / "results.json").read_text())
+    [first_reference] = [row for row in first_record["rows"] if row["label"] == REFERENCE_NAME]
+    [reused] = [row for row in record["rows"] if row["label"] == REFERENCE_NAME]
+    assert reused["eval_return_mean"] == first_reference["eval_return_mean"]
+    assert reused["steps"] == first_reference["steps"] and reused["sps_mean"] == first_reference["sps_mean"]
+
+
+@pytest.mark.parametrize("case", cases.SUITES["memory"].cases, ids=lambda case: case.env_id)
+def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
+    script = recurrent_floor.load_script(case.script)
+    args = resolve_args(case.script, case.flags)
+    observation_space, action_space, _ = env_spaces(script.make_env(resolve_env_id(case.env_id)))
+    assert case.task_max is not None and case.judged_on == "reference" and case.reference is not None
+    if isinstance(case.reference, cases.ReferenceRuns):
+        reference = REFERENCES[case.reference.name]
+        settings = json.loads(json.dumps(reference.settings))
+        envs = make_sb3_envs(case.env_id, settings, seed=1)
+        model = build_sb3_model(reference.sb3_algo, settings, envs, seed=1)
+        assert model.observation_space == observation_space and model.action_space == action_space
+        assert model.policy.lstm_actor.hidden_size == 128 and model.policy.lstm_critic is not None
+        assert (model.n_envs, model.n_steps, model.batch_size, model.n_epochs) == (8, 128, 128, 10)
+        envs.close()
+    continuous = isinstance(action_space, gym.spaces.Box)
+    assert case.flags == (cases.CONTINUOUS_FLAGS if continuous else ())  # no flags of a task's own
+    assert args.env_id == "CartPole-v1"  # the harness gives the env id
+
+
+def test_random_policy_return_is_measured_on_the_scripts_env():
+    command = [sys.executable, "-m", "benchmark.baselines", "random-policy", "--env-id", "Probe2-v0"]
+    process = subprocess.run([*command, "--episodes", "40"], cwd=REPO, capture_output=True, text=True)
+    assert process.returncode == 0, process.stderr
+    printed = json.loads(process.stdout.strip().splitlines()[-1])
+    # Probe2 pays +1 or -1 by its observation, whatever the action: a random policy's mean is near 0, never ±1.
+    assert printed["episodes"] == 40 and len(printed["returns"]) == 40 and set(printed["returns"]) == {-1.0, 1.0}
+    assert printed["mean"] == pytest.approx(np.mean(printed["returns"]))
