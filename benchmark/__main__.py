@@ -84,7 +84,7 @@ class Run:
     """one run per seed (default 1 2 3; with --suite, replaces the suite's seeds)"""
     total_timesteps: int | None = None
     """env steps of every run (default: each case's own, see benchmark/cases.py)"""
-    suite: Literal["quick", "full", "recurrent", "bptt", "memory"] | None = None
+    suite: Literal["quick", "full", "recurrent", "bptt", "memory", "memory-speed"] | None = None
     """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --total-timesteps"""
     workers: int = 1
     """processes at a time (more than one distorts SPS: the runs share the CPU)"""
@@ -430,11 +430,11 @@ def speed_rows(jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNum
         speed_numbers(
             numbers[plan.case.key],
             raw.get(plan.raw_env_job) if plan.raw_env_job else None,
-            numbers.get(plan.baseline_group) if plan.baseline_group else None,
+            numbers.get(plan.baseline_group or plan.reference_group or ""),
             numbers[plan.reference.key] if plan.reference else None,
         )
         for plan in plans
-        if plan.baseline_group or plan.reference
+        if plan.case.key in numbers and (plan.baseline_group or plan.reference_group or plan.reference)
     ]
 
 

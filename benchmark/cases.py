@@ -60,7 +60,8 @@ class Case:
     `benchmark.registry.same_settings_flags`), whose SPS this case's is divided by"""
 
     reference: Published | ReferenceRuns | None = None
-    """with judged_on "reference": what the case is judged against"""
+    """with judged_on "reference": what the case is judged against; runs of a reference are also timed against the
+    case in the speed table"""
     task_max: float | None = None
     """the highest return the task can give: with the random policy's return (measured by the harness), its range"""
 
@@ -147,6 +148,13 @@ MEMORY_CASES: tuple[Case, ...] = (
     memory_case("popgym-PositionOnlyPendulumEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS, CONTINUOUS_FLAGS),
 )
 
+# The SPS ratio of ppo_lstm's defaults to the reference, from one short run of both on two popgym tasks: the memory
+# suite's seconds of stored reference runs come from another session. Run with --workers 1.
+MEMORY_SPEED_CASES: tuple[Case, ...] = tuple(
+    Case("ppo_lstm", env_id, 50_000, reference=replace(RECURRENT_PPO_RUNS, seeds=(1,)))
+    for env_id in ("popgym-RepeatFirstEasy-v0", "popgym-CountRecallEasy-v0")
+)
+
 REFERENCE_MARGIN = 0.05
 """a "reference" case passes when its mean evaluation reaches the reference's less this share of the task's range
 (maximum less the random policy's return)"""
@@ -181,6 +189,7 @@ SUITES: dict[str, Suite] = {
     "bptt": Suite((("ppo_lstm", "CartPoleNoVel-v1", 500_000), *BPTT_VARIANTS), (1, 2, 3)),
     # ppo_lstm's defaults on memory tasks, against sb3-contrib's RecurrentPPO (docs/ppo_lstm.md).
     "memory": Suite(MEMORY_CASES, (1, 2, 3), eval_episodes=20),
+    "memory-speed": Suite(MEMORY_SPEED_CASES, (1,), eval_episodes=0),
 }
 
 # Steps of a (script, env) pair that has no row in CASES.

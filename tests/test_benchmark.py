@@ -34,7 +34,7 @@ def test_case_table_lookup():
     assert shorter.total_timesteps == 30_000 and shorter.threshold is None  # a threshold is for its own length
     unlisted = cases.find_case("ppo_fc", "Acrobot-v1")
     assert unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS and unlisted.threshold is None and not unlisted.flags
-    for name, suite in cases.SUITES.items():  # every case is judged: on a threshold, or against a reference
+    for name, suite in cases.SUITES.items():  # every case is judged (on a threshold or against a reference) or timed
         judged = [case.threshold is not None or case.reference is not None for case in cases.suite_cases(name)]
         assert suite.seeds and all(judged)
     assert [case.flags for case in cases.suite_cases("bptt")] == [(), ("--bptt-len", "32"), ("--bptt-len", "8")]
@@ -462,6 +462,11 @@ def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_ra
     episode = 99 + int(np.argmax(means >= line.speed_threshold))
     assert line.script_steps == line.reference_steps == (episode + 1) * 4
     assert line.script_seconds == pytest.approx((episode + 1) * 4 / 100.0)
+    for job in jobs:  # the speed table divides the script's SPS by the reference's
+        if job.summary is not None:
+            job.summary.sps = 250.0 if job.label == REFERENCE_NAME else 1000.0
+    [speed] = harness.speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows})
+    assert speed.baseline == REFERENCE_NAME and speed.script_over_baseline == pytest.approx(4.0)
     evals["ppo_lstm", 1] = [0.7]  # mean 0.85
     for job in jobs:
         if job.summary is not None:
