@@ -531,3 +531,12 @@ def test_random_policy_return_is_measured_on_the_scripts_env():
     # Probe2 pays +1 or -1 by its observation, whatever the action: a random policy's mean is near 0, never ±1.
     assert printed["episodes"] == 40 and len(printed["returns"]) == 40 and set(printed["returns"]) == {-1.0, 1.0}
     assert printed["mean"] == pytest.approx(np.mean(printed["returns"]))
+
+
+def test_the_memory_speed_suite_runs_the_old_defaults_beside_the_new_against_one_reference_run(tmp_path):
+    suite = cases.SUITES["memory-speed"]
+    jobs, _ = harness.make_jobs(harness.Run(suite="memory-speed"), list(suite.cases), suite.seeds, tmp_path)
+    by_kind = {kind: [job for job in jobs if job.kind == kind] for kind in ("script", "sb3")}
+    assert len(by_kind["script"]) == 2 * len(by_kind["sb3"]) == 4  # two popgym tasks, one reference run each
+    old, new = resolve_args("ppo_lstm", cases.DEFAULTS_BEFORE_MEMORY_SUITE), resolve_args("ppo_lstm", ())
+    assert {name for name in vars(new) if vars(old)[name] != vars(new)[name]} == {"update_epochs"}

@@ -21,20 +21,11 @@ from helpers import (
 
 import ppo_fc
 import ppo_lstm
+from benchmark.cases import CONTINUOUS_FLAGS
+from common.cli import parse_args
 from common.errors import PolicyMismatch
 from common.trajectories import load_trajectories, split_episodes
 
-CONTINUOUS = dict(
-    num_envs=1,
-    num_steps=2048,
-    num_minibatches=32,
-    bptt_len=64,
-    update_epochs=10,
-    learning_rate=3e-4,
-    ent_coef=0.0,
-    anneal_lr=False,
-)
-"""CleanRL's continuous-control settings, with the rollout cut into chunks so that it splits into 32 minibatches."""
 CELLS = [dict(rnn_type="lstm"), dict(rnn_type="gru", rnn_layers=2, shared_core=False)]
 
 
@@ -158,8 +149,17 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, mon
         check_replay(states, starts, replayed, recorded)
 
     monkeypatch.setattr(ppo_lstm, "check_replay", recording_check_replay)
-    # one minibatch: the pass checked before the first step covers every sequence
-    args = quick_args(tmp_path, num_envs=2, num_steps=32, num_minibatches=1, total_timesteps=6 * 64, bptt_len=bptt_len)
+    # One minibatch: the pass checked before the first step covers every sequence. One epoch: a policy that learns
+    # slowly keeps CartPole's episodes short enough to end inside 8-step chunks.
+    args = quick_args(
+        tmp_path,
+        num_envs=2,
+        num_steps=32,
+        num_minibatches=1,
+        update_epochs=1,
+        total_timesteps=6 * 64,
+        bptt_len=bptt_len,
+    )
     ppo_lstm.train(ppo_lstm.Args(**{**vars(args), **settings}))
     assert len(replays) == 6
     assert max(replay["logprobs"] for replay in replays) < 1e-5
@@ -320,6 +320,16 @@ def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probabili
         assert np.mean(result.episode_returns[-200:]) >= 0.95
 
 
+def test_the_defaults_learn_to_remember_within_a_small_budget(tmp_path):
+    # Pins the defaults chosen on the memory suite (docs/ppo_lstm.md): with them the memory probe is solved after
+    # 20k steps on seeds 1-4; with the old ones (4 epochs) the greedy policy still guesses (eval 0.44-0.60).
+    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    result = ppo_lstm.train(ppo_lstm.Args(env_id="Probe7-v0", total_timesteps=20_480, **settings))
+    for env, _, policy in play_optimally(result.agent, "Probe7-v0"):
+        if env.t == env.horizon - 1:
+            assert policy.probs[0, env.optimal_action()].item() >= 0.8, env.cue
+
+
 @pytest.mark.parametrize(
     ("env_id", "steps"),
     [
@@ -331,13 +341,17 @@ def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probabili
     ],
 )
 def test_continuous_probes(tmp_path, env_id, steps):
-    args = quick_args(tmp_path, env_id=env_id, total_timesteps=steps, **CONTINUOUS)
+    # The one documented set of flags for continuous actions (docs/ppo_lstm.md), as a user passes it.
+    continuous, defaults = vars(parse_args(ppo_lstm.Args, CONTINUOUS_FLAGS)), vars(ppo_lstm.Args())
+    flagged = {name: value for name, value in continuous.items() if value != defaults[name]}
+    args = quick_args(tmp_path, env_id=env_id, total_timesteps=steps, **flagged)
     agent = ppo_lstm.train(args).agent
     action_matters = env_id in ("ContinuousProbe4-v0", "ContinuousProbe5-v0")
     for env, value, policy in play_optimally(agent, env_id):
         if action_matters:
+            deterministic_return = env._reward(np.clip(policy.mean[0].numpy(), -1, 1))
+            assert deterministic_return >= -0.01, env.cue  # the issue's bar for the continuous set
             assert value == pytest.approx(on_policy_value(env, policy), abs=0.1), env.cue
-            assert policy.mean[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), env.cue
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.25), env.cue
         else:
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), (env.t, env.cue)
