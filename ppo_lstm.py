@@ -102,13 +102,13 @@ class Args:
     total_timesteps: int = 500_000
     """total timesteps of the experiment (rounded down to whole batches of --num-envs x --num-steps)"""
     num_envs: int = 8
-    """the number of parallel environments; 8, not CleanRL's 4, as measured: CartPoleNoVel-v1 at 500k steps with CleanRL's other defaults and no value-loss clipping, seed 1: last-100 return 395 against 247 with 4"""
+    """the number of parallel environments (8, not CleanRL's 4: docs/ppo_lstm.md)"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
-    learning_rate: float = 2.5e-4
-    """the learning rate of the optimizer"""
+    learning_rate: float = 5e-4
+    """the learning rate of the optimizer (5e-4, not CleanRL's 2.5e-4, chosen on the memory suite: docs/ppo_lstm.md)"""
     end_learning_rate: float = 0.0
     """with --anneal-lr, the learning rate falls linearly towards this value (CleanRL's schedule: the last iteration uses lr + (end - lr) * (N - 1) / N)"""
     anneal_lr: bool = True
@@ -117,18 +117,18 @@ class Args:
     """the discount factor gamma"""
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
-    num_minibatches: int = 4
-    """the number of minibatches"""
+    num_minibatches: int = 2
+    """the number of minibatches (2, not CleanRL's 4, chosen on the memory suite: docs/ppo_lstm.md)"""
     update_epochs: int = 10
-    """the K epochs to update the policy"""
+    """the K epochs to update the policy (10, not CleanRL's 4, chosen on the memory suite: docs/ppo_lstm.md)"""
     norm_adv: bool = True
     """toggles advantages normalization (per minibatch)"""
     clip_coef: float = 0.1
-    """the surrogate clipping coefficient; 0.1, not CleanRL's 0.2: with 0.2 (and the other defaults here) CartPoleNoVel-v1 collapsed late on 2 of 3 seeds, last-100 returns 491, 141 and 224 at 500k steps, against 475, 487 and 483 with 0.1"""
+    """the surrogate clipping coefficient (0.1, not CleanRL's 0.2: docs/ppo_lstm.md)"""
     clip_vloss: bool = False
-    """toggles whether or not to use a clipped loss for the value function; off, not CleanRL's on, as measured: CartPoleNoVel-v1 at 500k steps with the other defaults here, seeds 1 and 2: last-100 returns 435 and 461 with it, 500 and 483 without"""
+    """toggles whether or not to use a clipped loss for the value function (off, not CleanRL's on: docs/ppo_lstm.md)"""
     ent_coef: float = 0.0
-    """coefficient of the entropy; 0, not CleanRL's 0.01, as measured: CartPoleNoVel-v1 at 500k steps with CleanRL's other defaults and no value-loss clipping, seed 1: last-100 return 287 against 247 with 0.01"""
+    """coefficient of the entropy (0, not CleanRL's 0.01: docs/ppo_lstm.md)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
     max_grad_norm: float = 0.5
@@ -138,9 +138,9 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = True
-    """if toggled, normalise observations with running statistics (kept in the agent, frozen in evaluation); on, not CleanRL's off for discrete actions: with it and --norm-reward (and 8 envs, no entropy bonus) CartPoleNoVel-v1 first reached 491 at 500k steps, as the RL Zoo's recurrent PPO normalises"""
+    """if toggled, normalise observations with running statistics, kept in the agent and frozen in evaluation (on, not CleanRL's off: docs/ppo_lstm.md)"""
     norm_reward: bool = True
-    """if toggled, scale rewards by the running std of the discounted return (gymnasium's NormalizeReward); on, with --norm-obs (see there)"""
+    """if toggled, scale rewards by the running std of the discounted return, gymnasium's NormalizeReward (on: docs/ppo_lstm.md)"""
     norm_reward_clip: float = 10.0
     """with --norm-reward, clip the scaled rewards to [-this, this] (CleanRL's 10)"""
     hidden_size: int = 64
@@ -152,7 +152,7 @@ class Args:
     rnn_layers: int = 1
     """the number of stacked recurrent layers"""
     shared_core: bool = True
-    """if toggled (default, as CleanRL's LSTM PPO), the actor and the critic share the encoder and the recurrent cell, each with its own linear head on the cell's output; off: the critic has its own encoder and cell of the same shape (as sb3-contrib's enable_critic_lstm), at twice the cell's cost. Shared, with the reward normalisation on, CartPoleNoVel-v1's last-100 return at 500k steps was 500, 461, 500, 491 and 500 (seeds 1-5), against 500, 483 and 483 with a critic core of its own (seeds 1-3)"""
+    """if toggled, the actor and the critic share the encoder and the recurrent cell, each with its own linear head (CleanRL's LSTM PPO); off: the critic has its own encoder and cell of the same shape, as sb3-contrib's enable_critic_lstm, at twice the cell's cost"""
     bptt_len: int = 0
     """0: each minibatch holds whole env rollouts (--num-steps long); L > 0: the rollouts are cut into chunks of L steps, each starting from the hidden state recorded in the rollout, and minibatches mix the chunks (gradients then stop at chunk starts; the cell runs faster, its padded pieces being at most L long)"""
 

@@ -539,4 +539,5 @@ def test_the_memory_speed_suite_runs_the_old_defaults_beside_the_new_against_one
     by_kind = {kind: [job for job in jobs if job.kind == kind] for kind in ("script", "sb3")}
     assert len(by_kind["script"]) == 2 * len(by_kind["sb3"]) == 4  # two popgym tasks, one reference run each
     old, new = resolve_args("ppo_lstm", cases.DEFAULTS_BEFORE_MEMORY_SUITE), resolve_args("ppo_lstm", ())
-    assert {name for name in vars(new) if vars(old)[name] != vars(new)[name]} == {"update_epochs"}
+    moved = {name for name in vars(new) if vars(old)[name] != vars(new)[name]}
+    assert moved == {"update_epochs", "num_minibatches", "learning_rate"}
