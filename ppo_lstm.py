@@ -107,8 +107,8 @@ class Args:
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
-    learning_rate: float = 5e-4
-    """the learning rate of the optimizer (5e-4, not CleanRL's 2.5e-4, chosen on the memory suite: docs/ppo_lstm.md)"""
+    learning_rate: float = 1e-3
+    """the learning rate of the optimizer (1e-3, not CleanRL's 2.5e-4, chosen on the memory suite: docs/ppo_lstm.md)"""
     end_learning_rate: float = 0.0
     """with --anneal-lr, the learning rate falls linearly towards this value (CleanRL's schedule: the last iteration uses lr + (end - lr) * (N - 1) / N)"""
     anneal_lr: bool = True

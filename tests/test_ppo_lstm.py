@@ -324,10 +324,10 @@ def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probabili
 
 def test_the_defaults_learn_to_remember_within_a_small_budget(tmp_path):
     # Pins the defaults chosen on the memory suite (docs/ppo_lstm.md): with them the greedy policy plays the memory
-    # probe perfectly after 20k steps on seeds 1-4. With the old ones (4 epochs of 4 minibatches, lr 2.5e-4) it still
+    # probe perfectly after 10k steps on seeds 1-4. With the old ones (4 epochs of 4 minibatches, lr 2.5e-4) it still
     # guesses one of the two cues (greedy evaluation 0.44-0.60).
     settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
-    result = ppo_lstm.train(ppo_lstm.Args(env_id="Probe7-v0", total_timesteps=20_480, **settings))
+    result = ppo_lstm.train(ppo_lstm.Args(env_id="Probe7-v0", total_timesteps=10_240, **settings))
     for env, _, policy in play_optimally(result.agent, "Probe7-v0"):
         if env.t == env.horizon - 1:
             assert policy.probs[0, env.optimal_action()].item() > 0.5, env.cue  # the greedy action is the cue
