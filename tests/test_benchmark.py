@@ -419,7 +419,9 @@ def test_recurrent_floor_times_the_scripts_own_agent_over_an_iterations_minibatc
     monkeypatch.setattr(
         script.Core, "forward", lambda self, x, *rest: calls.append(tuple(x.shape)) or forward(self, x, *rest)
     )
-    seconds, steps = recurrent_floor.cell_floor_seconds(["--num-envs", "4", "--bptt-len", "32", "--no-shared-core"], 1)
+    seconds, steps = recurrent_floor.cell_floor_seconds(
+        ["--num-envs", "4", "--bptt-len", "32", "--num-minibatches", "4", "--no-shared-core"], 1
+    )
     assert steps == 4 * 128 and seconds > 0
     # Both cores: chunks of 32 steps, 16 chunks in 4 minibatches, CartPole's 4 observations (the input of the encoders).
     assert calls == [(32, 4, 4)] * 2 * (1 + 5)
