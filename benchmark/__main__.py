@@ -294,11 +294,10 @@ def run_job(job: Job, logs: Path) -> Job:
     return job
 
 
-def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = None) -> None:
-    """Run the jobs, `workers` at a time (every seed's first: a partial benchmark then covers every case), printing
-    a line as each ends. With a `store`, the reference runs stored there are reused and those run are stored there
-    as each ends."""
-    revision, to_run = git_revision() if store is not None else None, []
+def take_stored(jobs: list[Job], store: Path | None) -> list[Job]:
+    """The jobs still to run: a reference job stored in `store` takes its run from there (UsageError: a stored file
+    that cannot be read)."""
+    to_run = []
     for job in jobs:
         kept = load_run(store, job.id) if store is not None and job.label in REFERENCES else None
         if kept is None:
@@ -306,7 +305,14 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = Non
         else:
             job.summary, job.stored = kept
             print(f"[stored] {job.id} ({job.label}): made {job.stored['date']} at {job.stored['git']}", flush=True)
-    to_run.sort(key=lambda job: -1 if job.seed is None else job.seed)
+    return to_run
+
+
+def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = None) -> None:
+    """Run the jobs, `workers` at a time (every seed's first: a partial benchmark then covers every case), printing
+    a line as each ends. With a `store`, each reference run is stored there as it ends."""
+    revision = git_revision() if store is not None else None
+    to_run = sorted(jobs, key=lambda job: -1 if job.seed is None else job.seed)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(run_job, job, logs) for job in to_run]
         for done, future in enumerate(as_completed(futures), start=1):
@@ -350,7 +356,11 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                     key=group,
                     total_timesteps=case.total_timesteps,
                     flags=flags,
-                    threshold=reference_bound(plan, jobs) if case.judged_on == "reference" else case.threshold,
+                    threshold=(
+                        reference_bound(*task_and_reference(plan, jobs), case.task_max)
+                        if case.judged_on == "reference"
+                        else case.threshold
+                    ),
                     judged=judged,
                     judged_on=case.judged_on,
                     runs=[job.summary for job in group_jobs if job.summary is not None],
@@ -375,12 +385,11 @@ def task_and_reference(plan: CasePlan, jobs: list[Job]) -> tuple[float | None, f
     return random_return, float(np.mean(evals)) if evals else None
 
 
-def reference_bound(plan: CasePlan, jobs: list[Job]) -> float | None:
-    """What the case's mean evaluation must reach: the reference's, less REFERENCE_MARGIN of the task's range."""
-    random_return, reference_eval = task_and_reference(plan, jobs)
-    if random_return is None or reference_eval is None or plan.case.task_max is None:
+def reference_bound(random_return: float | None, reference_eval: float | None, task_max: float | None) -> float | None:
+    """What a case's mean evaluation must reach: the reference's, less REFERENCE_MARGIN of the task's range."""
+    if random_return is None or reference_eval is None or task_max is None:
         return None
-    return reference_eval - REFERENCE_MARGIN * (plan.case.task_max - random_return)
+    return reference_eval - REFERENCE_MARGIN * (task_max - random_return)
 
 
 def against_reference(
@@ -412,7 +421,7 @@ def against_reference(
         script=case.script,
         script_eval=script_eval,
         script_eval_std=script_numbers.eval_return_std if script_numbers else None,
-        bound=reference_bound(plan, jobs),
+        bound=reference_bound(random_return, reference_eval, case.task_max),
         script_score=share_of_range(script_eval, random_return, case.task_max),
         reference_score=share_of_range(reference_eval, random_return, case.task_max),
         speed_threshold=speed_threshold,
@@ -484,10 +493,16 @@ def run(args: Run) -> int:
     cases, seeds = cases_to_run(args)
     check(args, cases, seeds)
     out = Path(args.out or REPO / "benchmark" / "results" / datetime.now().strftime("%Y-%m-%d_%H%M%S")).resolve()
-    (out / "logs").mkdir(parents=True, exist_ok=True)
     jobs, plans = make_jobs(args, cases, seeds, out)
-    print(f"benchmark: {len(jobs)} processes, {args.workers} at a time; results in {out}", flush=True)
-    run_jobs(jobs, args.workers, out / "logs", Path(args.reuse_baselines).resolve() if args.reuse_baselines else None)
+    store = Path(args.reuse_baselines).resolve() if args.reuse_baselines else None
+    try:
+        to_run = take_stored(jobs, store)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    print(f"benchmark: {len(to_run)} processes, {args.workers} at a time; results in {out}", flush=True)
+    run_jobs(to_run, args.workers, out / "logs", store)
 
     rows = rows_of(jobs, plans)
     numbers = {row.key: row_numbers(row) for row in rows}

@@ -144,8 +144,6 @@ class Reference:
     """the Stable-Baselines3 algorithm (`benchmark.baselines sb3 --algo`)"""
     settings: dict[str, Any]
     """its settings (`benchmark.baselines sb3 --settings`, JSON)"""
-    description: str
-    """what the settings are, for the docs and the table's notes"""
 
 
 # sb3-contrib's RecurrentPPO with its own defaults (n_steps 128, batch 128, 10 epochs, lr 3e-4 held constant, clip
@@ -187,8 +185,6 @@ RECURRENT_PPO_REFERENCE = Reference(
             "target_kl": None,
         },
     },
-    description="sb3-contrib RecurrentPPO, its defaults (10 epochs, batch 128, lr 3e-4, clip 0.2, GAE 0.95, no "
-    "entropy bonus, actor and critic LSTMs with 64-64 MLPs) with 8 envs of 128 steps and 128-unit LSTMs",
 )
 
 REFERENCES: dict[str, Reference] = {RECURRENT_PPO_REFERENCE.name: RECURRENT_PPO_REFERENCE}

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmark.events import RunSummary
+from common.errors import UsageError
 
 FORMAT = 1
 
@@ -49,22 +49,25 @@ def store_run(folder: str | Path, job_id: str, summary: RunSummary, made: dict[s
     }
     path = stored_path(folder, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as file:
-        json.dump(record, file, separators=(",", ":"))
-    os.chmod(file.name, 0o644)  # a temporary file is private; the stored run is not
-    os.replace(file.name, path)
+    temporary = path.with_name(f".{path.name}.tmp")  # then a rename: a reader never sees half a file
+    temporary.write_text(json.dumps(record, separators=(",", ":")))
+    os.replace(temporary, path)
     return path
 
 
 def load_run(folder: str | Path, job_id: str) -> tuple[RunSummary, dict[str, Any]] | None:
-    """The stored run of `job_id` and how it was made, or None if `folder` has none."""
+    """The stored run of `job_id` and how it was made, or None if `folder` has none (UsageError: a file there that
+    is not one)."""
     path = stored_path(folder, job_id)
     if not path.is_file():
         return None
-    record = json.loads(path.read_text())
-    if record.get("format") != FORMAT or record.get("job_id") != job_id:
-        raise ValueError(f"{path} is not a stored run of format {FORMAT} for {job_id}")
-    run = record["run"]
+    try:
+        record = json.loads(path.read_text())
+        run = record["run"] if record["format"] == FORMAT and record["job_id"] == job_id else None
+    except (ValueError, KeyError, TypeError):
+        run = None
+    if run is None:
+        raise UsageError(f"{path} is not a stored run of format {FORMAT} for {job_id}: delete it to run it again")
     summary = RunSummary(
         run_dir=run["run_dir"],
         script=run["script"],

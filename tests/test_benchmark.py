@@ -505,6 +505,20 @@ def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
     assert reused["steps"] == first_reference["steps"] and reused["sps_mean"] == first_reference["sps_mean"]
 
 
+def test_a_stored_file_that_is_not_a_run_is_one_error_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+    case = cases.memory_case("Probe1-v0", 1024, 1.0, cases.ReferenceRuns(REFERENCE_NAME, (1,)))
+    monkeypatch.setitem(cases.SUITES, "memory", cases.Suite((case,), (1,), eval_episodes=2))
+    store = tmp_path / "store"
+    jobs, _ = harness.make_jobs(harness.Run(suite="memory"), [case], (1,), tmp_path)
+    [reference_job] = [job for job in jobs if job.label == REFERENCE_NAME]
+    store.mkdir()
+    (store / f"{reference_job.id}.json").write_text('{"format": 1, "job_id": "cut sho')
+    out = tmp_path / "out"
+    assert harness.run(harness.Run(suite="memory", reuse_baselines=str(store), out=str(out))) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and reference_job.id in line and not out.exists()
+
+
 @pytest.mark.parametrize("case", cases.SUITES["memory"].cases, ids=lambda case: case.env_id)
 def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
     script = recurrent_floor.load_script(case.script)
