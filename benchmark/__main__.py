@@ -59,7 +59,7 @@ from benchmark.report import (
     speed_numbers,
     speed_table,
 )
-from benchmark.stored import load_run, store_run
+from benchmark.stored import load_run, store_run, stored_path
 from common.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,6 +135,8 @@ class Job:
     """the run the job made, read back from its events"""
     stored: dict[str, Any] | None = None
     """for a reference run taken from --reuse-baselines: when and where it was made (not run again)"""
+    revision: str | None = None
+    """the commit the process started at (a background benchmark can outlive a commit)"""
 
 
 @dataclass
@@ -269,7 +271,7 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
 
 def run_job(job: Job, logs: Path) -> Job:
     """Run the job's process; record how it ended, then what it printed (raw env) or the run it made (the rest)."""
-    start = time.perf_counter()
+    job.revision, start = git_revision(), time.perf_counter()
     process = subprocess.run(job.command, cwd=REPO, capture_output=True, text=True)
     job.wall_seconds, job.returncode = time.perf_counter() - start, process.returncode
     (logs / f"{job.id}.stdout").write_text(process.stdout)
@@ -294,24 +296,36 @@ def run_job(job: Job, logs: Path) -> Job:
     return job
 
 
+def portable(command: list[str]) -> list[str]:
+    """A job's command less the interpreter and the run folder, which differ between machines and benchmarks."""
+    if "--run-dir" not in command:
+        return command[1:]
+    at = command.index("--run-dir")
+    return command[1:at] + command[at + 2 :]
+
+
 def take_stored(jobs: list[Job], store: Path | None) -> list[Job]:
     """The jobs still to run: a reference job stored in `store` takes its run from there (UsageError: a stored file
-    that cannot be read)."""
+    that cannot be read, or that another command made)."""
     to_run = []
     for job in jobs:
         kept = load_run(store, job.id) if store is not None and job.label in REFERENCES else None
         if kept is None:
             to_run.append(job)
-        else:
-            job.summary, job.stored = kept
-            print(f"[stored] {job.id} ({job.label}): made {job.stored['date']} at {job.stored['git']}", flush=True)
+            continue
+        # The job id names the settings, not every flag (the evaluation episodes): the whole command must match.
+        stored_command = shlex.split(kept[1].get("command", ""))
+        if portable(stored_command) != portable(job.command):
+            message = "was made by another command than this benchmark's (its made.command): delete it to run it again"
+            raise UsageError(f"{stored_path(store, job.id)} {message}")
+        job.summary, job.stored = kept
+        print(f"[stored] {job.id} ({job.label}): made {job.stored['date']} at {job.stored['git']}", flush=True)
     return to_run
 
 
 def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = None) -> None:
     """Run the jobs, `workers` at a time (every seed's first: a partial benchmark then covers every case), printing
     a line as each ends. With a `store`, each reference run is stored there as it ends."""
-    revision = git_revision() if store is not None else None
     to_run = sorted(jobs, key=lambda job: -1 if job.seed is None else job.seed)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = [pool.submit(run_job, job, logs) for job in to_run]
@@ -323,7 +337,7 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = Non
                 run = job.summary
                 status = f"last-100 return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS {fmt(run.sps, 0)}"
                 if store is not None and job.label in REFERENCES:
-                    made = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "git": revision}
+                    made = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "git": job.revision}
                     made |= {"machine": machine(), "command": shlex.join(job.command), "wall_seconds": job.wall_seconds}
                     status += f"; stored in {store_run(store, job.id, run, made)}"
             elif job.kind == "random-policy":
@@ -434,17 +448,17 @@ def against_reference(
 
 
 def speed_rows(jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNumbers]) -> list[SpeedNumbers]:
+    """The SPS ratios measured in this run: a reference run taken from the store ran in another, so it has none."""
     raw = {job.id: job.output.get("sps") for job in jobs if job.kind == "raw-env"}
-    return [
-        speed_numbers(
-            numbers[plan.case.key],
-            raw.get(plan.raw_env_job) if plan.raw_env_job else None,
-            numbers.get(plan.baseline_group or plan.reference_group or ""),
-            numbers[plan.reference.key] if plan.reference else None,
-        )
-        for plan in plans
-        if plan.case.key in numbers and (plan.baseline_group or plan.reference_group or plan.reference)
-    ]
+    stored = {job.group for job in jobs if job.stored is not None}
+    rows = []
+    for plan in plans:
+        baseline_group = plan.baseline_group or (plan.reference_group if plan.reference_group not in stored else None)
+        if plan.case.key in numbers and (baseline_group or plan.reference):
+            raw_env_sps = raw.get(plan.raw_env_job) if plan.raw_env_job else None
+            other = numbers[plan.reference.key] if plan.reference else None
+            rows.append(speed_numbers(numbers[plan.case.key], raw_env_sps, numbers.get(baseline_group or ""), other))
+    return rows
 
 
 def draw(rows: list[Row], raw_bars: list[tuple[str, list[float]]], out: Path) -> list[Path]:
@@ -546,6 +560,7 @@ def run(args: Run) -> int:
                 "error": job.error,
                 "output": job.output,
                 "run_dir": job.summary.run_dir if job.summary else None,
+                "stored": job.stored,
             }
             for job in jobs
         ],

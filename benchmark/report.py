@@ -137,6 +137,7 @@ class SpeedNumbers:
     label: str
     env_id: str
     key: str
+    flags: list[str]
     sps: float | None
     raw_env_sps: float | None
     script_over_raw_env: float | None
@@ -163,6 +164,7 @@ def speed_numbers(
         label=row.label,
         env_id=row.env_id,
         key=row.key,
+        flags=row.flags,
         sps=row.sps_mean,
         raw_env_sps=raw_env_sps,
         script_over_raw_env=ratio(row.sps_mean, raw_env_sps),
@@ -180,6 +182,11 @@ def speed_numbers(
 
 def fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.{digits}f}"
+
+
+def with_flags(label: str, flags: Sequence[str]) -> str:
+    """A row's name in a table: the script and the flags it ran with, which tell apart two rows of one script."""
+    return label + (f" `{' '.join(flags)}`" if flags else "")
 
 
 def spread(mean: float | None, std: float | None, digits: int = 1) -> str:
@@ -231,7 +238,7 @@ def results_table(rows: Sequence[RowNumbers]) -> list[str]:
             iqm_text += f"{fmt(numbers.last_return_iqm_high)}]"
         lines.append(
             [
-                numbers.label + (f" `{' '.join(numbers.flags)}`" if numbers.flags else ""),
+                with_flags(numbers.label, numbers.flags),
                 numbers.env_id,
                 fmt(numbers.steps, 0),
                 " ".join(seeds),
@@ -263,7 +270,7 @@ def speed_table(rows: Sequence[SpeedNumbers]) -> list[str]:
     ]
     lines = [
         [
-            numbers.label,
+            with_flags(numbers.label, numbers.flags),
             numbers.env_id,
             fmt(numbers.sps, 0),
             fmt(numbers.raw_env_sps, 0),

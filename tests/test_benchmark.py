@@ -18,7 +18,7 @@ from benchmark import cases, recurrent_floor
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
 from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, resolve_args, same_settings_flags
-from benchmark.report import Row, results_table, row_numbers, speed_numbers
+from benchmark.report import Row, SpeedNumbers, results_table, row_numbers, speed_numbers, speed_table
 from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
 from common.envs import env_spaces, resolve_env_id
 
@@ -469,6 +469,9 @@ def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_ra
             job.summary.sps = 250.0 if job.label == REFERENCE_NAME else 1000.0
     [speed] = harness.speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows})
     assert speed.baseline == REFERENCE_NAME and speed.script_over_baseline == pytest.approx(4.0)
+    for job in reference_jobs:  # taken from the store: its SPS was measured in another session, not beside these
+        job.stored = {"date": "2026-11-24T00:00:00+00:00", "git": "0000000"}
+    assert harness.speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows}) == []
     evals["ppo_lstm", 1] = [0.7]  # mean 0.85
     for job in jobs:
         if job.summary is not None:
@@ -482,8 +485,9 @@ def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
     case = cases.memory_case("Probe1-v0", 1024, 1.0, cases.ReferenceRuns(REFERENCE_NAME, (1,)))
     monkeypatch.setitem(cases.SUITES, "memory", cases.Suite((case,), (1,), eval_episodes=2))
     store = tmp_path / "store"
-    first = harness.Run(suite="memory", reuse_baselines=str(store), out=str(tmp_path / "first"))
+    first = harness.Run(suite="memory", reuse_baselines=str(store), only_baselines=True, out=str(tmp_path / "first"))
     assert harness.run(first) == 0
+    assert not list((tmp_path / "first" / "runs").glob("ppo_lstm*"))  # the references alone
     [stored] = store.glob("*.json")
     assert stored.name.startswith(f"{REFERENCE_NAME}__Probe1-v0__1024__") and stored.name.endswith("__1.json")
     second = harness.Run(suite="memory", reuse_baselines=str(store), out=str(tmp_path / "second"))
@@ -494,6 +498,8 @@ def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
     assert not list((tmp_path / "second" / "runs").glob(f"{REFERENCE_NAME}*"))  # not run again
     record = json.loads((tmp_path / "second" / "results.json").read_text())
     [line] = record["against_reference"]
+    [reused_job] = [job for job in record["jobs"] if job["id"] == stored.stem]
+    assert reused_job["stored"]["date"] == json.loads(stored.read_text())["made"]["date"]
     # Probe1 pays 1 per episode whatever is done: the random policy, the reference and the script all score 1.
     assert line["random_return"] == 1.0 and line["reference_eval"] == 1.0 and line["script_eval"] == 1.0
     assert line["verdict"] == "PASS" and line["reference_made"][0].startswith("seed 1 ")
@@ -503,6 +509,11 @@ def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
     [reused] = [row for row in record["rows"] if row["label"] == REFERENCE_NAME]
     assert reused["eval_return_mean"] == first_reference["eval_return_mean"]
     assert reused["steps"] == first_reference["steps"] and reused["sps_mean"] == first_reference["sps_mean"]
+    # Made with 2 evaluation episodes, which the job id does not name: not reused for a benchmark that asks for 3.
+    third = harness.Run(suite="memory", reuse_baselines=str(store), eval_episodes=3, out=str(tmp_path / "third"))
+    assert harness.run(third) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and stored.name in line and not (tmp_path / "third").exists()
 
 
 def test_a_stored_file_that_is_not_a_run_is_one_error_line_before_anything_runs(tmp_path, monkeypatch, capsys):
@@ -517,6 +528,16 @@ def test_a_stored_file_that_is_not_a_run_is_one_error_line_before_anything_runs(
     assert harness.run(harness.Run(suite="memory", reuse_baselines=str(store), out=str(out))) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: ") and reference_job.id in line and not out.exists()
+
+
+def test_the_speed_table_tells_apart_two_rows_of_one_script_by_their_flags():
+    names = []
+    for flags in ([], list(cases.DEFAULTS_BEFORE_MEMORY_SUITE)):
+        numbers = dict(label="ppo_lstm", env_id="E", key=" ".join(flags), flags=flags, sps=1.0, raw_env_sps=None)
+        numbers |= dict(script_over_raw_env=None, baseline=None, baseline_sps=None, script_over_baseline=None)
+        [row] = speed_table([SpeedNumbers(**numbers)])[2:]
+        names.append(row.split("|")[1].strip())
+    assert names[0] == "ppo_lstm" and names[1] == f"ppo_lstm `{' '.join(cases.DEFAULTS_BEFORE_MEMORY_SUITE)}`"
 
 
 @pytest.mark.parametrize("case", cases.SUITES["memory"].cases, ids=lambda case: case.env_id)
