@@ -491,7 +491,10 @@ def machine() -> str:
 def git_revision() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True)
+        # Tracked files only: a benchmark's own output inside the repository is not a change to the code that ran.
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        )
     except OSError:
         return "unknown"
     return (head.stdout.strip() or "unknown") + (" (uncommitted changes)" if dirty.stdout.strip() else "")
