@@ -271,7 +271,7 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
 
 def run_job(job: Job, logs: Path) -> Job:
     """Run the job's process; record how it ended, then what it printed (raw env) or the run it made (the rest)."""
-    job.revision, start = git_revision(), time.perf_counter()
+    job.revision, start = git_revision(logs.parent), time.perf_counter()
     process = subprocess.run(job.command, cwd=REPO, capture_output=True, text=True)
     job.wall_seconds, job.returncode = time.perf_counter() - start, process.returncode
     (logs / f"{job.id}.stdout").write_text(process.stdout)
@@ -488,12 +488,18 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}; {', '.join(versions)}"
 
 
-def git_revision() -> str:
+def git_revision(output: Path) -> str:
+    """The commit the code runs at, "(uncommitted changes)" added if a tracked file outside `output` has changed."""
+    # A benchmark rewrites its own output folder (tracked where its results are committed, as under docs/benchmark/):
+    # that is no change to the code that ran.
+    outside_output = ["--", ".", f":(exclude){output.relative_to(REPO)}"] if output.is_relative_to(REPO) else []
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        # Tracked files only: a benchmark's own output inside the repository is not a change to the code that ran.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", *outside_output],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         )
     except OSError:
         return "unknown"
@@ -540,7 +546,7 @@ def run(args: Run) -> int:
         tables += ["", "## Failures", ""]
         for job in failures:
             tables += [f"### {job.id}", "", "```", shlex.join(job.command), job.error, "```", ""]
-    header = run_header(args, cases, seeds)
+    header = run_header(args, cases, seeds, out)
     report("Benchmark", header, tables, figures, out)
     record = {
         "header": header,
@@ -574,11 +580,11 @@ def run(args: Run) -> int:
     return 1 if failed else 0
 
 
-def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> list[str]:
+def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -> list[str]:
     """Date, machine, command, cases and seeds: what is needed to reproduce the results."""
     command = "python -m benchmark " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["run"] else "(called from Python)"
     return [
-        f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}; git {git_revision()}",
+        f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}; git {git_revision(out)}",
         f"- machine: {machine()}",
         f"- command: `{command}`",
         "- cases: " + "; ".join(f"{case.name} (id {case.key})" for case in cases),

@@ -516,6 +516,27 @@ def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
     assert line.startswith("error: ") and stored.name in line and not (tmp_path / "third").exists()
 
 
+def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(tmp_path, monkeypatch):
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True)
+
+    output = tmp_path / "docs" / "benchmark"
+    output.mkdir(parents=True)
+    (output / "results.md").write_text("old\n")
+    (tmp_path / "script.py").write_text("x = 1\n")
+    git("init", "--quiet")
+    git("add", ".")
+    git("commit", "--quiet", "-m", "one")
+    monkeypatch.setattr(harness, "REPO", tmp_path)
+    (output / "results.md").write_text("new\n")  # the benchmark rewriting its own committed output
+    (tmp_path / "notes.txt").write_text("untracked\n")
+    clean = harness.git_revision(output)
+    assert clean and "uncommitted" not in clean and clean != "unknown"
+    (tmp_path / "script.py").write_text("x = 2\n")
+    assert harness.git_revision(output) == clean + " (uncommitted changes)"
+    assert harness.git_revision(tmp_path.parent / "elsewhere") == clean + " (uncommitted changes)"
+
+
 def test_a_stored_file_that_is_not_a_run_is_one_error_line_before_anything_runs(tmp_path, monkeypatch, capsys):
     case = cases.memory_case("Probe1-v0", 1024, 1.0, cases.ReferenceRuns(REFERENCE_NAME, (1,)))
     monkeypatch.setitem(cases.SUITES, "memory", cases.Suite((case,), (1,), eval_episodes=2))
