@@ -1,0 +1,189 @@
+"""README.md and docs/: every relative link resolves, and every command line uses flags that exist.
+
+Commands are read from README.md (fenced blocks and inline code) and from the fenced blocks of the pages directly
+under docs/ (their quick starts). Inline commands on docs pages are records of how a measurement was made and are
+left as they were written. A command's flags are checked against its own `--help` (run once per command, in
+parallel), so the test follows the scripts as they change.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+MARKDOWN_FILES = [README, *sorted((REPO / "docs").rglob("*.md"))]
+COMMAND_FILES = [README, *sorted((REPO / "docs").glob("*.md"))]
+
+FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+INLINE_CODE = re.compile(r"(`+)(?!`)((?:(?!\n\s*\n).)+?)(?<!`)\1(?!`)", re.DOTALL)
+INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^)\s]+)(?:\s+[\"'(][^)]*)?\s*\)")
+REFERENCE_LINK = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)", re.MULTILINE)
+HTML_LINK = re.compile(r"<(?:img|a)\b[^>]*?\b(?:src|href)=[\"']([^\"']+)[\"']", re.IGNORECASE)
+SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+SEPARATORS = {"&&", "||", ";", "|", "&"}
+
+
+def without_code(text: str) -> str:
+    """The Markdown text with fenced blocks and inline code removed: links inside code are not links."""
+    return INLINE_CODE.sub("", FENCE.sub("", text))
+
+
+def link_targets(text: str) -> list[str]:
+    prose = without_code(text)
+    targets = [*INLINE_LINK.findall(prose), *REFERENCE_LINK.findall(prose), *HTML_LINK.findall(prose)]
+    return [target.strip("<>") for target in targets]
+
+
+def unresolved_links(path: Path) -> list[str]:
+    missing = []
+    for target in link_targets(path.read_text(encoding="utf-8")):
+        if target.startswith("#") or SCHEME.match(target):  # an anchor on the page, or http(s), mailto, ...
+            continue
+        relative = unquote(target.split("#", 1)[0].split("?", 1)[0])
+        resolved = (REPO / relative.lstrip("/")) if relative.startswith("/") else (path.parent / relative)
+        resolved = resolved.resolve()
+        if not resolved.is_relative_to(REPO):
+            missing.append(f"{target} (outside the repository)")
+        elif not resolved.exists():
+            missing.append(target)
+    return missing
+
+
+@pytest.mark.parametrize("path", MARKDOWN_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_and_images_resolve(path):
+    assert unresolved_links(path) == [], f"{path.relative_to(REPO)}: links to files that do not exist"
+
+
+def command_lines(text: str, inline: bool) -> list[str]:
+    """Lines of shell from fenced blocks (joined where a line ends in a backslash) and, with `inline`, inline code."""
+    lines = []
+    for block in FENCE.finditer(text):
+        lines += block.group(2).replace("\\\n", " ").splitlines()
+    if inline:
+        lines += [" ".join(code.split()) for _, code in INLINE_CODE.findall(FENCE.sub("", text))]
+    return lines
+
+
+def tokens(line: str) -> list[str]:
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError:  # an unbalanced quote in prose-like code: whitespace is good enough to find flags
+        return line.split("#", 1)[0].split()
+
+
+def commands(line: str) -> list[tuple[tuple[str, ...], list[str]]]:
+    """(program, flags) of every `python SCRIPT.py ...` and `python -m benchmark SUBCOMMAND ...` in a shell line.
+    The program is what its `--help` is asked of; the flags are the `--name` parts of the options it is given."""
+    found = []
+    words = tokens(line)
+    for start, word in enumerate(words):
+        if Path(word).name not in ("python", "python3") or start + 1 >= len(words):
+            continue
+        rest = words[start + 1 :]
+        if rest[0].endswith(".py"):
+            program, arguments = (rest[0],), rest[1:]
+        elif rest[:2] == ["-m", "benchmark"] and len(rest) > 2 and not rest[2].startswith("-"):
+            program, arguments = ("-m", "benchmark", rest[2]), rest[3:]
+        else:
+            continue
+        flags = []
+        for argument in arguments:
+            if argument in SEPARATORS:
+                break
+            if argument.startswith("--") and len(argument) > 2:
+                flags.append(argument.split("=", 1)[0])
+        found.append((program, flags))
+    return found
+
+
+def documented_commands() -> dict[tuple[str, ...], dict[str, set[str]]]:
+    """For every program a command names: each flag it is given, with the files that give it."""
+    programs: dict[tuple[str, ...], dict[str, set[str]]] = {}
+    for path in COMMAND_FILES:
+        for line in command_lines(path.read_text(encoding="utf-8"), inline=path == README):
+            for program, flags in commands(line):
+                uses = programs.setdefault(program, {})
+                for flag in flags:
+                    uses.setdefault(flag, set()).add(str(path.relative_to(REPO)))
+    return programs
+
+
+def help_flags(help_text: str) -> set[str]:
+    """The options a tyro `--help` lists: the first column of each option's line (`--x, --no-x`, then a metavar)."""
+    flags = {"--help"}
+    for line in help_text.splitlines():
+        entry = line.strip("│╭╮╰╯─ \t")
+        if entry.startswith("-"):
+            flags.update(re.findall(r"--[A-Za-z0-9][\w-]*", re.split(r"\s{2,}", entry)[0]))
+    return flags
+
+
+@pytest.fixture(scope="module")
+def programs_and_their_help():
+    programs = documented_commands()
+    env = {**os.environ, "COLUMNS": "1000", "NO_COLOR": "1", "TERM": "dumb"}
+    started = {}
+    for program, uses in programs.items():
+        if not uses or (program[0].endswith(".py") and not (REPO / program[0]).is_file()):
+            continue  # no flag to check, or no such script (which the test reports)
+        started[program] = subprocess.Popen(
+            [sys.executable, *program, "--help"], cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    helps = {}
+    for program, process in started.items():
+        output, _ = process.communicate(timeout=120)
+        assert process.returncode == 0, f"python {' '.join(program)} --help failed:\n{output}"
+        helps[program] = help_flags(output)
+    return programs, helps
+
+
+def test_the_commands_are_found():
+    # A parser that finds nothing would make the next test pass on anything.
+    programs = documented_commands()
+    assert {"--env-id"} <= set(programs[("ppo_lstm.py",)])
+    assert {"--env-id", "--num-envs"} <= set(programs[("ppo_fc.py",)])
+    assert {"--suite", "--baselines"} <= set(programs[("-m", "benchmark", "run")])
+    continued = "python ppo_fc.py --env-id X --num-envs 1 \\\n    --learning-rate 3e-4 --norm-obs  # a comment --no\n"
+    assert commands(command_lines(f"```bash\n{continued}```\n", inline=False)[0]) == [
+        (("ppo_fc.py",), ["--env-id", "--num-envs", "--learning-rate", "--norm-obs"])
+    ]
+    assert commands("pip install -e . && python ppo_lstm.py --env-id=CartPole-v1 && python -m pytest -n 2") == [
+        (("ppo_lstm.py",), ["--env-id"])
+    ]
+
+
+def test_every_flag_in_a_command_exists(programs_and_their_help):
+    programs, helps = programs_and_their_help
+    problems = []
+    for program, uses in sorted(programs.items()):
+        name = f"python {' '.join(program)}"
+        if program[0].endswith(".py") and not (REPO / program[0]).is_file():
+            problems.append(f"{name}: no such script")
+            continue
+        if not uses:
+            continue
+        assert len(helps[program]) > 1, f"{name} --help: no options found in its output"
+        problems += [
+            f"{name} {flag}: not in its --help ({', '.join(sorted(files))})"
+            for flag, files in sorted(uses.items())
+            if flag not in helps[program]
+        ]
+    assert problems == [], "\n".join(problems)
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = README.read_text(encoding="utf-8")
+    command = 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -n 2'
+    assert command in readme
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert "python -m pytest -n 2" in ci
