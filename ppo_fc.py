@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -228,7 +229,11 @@ class Agent(nn.Module):
         return policy.mean + policy.stddev * noise
 
 
-def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[stand_in.PolicyFunction, bool]:
+PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""A rollout's policy: (observations, noise) -> actions."""
+
+
+def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[PolicyFunction, bool]:
     """`Agent.sample(Agent.distribution(obs), noise)` on NumPy arrays, and whether it is a NumPy copy (with
     `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the torch policy does on `obs`)."""
     device = next(agent.parameters()).device
@@ -238,14 +243,15 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
         policy = agent.distribution(torch.as_tensor(obs, device=device))
         return agent.sample(policy, torch.as_tensor(noise, device=device)).cpu().numpy()
 
-    def numpy_act() -> stand_in.PolicyFunction:
+    def numpy_act() -> PolicyFunction:
         actor_out = stand_in.numpy_snapshot(agent.obs_norm, agent.actor)
         if agent.discrete:
             return lambda obs, noise: np.argmax(actor_out(obs) + noise, -1)
         std = agent.actor_logstd.detach().exp().cpu().numpy()
         return lambda obs, noise: actor_out(obs) + std * noise
 
-    act = stand_in.fitting_copy(numpy_act, torch_act, obs, agent.action_size, agent) if numpy_rollout else None
+    trial = stand_in.trial_inputs(obs, agent.action_size)
+    act = stand_in.fitting_copy(numpy_act, torch_act, trial, agent) if numpy_rollout else None
     return (act, True) if act is not None else (torch_act, False)
 
 

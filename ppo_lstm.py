@@ -340,87 +340,29 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
 
     if not numpy_rollout:
         return torch_step, False
-    numpy_step: StepFunction | None = None
-
-    def from_some_state(step: StepFunction) -> stand_in.PolicyFunction:
-        """The trial: one step from a random state; its actions and the whole state after it (the critic's part
-        too, which no action shows)."""
-
-        def act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-            shape = (agent.rnn_layers, len(obs), agent.state_size)
-            state = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-            actions, next_state = step(obs, state, np.zeros(len(obs), dtype=bool), noise)
-            return np.concatenate([actions.reshape(len(obs), -1), next_state.swapaxes(0, 1).reshape(len(obs), -1)], 1)
-
-        return act
-
-    def build() -> stand_in.PolicyFunction:
-        nonlocal numpy_step
-        numpy_step = numpy_policy_step(agent)
-        return from_some_state(numpy_step)
-
-    fits = stand_in.fitting_copy(build, from_some_state(torch_step), obs, agent.action_size, agent)
-    return (numpy_step, True) if fits is not None else (torch_step, False)
+    repeated, noise = stand_in.trial_inputs(obs, agent.action_size)  # from a random state: every part of it counts
+    state = np.random.default_rng(0).standard_normal((agent.rnn_layers, len(repeated), agent.state_size))
+    trial = (repeated, state.astype(np.float32), np.zeros(len(repeated), dtype=bool), noise)
+    copy = stand_in.fitting_copy(lambda: numpy_policy_step(agent), torch_step, trial, agent)
+    return (copy, True) if copy is not None else (torch_step, False)
 
 
 def numpy_policy_step(agent: Agent) -> StepFunction:
     """A NumPy copy of one step of the policy and the state update, at the agent's current weights."""
-    normalise = stand_in.numpy_snapshot(agent.obs_norm)
-    cores = [(stand_in.numpy_snapshot(core.encoder), numpy_cell(core.rnn), core.state_size) for core in agent.cores()]
-    actor_out = stand_in.numpy_snapshot(agent.actor)
+    normalise, actor_out = stand_in.numpy_snapshot(agent.obs_norm), stand_in.numpy_snapshot(agent.actor)
+    cores, start = [], 0  # each core's encoder, cell, and part of the state
+    for core in agent.cores():
+        part, start = slice(start, start + core.state_size), start + core.state_size
+        cores.append((stand_in.numpy_snapshot(core.encoder), stand_in.numpy_cell(core.rnn), part))
     std = None if agent.discrete else agent.actor_logstd.detach().exp().cpu().numpy()
 
     def step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
         x, state = normalise(obs), state * ~starts[None, :, None]
-        outputs, next_states, start = [], [], 0
-        for encoder, cell, size in cores:
-            output, next_state = cell(encoder(x), state[..., start : start + size])
-            outputs.append(output)
-            next_states.append(next_state)
-            start += size
+        outputs, next_states = zip(*[cell(encoder(x), state[..., part]) for encoder, cell, part in cores], strict=True)
         out = actor_out(outputs[0])
-        action = np.argmax(out + noise, -1) if std is None else out + std * noise
-        return action, np.concatenate(next_states, -1)
+        return np.argmax(out + noise, -1) if std is None else out + std * noise, np.concatenate(next_states, -1)
 
     return step
-
-
-def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """One step of an `nn.LSTM` or `nn.GRU` in NumPy: (input, state (layers, B, state size)) -> (output, state)."""
-    if type(rnn) not in (nn.LSTM, nn.GRU) or rnn._forward_hooks or rnn._forward_pre_hooks:
-        raise stand_in.NoNumpyForm(f"no NumPy form for the cell {rnn.__class__.__name__}")
-    if rnn.bidirectional or rnn.batch_first or getattr(rnn, "proj_size", 0) or (rnn.dropout and rnn.training):
-        raise stand_in.NoNumpyForm("no NumPy form for a bidirectional, batch-first, projected or dropout cell")
-    copy = lambda name: getattr(rnn, name).detach().to("cpu", torch.float32).numpy()  # noqa: E731
-    layers = []
-    for k in range(rnn.num_layers):
-        biases = (copy(f"bias_ih_l{k}"), copy(f"bias_hh_l{k}")) if rnn.bias else (np.float32(0), np.float32(0))
-        layers.append((copy(f"weight_ih_l{k}").T.copy(), copy(f"weight_hh_l{k}").T.copy(), *biases))
-    size = rnn.hidden_size
-    sigmoid = lambda x: np.float32(1) / (np.float32(1) + np.exp(-x))  # noqa: E731
-
-    def lstm(x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        next_state = np.empty_like(state)
-        for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
-            hidden, cell = state[k, :, :size], state[k, :, size:]
-            gates = x @ w_ih + b_ih + hidden @ w_hh + b_hh  # input, forget, cell, output: torch's order
-            squashed = sigmoid(gates)  # one call for all four (the cell gate's is unused): fewer NumPy calls
-            cell = squashed[:, size : 2 * size] * cell + squashed[:, :size] * np.tanh(gates[:, 2 * size : 3 * size])
-            x = squashed[:, 3 * size :] * np.tanh(cell)
-            next_state[k, :, :size], next_state[k, :, size:] = x, cell
-        return x, next_state
-
-    def gru(x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        next_state = np.empty_like(state)
-        for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
-            from_input, from_hidden = x @ w_ih + b_ih, state[k] @ w_hh + b_hh  # reset, update, new: torch's order
-            reset = sigmoid(from_input[:, :size] + from_hidden[:, :size])
-            update = sigmoid(from_input[:, size : 2 * size] + from_hidden[:, size : 2 * size])
-            new = np.tanh(from_input[:, 2 * size :] + reset * from_hidden[:, 2 * size :])
-            x = next_state[k] = (1 - update) * new + update * state[k]
-        return x, next_state
-
-    return lstm if isinstance(rnn, nn.LSTM) else gru
 
 
 def check_policy(agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool) -> Tensor:

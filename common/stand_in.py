@@ -1,7 +1,8 @@
 """The rollout's stand-in for the policy, and the checks that keep it the policy.
 
 A rollout step on a CPU costs less with NumPy than with torch at the sizes of these networks. The stand-in is a NumPy
-copy of the network, derived from the modules layer by layer (``numpy_snapshot``), tried against the torch policy
+copy of the network, derived from the modules layer by layer (``numpy_snapshot``) and cell by cell
+(``numpy_cell``: any ``nn.LSTM`` or ``nn.GRU``), tried against the torch policy
 before it acts (``fitting_copy``), and checked against it after every rollout: same actions for the same noise
 (``check_same_actions``), actions that are draws of the policy (``check_draws``), and written-out log-probabilities
 equal to the policy's (``check_same_values``).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -26,8 +28,7 @@ from common.cli import notice
 from common.errors import PolicyMismatch, TrainingDiverged
 
 NumpyFunction = Callable[[np.ndarray], np.ndarray]
-PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""A rollout's policy: (observations, noise) -> actions."""
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class NoNumpyForm(Exception):
@@ -119,27 +120,71 @@ def _numpy_forms(modules: Iterable[nn.Module]) -> list[NumpyFunction]:
     return functions
 
 
-def fitting_copy(
-    build: Callable[[], PolicyFunction], reference: PolicyFunction, obs: np.ndarray, action_size: int, owner: nn.Module
-) -> PolicyFunction | None:
-    """`build()`, a NumPy copy of the rollout's policy `(observations, noise) -> actions` of `owner`, if it builds and
-    gives the actions of `reference` (the torch policy) on `obs` for 256 draws of noise each; else None, with one
+def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """One step of an `nn.LSTM` or `nn.GRU` in NumPy: (input (B, in), state (layers, B, state size)) -> (output,
+    state after the step). An LSTM's state is its hidden and cell states side by side, in that order."""
+    if type(rnn) not in (nn.LSTM, nn.GRU) or _has_forward_hooks(rnn):
+        raise NoNumpyForm(f"no NumPy form for the cell {rnn.__class__.__name__}")
+    if rnn.bidirectional or rnn.batch_first or getattr(rnn, "proj_size", 0) or (rnn.dropout and rnn.training):
+        raise NoNumpyForm("no NumPy form for a bidirectional, batch-first, projected or dropout cell")
+    layers = []
+    for k in range(rnn.num_layers):
+        weights = [_copy(getattr(rnn, f"weight_{kind}_l{k}")).T.copy() for kind in ("ih", "hh")]
+        biases = [_copy(getattr(rnn, f"bias_{kind}_l{k}")) if rnn.bias else np.float32(0) for kind in ("ih", "hh")]
+        layers.append((*weights, *biases))
+    size = rnn.hidden_size
+
+    def sigmoid(x: np.ndarray) -> np.ndarray:
+        return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+    def lstm(x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        next_state = np.empty_like(state)
+        for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
+            hidden, cell = state[k, :, :size], state[k, :, size:]
+            gates = x @ w_ih + b_ih + hidden @ w_hh + b_hh  # input, forget, cell, output: torch's order
+            squashed = sigmoid(gates)  # one call for all four (the cell gate's is unused): fewer NumPy calls
+            cell = squashed[:, size : 2 * size] * cell + squashed[:, :size] * np.tanh(gates[:, 2 * size : 3 * size])
+            x = squashed[:, 3 * size :] * np.tanh(cell)
+            next_state[k, :, :size], next_state[k, :, size:] = x, cell
+        return x, next_state
+
+    def gru(x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        next_state = np.empty_like(state)
+        for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
+            from_input, from_hidden = x @ w_ih + b_ih, state[k] @ w_hh + b_hh  # reset, update, new: torch's order
+            reset = sigmoid(from_input[:, :size] + from_hidden[:, :size])
+            update = sigmoid(from_input[:, size : 2 * size] + from_hidden[:, size : 2 * size])
+            new = np.tanh(from_input[:, 2 * size :] + reset * from_hidden[:, 2 * size :])
+            x = next_state[k] = (1 - update) * new + update * state[k]
+        return x, next_state
+
+    return lstm if isinstance(rnn, nn.LSTM) else gru
+
+
+def trial_inputs(obs: np.ndarray, action_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Observations `obs`, each repeated 256 times, with a draw of noise for each: what `fitting_copy` tries."""
+    repeated = np.repeat(obs, 256, axis=0)
+    return repeated, np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(np.float32)
+
+
+def fitting_copy(build: Callable[[], F], reference: F, trial: tuple[np.ndarray, ...], owner: nn.Module) -> F | None:
+    """`build()`, a NumPy copy of the rollout's policy of `owner`, if it builds and gives the outputs of `reference`
+    (the torch policy: the same arguments, NumPy arrays in and out) on the `trial` arguments; else None, with one
     notice line. An edit the copy does not follow (a layer outside the actor, another output shape) shows here,
     before the copy acts. The verdict depends on the network's structure, not its weights, so it is tried once per
     `owner`; the check after every rollout covers the rest."""
     try:
-        act = build()
+        copy = build()
         if owner not in _fitting:
-            repeated = np.repeat(obs, 256, axis=0)
-            noise = np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(np.float32)
-            acted, expected = act(repeated, noise), reference(repeated, noise)
-            _fitting[owner] = acted.shape == expected.shape and np.allclose(acted, expected, rtol=1e-4, atol=1e-4)
+            outputs, expected = copy(*trial), reference(*trial)
+            pairs = zip(*(x if isinstance(x, tuple) else (x,) for x in (outputs, expected)), strict=True)
+            _fitting[owner] = all(a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs)
         if not _fitting[owner]:
             raise NoNumpyForm("a copy of the actor gives other actions than the torch policy")
     except Exception as exc:  # whatever the edit broke: the torch policy is always right
         notice(f"the rollout calls the torch policy at every step (no NumPy copy: {exc})")
         return None
-    return act
+    return copy
 
 
 _fitting: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()

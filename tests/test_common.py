@@ -20,7 +20,7 @@ from common.envs import vector_env
 from common.errors import PolicyMismatch, UsageError
 from common.interrupt import sigint_ignored_by_new_processes
 from common.run_folder import create_run_folder, unused_path
-from common.stand_in import LAYERS, NoNumpyForm, check_draws, fitting_copy, numpy_snapshot
+from common.stand_in import LAYERS, NoNumpyForm, check_draws, fitting_copy, numpy_cell, numpy_snapshot, trial_inputs
 from common.trajectories import unused_npz_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,6 +259,34 @@ class ScaledLinear(nn.Linear):
         return 2 * super().forward(x)
 
 
+@pytest.mark.parametrize("cell_type", [nn.LSTM, nn.GRU])
+@pytest.mark.parametrize("layers, bias", [(1, True), (2, True), (2, False)])
+def test_the_numpy_form_of_a_cell_steps_as_torch_does(cell_type, layers, bias):
+    torch.manual_seed(0)
+    rnn = cell_type(5, 7, layers, bias=bias)
+    step = numpy_cell(rnn)
+    x = torch.randn(6, 3, 5)
+    state = torch.randn(layers, 3, 14 if cell_type is nn.LSTM else 7)
+    torch_state = tuple(state.chunk(2, -1)) if cell_type is nn.LSTM else state
+    numpy_state = state.numpy()
+    with torch.no_grad():
+        for t in range(len(x)):
+            output, torch_state = rnn(x[t : t + 1], torch_state)
+            numpy_output, numpy_state = step(x[t].numpy(), numpy_state)
+            flat = torch.cat(torch_state, -1) if cell_type is nn.LSTM else torch_state
+            np.testing.assert_allclose(numpy_output, output[0].numpy(), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(numpy_state, flat.numpy(), rtol=1e-5, atol=1e-5)
+    for unusual in (dict(bidirectional=True), dict(batch_first=True), dict(proj_size=3)):
+        if cell_type is nn.GRU and "proj_size" in unusual:
+            continue
+        with pytest.raises(NoNumpyForm):
+            numpy_cell(cell_type(5, 7, **unusual))
+    hooked = cell_type(5, 7)
+    hooked.register_forward_hook(lambda module, inputs, output: output)
+    with pytest.raises(NoNumpyForm, match=cell_type.__name__):
+        numpy_cell(hooked)
+
+
 def test_what_a_snapshot_cannot_copy_is_refused():
     with pytest.raises(NoNumpyForm, match="ScaledLinear"):
         numpy_snapshot(nn.Sequential(nn.Linear(2, 2), ScaledLinear(2, 2)))  # a subclass may compute anything
@@ -296,16 +324,20 @@ def test_a_copy_that_does_not_act_like_the_reference_is_not_used(capsys):
     def reference(obs, noise):
         return obs.sum(-1, keepdims=True) + noise
 
-    networks = [nn.Linear(1, 1) for _ in range(3)]  # what the verdicts are kept for
-    obs = np.ones((3, 2), np.float32)
-    assert fitting_copy(lambda: reference, reference, obs, 1, networks[0]) is reference
-    assert fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, obs, 1, networks[1]) is None
-    assert fitting_copy(lambda: lambda obs, noise: obs @ np.ones((5, 1)), reference, obs, 1, networks[2]) is None
-    assert capsys.readouterr().err.count("notice: the rollout calls the torch policy at every step") == 2
+    networks = [nn.Linear(1, 1) for _ in range(4)]  # what the verdicts are kept for
+    trial = trial_inputs(np.ones((3, 2), np.float32), 1)
+    assert fitting_copy(lambda: reference, reference, trial, networks[0]) is reference
+    assert fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, trial, networks[1]) is None
+    assert fitting_copy(lambda: lambda obs, noise: obs @ np.ones((5, 1)), reference, trial, networks[2]) is None
+
+    def with_state(obs, noise):  # a recurrent step: actions and the state after it, all compared
+        return reference(obs, noise), obs * 2
+
+    wrong_state = lambda: lambda obs, noise: (reference(obs, noise), obs * 3)  # noqa: E731
+    assert fitting_copy(wrong_state, with_state, trial, networks[3]) is None
+    assert capsys.readouterr().err.count("notice: the rollout calls the torch policy at every step") == 2  # once each
     # Tried once per network: the same network keeps its verdict.
-    assert (
-        fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, obs, 1, networks[0]) is not None
-    )
+    assert fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, trial, networks[0]) is not None
 
 
 def test_rare_draws_of_a_nearly_deterministic_policy_are_no_alarm():
