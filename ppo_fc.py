@@ -21,22 +21,16 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 from torch import Tensor
 from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, env_state, stand_in
-from common.cli import check_ranges, exit_status, notice, parse_args
+from common import checkpoints, cli, env_state, evaluation, run_folder, run_start, stand_in, tracking
 from common.envs import env_action, env_spaces, flat_observations, resolve_env_id, vector_env
-from common.errors import TrainingDiverged, UsageError
-from common.evaluation import play_episodes
+from common.errors import UsageError, check_finite
 from common.interrupt import GracefulInterrupt
-from common.resident_memory import rss_mb
-from common.run_folder import create_run_folder, run_name
 from common.running_norm import RunningNorm
-from common.seeding import restore_rng_state, seed_and_pick_device
-from common.tracking import EpisodeLog, finish_tracking, log_episodes, start_tracking, upload_videos
+from common.seeding import seed_and_pick_device
 from common.train_result import TrainResult
-from common.trajectories import TrajectoryWriter, unused_npz_path
+from common.trajectories import RolloutRecorder, unused_npz_path
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 4  # 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
@@ -60,7 +54,7 @@ class Args:
     cuda: bool = True
     """if toggled, use a GPU when one is available"""
     torch_threads: int = 1
-    """CPU threads for torch and NumPy's BLAS (0 keeps their defaults); one thread is fastest for small networks"""
+    """CPU threads for torch and NumPy's BLAS (0 keeps their defaults; 1 is fastest for small networks)"""
     track: bool = False
     """if toggled, track the run with Weights and Biases (works with WANDB_MODE=offline)"""
     wandb_project_name: str = "onefile-rl"
@@ -74,9 +68,9 @@ class Args:
     run_dir: str = "runs"
     """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
     progress: bool = True
-    """if toggled, show a progress bar with the step count, SPS and the mean return of recent episodes"""
+    """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
     numpy_rollout: bool = True
-    """if toggled, the rollout acts through a NumPy copy of the policy (faster on a CPU; checked against the torch policy after every rollout); off: a torch call per step"""
+    """if toggled, the rollout acts through a NumPy copy of the policy, checked against it (docs/ppo_fc.md)"""
     save_model: bool = True
     """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
     checkpoint_every: int = 0
@@ -86,19 +80,19 @@ class Args:
     eval_checkpoint: str | None = None
     """evaluate the agent of this checkpoint for --eval-episodes episodes, then exit"""
     eval_episodes: int = 10
-    """episodes of evaluation after training, actions drawn by --sampling-method (greedy: deterministic) (0: none)"""
+    """episodes of evaluation after training, actions drawn by --sampling-method (0: none)"""
     sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
-    """how evaluation (after training, and --eval-checkpoint) draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
+    """how evaluation draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
     temperature: float = 1.0
-    """with --sampling-method temperature: divides the logits (discrete) or multiplies the std (continuous)"""
+    """with --sampling-method temperature: divides the logits, or multiplies the std"""
     sampling_k: int = 2
-    """with --sampling-method topk / bottomk: sample among this many most / least likely actions (discrete only)"""
+    """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
     save_trajectories: str | None = None
-    """record the training rollouts (or, with --eval-checkpoint, the evaluation episodes) to this .npz file (an existing file is never overwritten: a free name _2, _3, ... is taken)"""
+    """record the training rollouts (with --eval-checkpoint: the episodes) to this new .npz file"""
     env_id: str = "CartPole-v1"
-    """the id of the gymnasium environment (ids of installed packages such as popgym and MiniGrid work as written; `module:Env-v0` imports `module` first)"""
+    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 500_000
-    """total timesteps of the experiment (rounded down to whole batches of --num-envs x --num-steps)"""
+    """total timesteps of the experiment (rounded down to whole batches)"""
     num_envs: int = 4
     """the number of parallel environments"""
     async_envs: bool = False
@@ -108,7 +102,7 @@ class Args:
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     end_learning_rate: float = 0.0
-    """with --anneal-lr, the learning rate falls linearly towards this value (CleanRL's schedule: the last iteration uses lr + (end - lr) * (N - 1) / N)"""
+    """with --anneal-lr, the learning rate falls linearly towards this value"""
     anneal_lr: bool = True
     """toggle learning rate annealing"""
     gamma: float = 0.99
@@ -136,13 +130,13 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = False
-    """if toggled, normalise observations with running statistics (kept in the agent, frozen in evaluation)"""
+    """if toggled, normalise observations with running statistics (frozen in evaluation)"""
     norm_reward: bool = False
-    """if toggled, scale rewards by the running std of the discounted return (gymnasium's NormalizeReward)"""
+    """if toggled, scale rewards by the running std of the discounted return (NormalizeReward)"""
     norm_reward_clip: float = 10.0
     """with --norm-reward, clip the scaled rewards to [-this, this] (CleanRL's 10)"""
     hidden_size: int = 64
-    """width of the two hidden layers of the actor and of the critic"""
+    """width of the encoder, a linear layer with tanh before the recurrent cell"""
 
 
 def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
@@ -202,15 +196,13 @@ class Agent(nn.Module):
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
     def get_action_and_value(self, x: Tensor, action: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`. For a
-        categorical they are written out (a Categorical costs 6% of SPS here); the update checks them against it."""
+        """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`."""
+        policy = self.distribution(x)
         if action is None:
-            action = self.distribution(x).sample()
+            action = policy.sample()
         if self.discrete:
-            log_probs = self.actor_out(x).log_softmax(-1)  # -inf logits (masks) would need Categorical's clamp
-            log_prob = log_probs.gather(-1, action[..., None]).squeeze(-1)
-            return action, log_prob, -(log_probs.exp() * log_probs).sum(-1), self.get_value(x)
-        policy = self.distribution(x)  # independent action dimensions: log-probabilities and entropies add up
+            return action, policy.log_prob(action), policy.entropy(), self.get_value(x)
+        # Independent action dimensions: log-probabilities and entropies add up.
         return action, policy.log_prob(action).sum(-1), policy.entropy().sum(-1), self.get_value(x)
 
     def sampling_noise(self, batch_shape: tuple[int, ...]) -> Tensor:
@@ -255,17 +247,17 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
     return (act, True) if act is not None else (torch_act, False)
 
 
-def check_policy(obs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool) -> tuple[Tensor, Tensor]:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at `obs`, and its entropies, after
-    checking that the actions are its draws with `noise`."""
+def check_policy(obs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool) -> Tensor:
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at `obs`, after checking that the
+    actions are its draws with `noise`."""
     policy = agent.distribution(obs)
-    if not agent.discrete:
-        stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
-        stand_in.check_draws(actions, mean=policy.mean, std=policy.stddev)
-        return policy.log_prob(actions).sum(-1), policy.entropy().sum(-1)
-    stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
-    stand_in.check_draws(actions, probs=policy.probs)
-    return policy.log_prob(actions), policy.entropy()
+    if agent.discrete:
+        stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
+        stand_in.check_draws(actions, probs=policy.probs)
+        return policy.log_prob(actions)
+    stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
+    stand_in.check_draws(actions, mean=policy.mean, std=policy.stddev)
+    return policy.log_prob(actions).sum(-1)
 
 
 def check_args(args: Args) -> None:
@@ -273,7 +265,7 @@ def check_args(args: Args) -> None:
     positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size")
     positive += ("video_every", "sampling_k", "temperature", "learning_rate", "clip_coef", "max_grad_norm")
     non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate")
-    check_ranges(args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda"))
+    cli.check_ranges(args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda"))
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         raise UsageError(
@@ -333,18 +325,11 @@ def train(args: Args) -> TrainResult:
     agent = build_agent(args, checkpoint, device)
     # The fused kernel updates every parameter in one call: a fifth of the update time for a network this small.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    global_step, start_iteration = 0, 1
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-        global_step, start_iteration = int(checkpoint["global_step"]), int(checkpoint["iteration"]) + 1
-        run_path = checkpoints.resume_folder(args.resume)
-        if start_iteration > num_iterations:
-            raise UsageError(f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)")
-    else:
-        run_path = create_run_folder(args.run_dir, run_name(args.env_id, args.exp_name, args.seed))
-    writer = start_tracking(run_path, args, purge_step=global_step + 1 if checkpoint is not None else None)
-    video_folder = run_path / "videos" / (f"from_step_{global_step}" if global_step else "")  # parts never clash
-    envs, reward_normalizer = make_envs(args, str(video_folder), checkpoint)
+    run = run_start.start_run(args, checkpoint, num_iterations)
+    global_step = run.global_step
+    envs, reward_normalizer = make_envs(args, str(run.video_folder), checkpoint)
 
     # Rollout storage, in NumPy: filled step by step without conversions.
     obs_shape = envs.single_observation_space.shape
@@ -354,31 +339,24 @@ def train(args: Args) -> TrainResult:
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations, truncations = np.zeros((2, args.num_steps, args.num_envs), dtype=bool)
-    trajectory_writer = TrajectoryWriter(args.num_envs, meta={"args": asdict(args)}) if args.save_trajectories else None
-    trajectory_path = unused_npz_path(args.save_trajectories)
+    recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)}, reward_normalizer)
 
     if args.total_timesteps % batch_size:
-        notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
-    if checkpoint is not None:
-        restore_rng_state(checkpoint["rng"])  # last, after every module is built: building draws random numbers
-    next_obs_np, _ = envs.reset(seed=args.seed + global_step)
-    if checkpoint is not None:  # continue the episodes the checkpoint cut (or, if the envs cannot, start new ones)
-        next_obs_np, _ = env_state.restore(envs, checkpoint["episodes"], args.seed + global_step)
-    episodes, checkpoint_path = EpisodeLog(writer), None
-    progress = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress, unit="step")
-    start_time, start_step = time.time(), global_step
-    uploaded_videos: set[str] = set()
+        cli.notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
+    next_obs_np, _ = env_state.start(envs, checkpoint, args.seed + global_step)  # last: after everything is built
+    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * batch_size, global_step)
 
     def write_checkpoint(iteration: int) -> Path:
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
         state["episodes"] = env_state.capture(envs, next_obs_np)
-        return checkpoints.save(run_path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
+        return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
-    iteration = saved_iteration = start_iteration - 1
-    with GracefulInterrupt() as interrupt, closing(envs), progress:
-        while iteration < num_iterations and not interrupt.requested:
-            iteration += 1
+    saving = checkpoints.CheckpointSchedule(
+        write_checkpoint, args.checkpoint_every, args.save_model, run.iterations_done
+    )
+    with GracefulInterrupt() as interrupt, closing(envs), log:
+        for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
@@ -389,7 +367,6 @@ def train(args: Args) -> TrainResult:
             act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np.astype(np.float32))
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np = noise.cpu().numpy()
-            recorded_steps = []  # with --save-trajectories: what the trajectory file needs once log-probs are known
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step] = next_obs_np
@@ -397,24 +374,20 @@ def train(args: Args) -> TrainResult:
                 sent_action = env_action(actions[step], agent.action_space)
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
+                # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
                 rewards[step] = (
                     reward.clip(-args.norm_reward_clip, args.norm_reward_clip) if reward_normalizer else reward
                 )
-                if reward_normalizer is not None:  # clipped above, not by a wrapper: the env's reward stays recoverable
-                    reward = reward * np.sqrt(reward_normalizer.return_rms.var + reward_normalizer.epsilon)
+                recorder.step(obs[step], sent_action, reward, terminated, truncated, infos)
 
                 if args.bootstrap_truncation and truncated.any():
                     final_obs[step, truncated] = np.stack(infos["final_obs"][truncated])
-                episodes.record(infos, global_step)
-                if trajectory_writer is not None:  # the env's own reward, not the scaled one
-                    recorded_steps.append(((sent_action, reward, terminated, truncated), infos))
+                log.episodes.record(infos, global_step)
 
             with torch.no_grad():
                 b_obs = torch.as_tensor(obs, device=device).reshape(-1, *obs_shape)
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
-                b_logprobs, b_entropies = check_policy(
-                    b_obs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy
-                )
+                b_logprobs = check_policy(b_obs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy)
                 b_values = agent.get_value(b_obs)
                 values = b_values.reshape(args.num_steps, args.num_envs)
                 next_value = agent.get_value(torch.as_tensor(next_obs_np, dtype=torch.float32, device=device))
@@ -430,25 +403,18 @@ def train(args: Args) -> TrainResult:
                 )  # fmt: skip
                 b_advantages = torch.as_tensor(advantages, device=device).reshape(-1)
                 b_returns = b_advantages + b_values
-            for step, (env_step, infos) in enumerate(recorded_steps):
-                fields = {"logprobs": b_logprobs.reshape(args.num_steps, -1)[step], "values": values[step]}
-                if not agent.discrete:
-                    fields["actions"] = actions[step]  # the unclipped sample that `logprobs` belong to
-                trajectory_writer.add_step(obs[step], *env_step, {"policy": fields}, infos)
+            # With a continuous policy, also the unclipped sample that `logprobs` belong to.
+            sampled = {} if agent.discrete else {"actions": actions}
+            recorder.end_rollout(logprobs=b_logprobs.reshape(args.num_steps, -1), values=values, **sampled)
             rollout_seconds = time.time() - rollout_start
 
             update_start = time.time()
             ratios = []
-            for epoch in range(args.update_epochs):
+            for _epoch in range(args.update_epochs):
                 permutation = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
                     mb_inds = permutation[start : start + minibatch_size]
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                    if epoch == 0 and start == 0:  # no step yet: the update must score actions as the rollout did
-                        stand_in.check_same_values(
-                            "log-probabilities", newlogprob, b_logprobs[mb_inds], "get_action_and_value"
-                        )
-                        stand_in.check_same_values("entropies", entropy, b_entropies[mb_inds], "get_action_and_value")
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())
@@ -484,13 +450,7 @@ def train(args: Args) -> TrainResult:
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
-            # Once per update: on a GPU every check waits for the device. A NaN or inf loss reaches the parameters.
-            if not torch.stack([torch.isfinite(p).all() for p in agent.parameters()]).all():
-                raise TrainingDiverged(
-                    f"a loss or parameter became NaN or inf in the update at step {global_step} (last minibatch: "
-                    f"policy loss {pg_loss.item():.4g}, value loss {v_loss.item():.4g}, entropy "
-                    f"{entropy_loss.item():.4g}); the last good checkpoint is kept"
-                )
+            check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
             if args.norm_obs:
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
                 agent.obs_norm.update(b_obs)
@@ -498,35 +458,24 @@ def train(args: Args) -> TrainResult:
 
             var_y = np.var(b_returns.cpu().numpy())
             explained_var = np.nan if var_y == 0 else 1 - np.var((b_returns - b_values).cpu().numpy()) / var_y
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
-            writer.add_scalar("losses/clipfrac", clipfrac.item(), global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("perf/rollout_seconds", rollout_seconds, global_step)
-            writer.add_scalar("perf/update_seconds", update_seconds, global_step)
-            writer.add_scalar("system/rss_mb", rss_mb(), global_step)
-            progress.update(global_step - progress.n)
-            progress.set_postfix(SPS=sps, ret=episodes.recent_mean(), refresh=False)
-            if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-                checkpoint_path, saved_iteration = write_checkpoint(iteration), iteration
-            if args.track and args.capture_video:
-                upload_videos(video_folder, uploaded_videos)
-
-        # Also after a Ctrl-C, which then stops the run here (the checkpoint is that of the last whole iteration).
-        if (args.save_model or (interrupt.requested and args.checkpoint_every)) and saved_iteration < iteration:
-            checkpoint_path = write_checkpoint(iteration)
-        if trajectory_writer is not None:
-            trajectory_writer.save(trajectory_path)
-    eval_returns = evaluate(agent, args, writer, global_step) if args.eval_episodes else []
-    finish_tracking(writer, args.track, video_folder if args.capture_video else None, uploaded_videos)
-    return TrainResult(agent, global_step, run_path, episodes.returns, episodes.lengths, eval_returns, checkpoint_path)
+            log.iteration(global_step, {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
+                "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
+                "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
+                "losses/explained_variance": explained_var, "perf/rollout_seconds": rollout_seconds,
+                "perf/update_seconds": update_seconds,
+            })  # fmt: skip
+            saving.iteration_done(iteration)
+            if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
+                break
+        checkpoint_path = saving.run_ended(iteration, interrupt.requested)
+        recorder.save()
+    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
+    log.finish()
+    returns, lengths = log.episodes.returns, log.episodes.lengths
+    return TrainResult(agent, global_step, run.path, returns, lengths, eval_returns, checkpoint_path)
 
 
 def compute_gae(
@@ -575,8 +524,8 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
         return env_action(action.cpu().numpy(), agent.action_space)
 
     env_fn, meta = make_env(resolve_env_id(args.env_id)), {"args": asdict(args)}
-    returns, lengths = play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
-    log_episodes(writer, returns, lengths, step, prefix="eval")
+    returns, lengths = evaluation.play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
+    tracking.log_episodes(writer, returns, lengths, step, prefix="eval")
     agent.train(was_training)
     return returns
 
@@ -589,7 +538,9 @@ def evaluate_checkpoint(args: Args) -> list[float]:
         raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
     agent = build_agent(trained, checkpoint, device)
-    run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
+    run_path = run_folder.create_run_folder(
+        args.run_dir, run_folder.run_name(trained.env_id, trained.exp_name, trained.seed), "__eval"
+    )
     with SummaryWriter(str(run_path)) as writer:
         returns = evaluate(agent, trained, writer, checkpoint["global_step"], unused_npz_path(args.save_trajectories))
     print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
@@ -598,13 +549,13 @@ def evaluate_checkpoint(args: Args) -> list[float]:
 
 def main() -> int:
     def run() -> None:
-        args = parse_args(Args)
+        args = cli.parse_args(Args)
         if args.eval_checkpoint:
             evaluate_checkpoint(args)
         else:
             print(train(args).summary())
 
-    return exit_status(run)
+    return cli.exit_status(run)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,6 @@
-"""Recurrent PPO: an MLP encoder, an LSTM or GRU, then actor and critic heads, for discrete and continuous actions.
-After CleanRL's ppo_atari_lstm.py. Read top to bottom: arguments, environments, network, then ``train()``: rollout
-(the hidden state carried from step to step and from rollout to rollout, zero where an episode starts), GAE, the
-training sequences (whole env rollouts, or ``--bptt-len`` chunks, each from the state recorded in the rollout),
-minibatch updates, Adam with a linear LR decay. Run plumbing is in ``common/``."""
+"""Recurrent PPO (an MLP encoder, an LSTM or GRU, actor and critic heads) for discrete and continuous actions, after
+CleanRL's ppo_atari_lstm.py. Read top to bottom: arguments, environments, network, then ``train()``. Run plumbing is
+in ``common/``; docs/ppo_lstm.md gives the reasons for the defaults."""
 
 from __future__ import annotations
 
@@ -23,22 +21,16 @@ from gymnasium.vector import VectorEnv, VectorWrapper
 from torch import Tensor
 from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, env_state, stand_in
-from common.cli import check_ranges, exit_status, notice, parse_args
+from common import checkpoints, cli, env_state, evaluation, run_folder, run_start, stand_in, tracking
 from common.envs import env_action, env_spaces, flat_observations, resolve_env_id, vector_env
-from common.errors import PolicyMismatch, TrainingDiverged, UsageError
-from common.evaluation import play_episodes
+from common.errors import PolicyMismatch, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
-from common.resident_memory import rss_mb
-from common.run_folder import create_run_folder, run_name
 from common.running_norm import RunningNorm
-from common.seeding import restore_rng_state, seed_and_pick_device
-from common.tracking import EpisodeLog, finish_tracking, log_episodes, start_tracking, upload_videos
+from common.seeding import seed_and_pick_device
 from common.train_result import TrainResult
-from common.trajectories import TrajectoryWriter, unused_npz_path
+from common.trajectories import RolloutRecorder, unused_npz_path
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 2  # 2: the envs' places in their episodes and the recurrent state there ("episodes")
@@ -62,7 +54,7 @@ class Args:
     cuda: bool = True
     """if toggled, use a GPU when one is available"""
     torch_threads: int = 1
-    """CPU threads for torch and NumPy's BLAS (0 keeps their defaults); one thread is fastest for small networks"""
+    """CPU threads for torch and NumPy's BLAS (0 keeps their defaults; 1 is fastest for small networks)"""
     track: bool = False
     """if toggled, track the run with Weights and Biases (works with WANDB_MODE=offline)"""
     wandb_project_name: str = "onefile-rl"
@@ -76,9 +68,9 @@ class Args:
     run_dir: str = "runs"
     """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
     progress: bool = True
-    """if toggled, show a progress bar with the step count, SPS and the mean return of recent episodes"""
+    """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
     numpy_rollout: bool = True
-    """if toggled, the rollout acts through a NumPy copy of the policy and its recurrent cell (faster on a CPU; checked against the torch policy after every rollout); off: a torch call per step"""
+    """if toggled, the rollout acts through a NumPy copy of the policy, checked against it (docs/ppo_lstm.md)"""
     save_model: bool = True
     """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
     checkpoint_every: int = 0
@@ -88,29 +80,29 @@ class Args:
     eval_checkpoint: str | None = None
     """evaluate the agent of this checkpoint for --eval-episodes episodes, then exit"""
     eval_episodes: int = 10
-    """episodes of evaluation after training, actions drawn by --sampling-method (greedy: deterministic) (0: none)"""
+    """episodes of evaluation after training, actions drawn by --sampling-method (0: none)"""
     sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
-    """how evaluation (after training, and --eval-checkpoint) draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
+    """how evaluation draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
     temperature: float = 1.0
-    """with --sampling-method temperature: divides the logits (discrete) or multiplies the std (continuous)"""
+    """with --sampling-method temperature: divides the logits, or multiplies the std"""
     sampling_k: int = 2
-    """with --sampling-method topk / bottomk: sample among this many most / least likely actions (discrete only)"""
+    """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
     save_trajectories: str | None = None
-    """record the training rollouts (or, with --eval-checkpoint, the evaluation episodes) to this .npz file (an existing file is never overwritten: a free name _2, _3, ... is taken)"""
+    """record the training rollouts (with --eval-checkpoint: the episodes) to this new .npz file"""
     env_id: str = "CartPole-v1"
-    """the id of the gymnasium environment (ids of installed packages such as popgym and MiniGrid work as written; `module:Env-v0` imports `module` first)"""
+    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 500_000
-    """total timesteps of the experiment (rounded down to whole batches of --num-envs x --num-steps)"""
+    """total timesteps of the experiment (rounded down to whole batches)"""
     num_envs: int = 8
-    """the number of parallel environments (8, not CleanRL's 4: docs/ppo_lstm.md)"""
+    """the number of parallel environments (docs/ppo_lstm.md)"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
     learning_rate: float = 1e-3
-    """the learning rate of the optimizer (1e-3, not CleanRL's 2.5e-4, chosen on the memory suite: docs/ppo_lstm.md)"""
+    """the learning rate of the optimizer (docs/ppo_lstm.md)"""
     end_learning_rate: float = 0.0
-    """with --anneal-lr, the learning rate falls linearly towards this value (CleanRL's schedule: the last iteration uses lr + (end - lr) * (N - 1) / N)"""
+    """with --anneal-lr, the learning rate falls linearly towards this value"""
     anneal_lr: bool = True
     """toggle learning rate annealing"""
     gamma: float = 0.99
@@ -118,17 +110,17 @@ class Args:
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 2
-    """the number of minibatches (2, not CleanRL's 4, chosen on the memory suite: docs/ppo_lstm.md)"""
+    """the number of minibatches (docs/ppo_lstm.md)"""
     update_epochs: int = 10
-    """the K epochs to update the policy (10, not CleanRL's 4, chosen on the memory suite: docs/ppo_lstm.md)"""
+    """the K epochs to update the policy (docs/ppo_lstm.md)"""
     norm_adv: bool = True
     """toggles advantages normalization (per minibatch)"""
     clip_coef: float = 0.1
-    """the surrogate clipping coefficient (0.1, not CleanRL's 0.2: docs/ppo_lstm.md)"""
+    """the surrogate clipping coefficient (docs/ppo_lstm.md)"""
     clip_vloss: bool = False
-    """toggles whether or not to use a clipped loss for the value function (off, not CleanRL's on: docs/ppo_lstm.md)"""
+    """toggles whether or not to use a clipped loss for the value function (docs/ppo_lstm.md)"""
     ent_coef: float = 0.0
-    """coefficient of the entropy (0, not CleanRL's 0.01: docs/ppo_lstm.md)"""
+    """coefficient of the entropy (docs/ppo_lstm.md)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
     max_grad_norm: float = 0.5
@@ -138,23 +130,23 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = True
-    """if toggled, normalise observations with running statistics, kept in the agent and frozen in evaluation (on, not CleanRL's off: docs/ppo_lstm.md)"""
+    """if toggled, normalise observations with running statistics, frozen in evaluation (docs/ppo_lstm.md)"""
     norm_reward: bool = True
-    """if toggled, scale rewards by the running std of the discounted return, gymnasium's NormalizeReward (on: docs/ppo_lstm.md)"""
+    """if toggled, scale rewards by the running std of the discounted return (docs/ppo_lstm.md)"""
     norm_reward_clip: float = 10.0
     """with --norm-reward, clip the scaled rewards to [-this, this] (CleanRL's 10)"""
     hidden_size: int = 64
-    """width of the encoder: one linear layer with tanh between the observation and the recurrent cell"""
+    """width of the encoder, a linear layer with tanh before the recurrent cell"""
     rnn_type: Literal["lstm", "gru"] = "lstm"
-    """the recurrent cell: lstm or gru (on a CPU torch has a fused kernel for the LSTM only: a GRU's update steps through time and took 3-4 times as long on CartPole-v1)"""
+    """the recurrent cell: lstm or gru (a GRU is slower on a CPU: docs/ppo_lstm.md)"""
     rnn_hidden_size: int = 128
     """the size of the recurrent cell's hidden state"""
     rnn_layers: int = 1
     """the number of stacked recurrent layers"""
     shared_core: bool = True
-    """if toggled, the actor and the critic share the encoder and the recurrent cell, each with its own linear head (CleanRL's LSTM PPO); off: the critic has its own encoder and cell of the same shape, as sb3-contrib's enable_critic_lstm, at twice the cell's cost"""
+    """if toggled, the actor and the critic share the encoder and cell; off: the critic has its own"""
     bptt_len: int = 0
-    """0: each minibatch holds whole env rollouts (--num-steps long); L > 0: the rollouts are cut into chunks of L steps, each starting from the hidden state recorded in the rollout, and minibatches mix the chunks (gradients then stop at chunk starts; the cell runs faster, its padded pieces being at most L long)"""
+    """0: minibatches of whole env rollouts; L > 0: of L-step chunks from the recorded states"""
 
 
 def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
@@ -176,10 +168,9 @@ def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 
 
 
 class Segments:
-    """The pieces of a batch of sequences (T, B) between episode starts, laid out side by side and padded at their
-    ends, for one call of a recurrent cell over all of them: the state is then zero exactly where an episode starts,
-    and the cell runs fused over time. (A dense padded batch: torch's packed-sequence path on a CPU runs the cell step
-    by step under autograd, about twice as slow here.)"""
+    """The pieces of a batch of sequences (T, B) between episode starts, side by side and padded at their ends, for
+    one call of the cell over all of them: the state is zero exactly where an episode starts, and the cell runs fused
+    over time (docs/ppo_lstm.md, "Update")."""
 
     def __init__(self, episode_starts: Tensor):
         num_steps, num_sequences = episode_starts.shape
@@ -289,6 +280,13 @@ class Agent(nn.Module):
             next_state = torch.cat([next_state, critic_state], -1) if segments is None else None
         return self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state
 
+    @torch.no_grad()
+    def get_value(self, obs: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """The values of a batch of observations, each one step on from its `state`."""
+        device = next(self.parameters()).device
+        x, state = torch.as_tensor(obs, dtype=torch.float32, device=device)[None], torch.as_tensor(state, device=device)
+        return self(x, state, torch.zeros(x.shape[:2], dtype=torch.bool, device=device))[1][0].cpu().numpy()
+
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
         if self.discrete:
@@ -296,15 +294,11 @@ class Agent(nn.Module):
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
     def log_prob_and_entropy(self, actor_out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        """The log-probability of `action` and the policy's entropy given the actor's output. For a categorical they
-        are written out (cheaper than a Categorical); `check_policy` checks them against `distribution` after every
-        rollout."""
+        """The log-probability of `action` and the policy's entropy given the actor's output."""
+        policy = self.distribution(actor_out)
         if self.discrete:
-            log_probs = actor_out.log_softmax(-1)  # -inf logits (masks) would need Categorical's clamp
-            log_prob = log_probs.gather(-1, action[..., None]).squeeze(-1)
-            return log_prob, -(log_probs.exp() * log_probs).sum(-1)
-        policy = self.distribution(actor_out)  # independent action dimensions: log-probabilities and entropies add up
-        return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)
+            return policy.log_prob(action), policy.entropy()
+        return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)  # independent dimensions add up
 
     def sampling_noise(self, batch_shape: tuple[int, ...]) -> Tensor:
         """The randomness of `sample` for a batch of observations. A rollout draws all of its steps' in one call."""
@@ -367,23 +361,16 @@ def numpy_policy_step(agent: Agent) -> StepFunction:
 
 def check_policy(agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool) -> Tensor:
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at `actor_outs` (the torch
-    policy's outputs along the rollout), after checking that the actions are its draws with `noise` and that the
-    update's written-out `log_prob_and_entropy` scores them as the distribution does."""
+    policy's outputs along the rollout), after checking that the actions are its draws with `noise`."""
     policy = agent.distribution(actor_outs.flatten(0, 1))
     flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
     if agent.discrete:
         stand_in.check_same_actions(flat_actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
         stand_in.check_draws(flat_actions, probs=policy.probs)
-        log_probs, entropies = policy.log_prob(flat_actions), policy.entropy()
     else:
         stand_in.check_same_actions(flat_actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
         stand_in.check_draws(flat_actions, mean=policy.mean, std=policy.stddev)
-        log_probs, entropies = policy.log_prob(flat_actions).sum(-1), policy.entropy().sum(-1)
-    log_probs, entropies = log_probs.reshape(actor_outs.shape[:2]), entropies.reshape(actor_outs.shape[:2])
-    written_out = agent.log_prob_and_entropy(actor_outs, actions)
-    stand_in.check_same_values("log-probabilities", written_out[0], log_probs, "log_prob_and_entropy")
-    stand_in.check_same_values("entropies", written_out[1], entropies, "log_prob_and_entropy")
-    return log_probs
+    return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 
 def check_args(args: Args) -> None:
@@ -392,7 +379,7 @@ def check_args(args: Args) -> None:
     positive += ("video_every", "sampling_k", "temperature", "learning_rate", "clip_coef", "max_grad_norm")
     positive += ("rnn_hidden_size", "rnn_layers")
     non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate", "bptt_len")
-    check_ranges(args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda"))
+    cli.check_ranges(args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda"))
     if args.bptt_len and args.num_steps % args.bptt_len:
         raise UsageError(f"--bptt-len {args.bptt_len} must divide --num-steps {args.num_steps}")
     num_sequences = args.num_envs * (args.num_steps // args.bptt_len if args.bptt_len else 1)
@@ -459,18 +446,11 @@ def train(args: Args) -> TrainResult:
     agent = build_agent(args, checkpoint, device)
     # The fused kernel updates every parameter in one call: a fifth of the update time for a network this small.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    global_step, start_iteration = 0, 1
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-        global_step, start_iteration = int(checkpoint["global_step"]), int(checkpoint["iteration"]) + 1
-        run_path = checkpoints.resume_folder(args.resume)
-        if start_iteration > num_iterations:
-            raise UsageError(f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)")
-    else:
-        run_path = create_run_folder(args.run_dir, run_name(args.env_id, args.exp_name, args.seed))
-    writer = start_tracking(run_path, args, purge_step=global_step + 1 if checkpoint is not None else None)
-    video_folder = run_path / "videos" / (f"from_step_{global_step}" if global_step else "")  # parts never clash
-    envs, reward_normalizer = make_envs(args, str(video_folder), checkpoint)
+    run = run_start.start_run(args, checkpoint, num_iterations)
+    global_step = run.global_step
+    envs, reward_normalizer = make_envs(args, str(run.video_folder), checkpoint)
 
     # Rollout storage, (num_steps, num_envs, ...): the env's side in NumPy, the agent's side in torch.
     obs_shape = envs.single_observation_space.shape
@@ -482,11 +462,10 @@ def train(args: Args) -> TrainResult:
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     # The state each step acted from (zero where an episode starts): training sequences start from these.
     states = np.zeros((args.num_steps, *agent.initial_state(args.num_envs).shape), dtype=np.float32)
-    trajectory_writer = TrajectoryWriter(args.num_envs, meta={"args": asdict(args)}) if args.save_trajectories else None
-    trajectory_path = unused_npz_path(args.save_trajectories)
+    recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)}, reward_normalizer)
 
     # Training sequences: sequence j covers the steps sequence_starts[j] + (0 .. sequence_len - 1) of env
-    # sequence_envs[j]; `as_sequences` lays a (num_steps, num_envs, ...) array out as (sequence_len, num_sequences, ...).
+    # sequence_envs[j]; `as_sequences` lays (num_steps, num_envs, ...) out as (sequence_len, num_sequences, ...).
     sequence_envs = torch.arange(args.num_envs, device=device).repeat_interleave(args.num_steps // sequence_len)
     sequence_starts = torch.arange(0, args.num_steps, sequence_len, device=device).repeat(args.num_envs)
     time_index = sequence_starts + torch.arange(sequence_len, device=device)[:, None]
@@ -495,31 +474,24 @@ def train(args: Args) -> TrainResult:
         return x[time_index, sequence_envs]
 
     if args.total_timesteps % batch_size:
-        notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
-    if checkpoint is not None:
-        restore_rng_state(checkpoint["rng"])  # last, after every module is built: building draws random numbers
-    next_obs_np, _ = envs.reset(seed=args.seed + global_step)
-    next_starts = np.ones(args.num_envs, dtype=bool)
-    rnn_state = agent.initial_state(args.num_envs).cpu().numpy()  # carried from step to step and rollout to rollout
-    if checkpoint is not None:  # continue the episodes the checkpoint cut, with the memory they had
-        next_obs_np, carried = env_state.restore(envs, checkpoint["episodes"], args.seed + global_step)
-        if carried:  # else the envs start new episodes
-            next_starts, rnn_state = carried["episode_starts"], carried["rnn_state"]
-    episodes, checkpoint_path = EpisodeLog(writer), None
-    progress = tqdm(total=num_iterations * batch_size, initial=global_step, disable=not args.progress, unit="step")
-    start_time, start_step = time.time(), global_step
-    uploaded_videos: set[str] = set()
+        cli.notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
+    # Last, after everything is built. A resumed run continues its episodes with the memory they had.
+    next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
+    next_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
+    rnn_state = carried.get("rnn_state", agent.initial_state(args.num_envs).cpu().numpy())  # carried across rollouts
+    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * batch_size, global_step)
 
     def write_checkpoint(iteration: int) -> Path:
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
         state["episodes"] = env_state.capture(envs, next_obs_np, episode_starts=next_starts, rnn_state=rnn_state)
-        return checkpoints.save(run_path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
+        return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
-    iteration = saved_iteration = start_iteration - 1
-    with GracefulInterrupt() as interrupt, closing(envs), progress:
-        while iteration < num_iterations and not interrupt.requested:
-            iteration += 1
+    saving = checkpoints.CheckpointSchedule(
+        write_checkpoint, args.checkpoint_every, args.save_model, run.iterations_done
+    )
+    with GracefulInterrupt() as interrupt, closing(envs), log:
+        for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
                 optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
@@ -530,7 +502,6 @@ def train(args: Args) -> TrainResult:
             act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np.astype(np.float32))
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np, initial_state = noise.cpu().numpy(), rnn_state.copy()
-            recorded_steps = []  # with --save-trajectories: what the trajectory file needs once log-probs are known
             for step in range(args.num_steps):
                 global_step += args.num_envs
                 obs[step], episode_starts[step] = next_obs_np, next_starts
@@ -539,49 +510,35 @@ def train(args: Args) -> TrainResult:
                 sent_action = env_action(actions[step], agent.action_space)
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
+                # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
                 rewards[step] = (
                     reward.clip(-args.norm_reward_clip, args.norm_reward_clip) if reward_normalizer else reward
                 )
-                if reward_normalizer is not None:  # clipped above, not by a wrapper: the env's reward stays recoverable
-                    reward = reward * np.sqrt(reward_normalizer.return_rms.var + reward_normalizer.epsilon)
+                recorder.step(obs[step], sent_action, reward, terminated, truncated, infos)
 
                 # Truncated episodes bootstrap from the value of their last observation, seen with their memory.
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
                     last_obs = np.stack(infos["final_obs"][truncated_only])
-                    last_obs = torch.as_tensor(last_obs, dtype=torch.float32, device=device)[None]
-                    with torch.no_grad():
-                        continuing = torch.zeros((1, int(truncated_only.sum())), dtype=torch.bool, device=device)
-                        memory = torch.as_tensor(rnn_state[:, truncated_only], device=device)
-                        final_values[step, truncated_only] = agent(last_obs, memory, continuing)[1][0].cpu().numpy()
+                    final_values[step, truncated_only] = agent.get_value(last_obs, rnn_state[:, truncated_only])
                 next_starts = terminated | truncated
-                episodes.record(infos, global_step)
-                if trajectory_writer is not None:  # the env's own reward, not the scaled one
-                    recorded_steps.append(((sent_action, reward, terminated, truncated), infos))
+                log.episodes.record(infos, global_step)
 
             with torch.no_grad():
                 t_obs, t_starts = torch.as_tensor(obs, device=device), torch.as_tensor(episode_starts, device=device)
                 t_actions, t_states = torch.as_tensor(actions, device=device), torch.as_tensor(states, device=device)
                 actor_outs, values, _ = agent(t_obs, torch.as_tensor(initial_state, device=device), t_starts)
                 logprobs = check_policy(agent, actor_outs, noise, t_actions, numpy_copy)
-                next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)[None]
-                memory, next_episode_starts = (torch.as_tensor(a, device=device) for a in (rnn_state, next_starts))
-                next_value = agent(next_obs, memory, next_episode_starts[None])[1][0]
+                next_value = agent.get_value(next_obs_np, rnn_state * ~next_starts[None, :, None])
                 advantages = compute_gae(
-                    rewards, values.cpu().numpy(), next_value.cpu().numpy(), terminations, truncations,
-                    final_values, args.gamma, args.gae_lambda,
+                    rewards, values.cpu().numpy(), next_value, terminations, truncations, final_values, args.gamma,
+                    args.gae_lambda,
                 )  # fmt: skip
                 advantages = torch.as_tensor(advantages, device=device)
                 returns = advantages + values
-            for step, (env_step, infos) in enumerate(recorded_steps):
-                fields = {
-                    "logprobs": logprobs[step],
-                    "values": values[step],
-                    "hidden_state": states[step].swapaxes(0, 1),  # (envs, layers, state size)
-                }
-                if not agent.discrete:
-                    fields["actions"] = actions[step]  # the unclipped sample that `logprobs` belong to
-                trajectory_writer.add_step(obs[step], *env_step, {"policy": fields}, infos)
+            # With a continuous policy, also the unclipped sample that `logprobs` belong to.
+            sampled = {} if agent.discrete else {"actions": actions}
+            recorder.end_rollout(logprobs=logprobs, values=values, hidden_state=states.swapaxes(1, 2), **sampled)
             rollout_seconds = time.time() - rollout_start
 
             sequences_start = time.time()
@@ -637,13 +594,7 @@ def train(args: Args) -> TrainResult:
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
-            # Once per update: on a GPU every check waits for the device. A NaN or inf loss reaches the parameters.
-            if not torch.stack([torch.isfinite(p).all() for p in agent.parameters()]).all():
-                raise TrainingDiverged(
-                    f"a loss or parameter became NaN or inf in the update at step {global_step} (last minibatch: "
-                    f"policy loss {pg_loss.item():.4g}, value loss {v_loss.item():.4g}, entropy "
-                    f"{entropy_loss.item():.4g}); the last good checkpoint is kept"
-                )
+            check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
             if args.norm_obs:
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
                 agent.obs_norm.update(s_obs.reshape(-1, *obs_shape))
@@ -651,36 +602,25 @@ def train(args: Args) -> TrainResult:
 
             var_y = np.var(returns.cpu().numpy())
             explained_var = np.nan if var_y == 0 else 1 - np.var((returns - values).cpu().numpy()) / var_y
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-            writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
             clipfrac = ((torch.cat([r.reshape(-1) for r in ratios]) - 1.0).abs() > args.clip_coef).float().mean()
-            writer.add_scalar("losses/clipfrac", clipfrac.item(), global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("perf/rollout_seconds", rollout_seconds, global_step)
-            writer.add_scalar("perf/sequences_seconds", sequences_seconds, global_step)
-            writer.add_scalar("perf/update_seconds", update_seconds, global_step)
-            writer.add_scalar("system/rss_mb", rss_mb(), global_step)
-            progress.update(global_step - progress.n)
-            progress.set_postfix(SPS=sps, ret=episodes.recent_mean(), refresh=False)
-            if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-                checkpoint_path, saved_iteration = write_checkpoint(iteration), iteration
-            if args.track and args.capture_video:
-                upload_videos(video_folder, uploaded_videos)
-
-        # Also after a Ctrl-C, which then stops the run here (the checkpoint is that of the last whole iteration).
-        if (args.save_model or (interrupt.requested and args.checkpoint_every)) and saved_iteration < iteration:
-            checkpoint_path = write_checkpoint(iteration)
-        if trajectory_writer is not None:
-            trajectory_writer.save(trajectory_path)
-    eval_returns = evaluate(agent, args, writer, global_step) if args.eval_episodes else []
-    finish_tracking(writer, args.track, video_folder if args.capture_video else None, uploaded_videos)
-    return TrainResult(agent, global_step, run_path, episodes.returns, episodes.lengths, eval_returns, checkpoint_path)
+            log.iteration(global_step, {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
+                "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
+                "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
+                "losses/explained_variance": explained_var,
+                "perf/rollout_seconds": rollout_seconds, "perf/sequences_seconds": sequences_seconds,
+                "perf/update_seconds": update_seconds,
+            })  # fmt: skip
+            saving.iteration_done(iteration)
+            if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
+                break
+        checkpoint_path = saving.run_ended(iteration, interrupt.requested)
+        recorder.save()
+    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
+    log.finish()
+    returns, lengths = log.episodes.returns, log.episodes.lengths
+    return TrainResult(agent, global_step, run.path, returns, lengths, eval_returns, checkpoint_path)
 
 
 def check_replay(
@@ -688,10 +628,7 @@ def check_replay(
 ) -> None:
     """Before the first gradient step: stop unless the update's pass along training sequences (from their recorded
     `states`, reset where `episode_starts`) gives the `recorded` actor outputs and values of the rollout's pass, to
-    float32 rounding: 1e-4 of their largest magnitude (plus 1e-5). The two passes lay the batch out differently and
-    run the cell with and without autograd, and the rounding grows with the cell's state (a cell state of 115 gave
-    differences of 2.8e-5 in logits of 4.7). The passes are compared on outputs, not log-probabilities: a narrow
-    Gaussian magnifies rounding in a log-probability (3e-5 on PendulumNoVel-v1)."""
+    float32 rounding (1e-4 of their largest magnitude plus 1e-5: docs/ppo_lstm.md, "Update")."""
     for replayed_part, recorded_part, what in zip(replayed, recorded, ("actor outputs", "values"), strict=True):
         replayed_part = replayed_part.detach()
         tolerance = 1e-5 + 1e-4 * recorded_part.abs().max()
@@ -765,8 +702,8 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
         return env_action(action.cpu().numpy(), agent.action_space), fields
 
     env_fn, meta = make_env(resolve_env_id(args.env_id)), {"args": asdict(args)}
-    returns, lengths = play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
-    log_episodes(writer, returns, lengths, step, prefix="eval")
+    returns, lengths = evaluation.play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
+    tracking.log_episodes(writer, returns, lengths, step, prefix="eval")
     agent.train(was_training)
     return returns
 
@@ -779,7 +716,9 @@ def evaluate_checkpoint(args: Args) -> list[float]:
         raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
     agent = build_agent(trained, checkpoint, device)
-    run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
+    run_path = run_folder.create_run_folder(
+        args.run_dir, run_folder.run_name(trained.env_id, trained.exp_name, trained.seed), "__eval"
+    )
     with SummaryWriter(str(run_path)) as writer:
         returns = evaluate(agent, trained, writer, checkpoint["global_step"], unused_npz_path(args.save_trajectories))
     print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
@@ -788,13 +727,13 @@ def evaluate_checkpoint(args: Args) -> list[float]:
 
 def main() -> int:
     def run() -> None:
-        args = parse_args(Args)
+        args = cli.parse_args(Args)
         if args.eval_checkpoint:
             evaluate_checkpoint(args)
         else:
             print(train(args).summary())
 
-    return exit_status(run)
+    return cli.exit_status(run)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -105,3 +105,23 @@ def restore_reward_normalizer(normalizer: Any, state: dict) -> None:
     """Put the statistics of `reward_normalizer_state` back into a NormalizeReward wrapper."""
     rms = normalizer.return_rms
     rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), float(state["count"])
+
+
+class CheckpointSchedule:
+    """When a run writes checkpoints: every `every` iterations (0: never on the way), and once more when the run
+    ends, if `at_end` or if it was stopped by Ctrl-C with `every` set, unless that iteration is saved already.
+    `write(iteration)` writes one and returns its path."""
+
+    def __init__(self, write: Callable[[int], Path], every: int, at_end: bool, iterations_done: int):
+        self.write, self.every, self.at_end = write, every, at_end
+        self.saved_iteration, self.path = iterations_done, None
+
+    def iteration_done(self, iteration: int) -> None:
+        if self.every and iteration % self.every == 0:
+            self.path, self.saved_iteration = self.write(iteration), iteration
+
+    def run_ended(self, iteration: int, interrupted: bool) -> Path | None:
+        """The last checkpoint's path (None if none was written)."""
+        if (self.at_end or (interrupted and self.every)) and self.saved_iteration < iteration:
+            self.path, self.saved_iteration = self.write(iteration), iteration
+        return self.path

@@ -20,6 +20,7 @@ import torch
 from gymnasium.vector import VectorEnv, VectorWrapper
 
 from common.cli import notice
+from common.seeding import restore_rng_state
 
 # The per-env arrays of gymnasium's vector wrappers that carry an episode (or a return) from step to step.
 WRAPPER_ARRAYS = {
@@ -116,6 +117,16 @@ def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarr
     notice("the envs cannot be brought back to where the checkpoint left them (see common/env_state.py): new episodes")
     observations, _ = envs.reset(seed=seed)
     return observations, {}
+
+
+def start(envs: VectorEnv, checkpoint: dict | None, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """The observations a run acts on first, and what its loop carried (nothing for a new run). A new run resets
+    `envs` with `seed`; a resumed one first restores the checkpoint's generators (call this after everything is
+    built: building draws random numbers), then continues the episodes the checkpoint cut (see `restore`)."""
+    if checkpoint is not None:
+        restore_rng_state(checkpoint["rng"])
+    observations, _ = envs.reset(seed=seed)
+    return restore(envs, checkpoint["episodes"], seed) if checkpoint is not None else (observations, {})
 
 
 def _equal(a: Any, b: Any) -> bool:

@@ -4,8 +4,7 @@ A rollout step on a CPU costs less with NumPy than with torch at the sizes of th
 copy of the network, derived from the modules layer by layer (``numpy_snapshot``) and cell by cell
 (``numpy_cell``: any ``nn.LSTM`` or ``nn.GRU``), tried against the torch policy
 before it acts (``fitting_copy``), and checked against it after every rollout: same actions for the same noise
-(``check_same_actions``), actions that are draws of the policy (``check_draws``), and written-out log-probabilities
-equal to the policy's (``check_same_values``).
+(``check_same_actions``) and actions that are draws of the policy (``check_draws``).
 
 ``numpy_snapshot`` knows a fixed set of layer types, matched exactly (a subclass may compute something else), and
 any module with a ``numpy_snapshot()`` method that returns its NumPy form. A layer it does not know, and any forward
@@ -262,15 +261,4 @@ def check_draws(
         raise PolicyMismatch(
             f"the rollout's actions are not draws from Agent.distribution ({z.abs().max().item():.1f} standard "
             f"errors off): Agent.sample with Agent.sampling_noise must draw from it"
-        )
-
-
-def check_same_values(name: str, computed: torch.Tensor, expected: torch.Tensor, written_by: str) -> None:
-    """Raise PolicyMismatch unless a written-out form's `computed` values (log-probabilities, entropies, from the
-    script's function `written_by`) equal the `expected` ones of the policy's definition, to float32 rounding."""
-    if not torch.allclose(computed, expected, rtol=1e-4, atol=1e-5):
-        raise PolicyMismatch(
-            f"the update's written-out {name} differ from those of Agent.distribution (largest difference "
-            f"{(computed - expected).abs().max().item():.3g}); after editing distribution(), make "
-            f"{written_by} compute the same"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,9 @@ from typing import Any
 import numpy as np
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from common.resident_memory import rss_mb
 
 
 def start_tracking(run_path: Path, args: Any, purge_step: int | None = None) -> SummaryWriter:
@@ -97,3 +101,37 @@ class EpisodeLog:
     def recent_mean(self, episodes: int = 20) -> float | None:
         """The mean return of the last `episodes` episodes to 2 decimals (for a progress bar), None before the first."""
         return round(float(np.mean(self.returns[-episodes:])), 2) if self.returns else None
+
+
+class TrainingLog:
+    """A training run's logging: every finished episode (`episodes`), one block of scalars per iteration with
+    `charts/SPS` and `system/rss_mb` added, the progress bar, and (with --track) the videos uploaded as they appear.
+    A context manager: the progress bar closes on leaving it."""
+
+    def __init__(self, writer: SummaryWriter, args: Any, video_folder: Path, total_steps: int, global_step: int):
+        self.writer, self.track = writer, args.track
+        self.video_folder = video_folder if args.capture_video else None
+        self.episodes = EpisodeLog(writer)
+        self.progress = tqdm(total=total_steps, initial=global_step, disable=not args.progress, unit="step")
+        self.start_time, self.start_step = time.time(), global_step
+        self.uploaded_videos: set[str] = set()
+
+    def iteration(self, global_step: int, scalars: dict[str, float]) -> None:
+        """Log an iteration's `scalars` at `global_step`, with the SPS since this process started training."""
+        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        for key, value in {**scalars, "charts/SPS": sps, "system/rss_mb": rss_mb()}.items():
+            self.writer.add_scalar(key, value, global_step)
+        self.progress.update(global_step - self.progress.n)
+        self.progress.set_postfix(SPS=sps, ret=self.episodes.recent_mean(), refresh=False)
+        if self.track and self.video_folder is not None:
+            upload_videos(self.video_folder, self.uploaded_videos)
+
+    def __enter__(self) -> TrainingLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.progress.close()
+
+    def finish(self) -> None:
+        """After training and its evaluation: close the writer and, with --track, the wandb run."""
+        finish_tracking(self.writer, self.track, self.video_folder, self.uploaded_videos)

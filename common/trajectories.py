@@ -174,6 +174,36 @@ class TrajectoryWriter:
         return path
 
 
+class RolloutRecorder:
+    """Training rollouts to a trajectory file (`path` None: records nothing). The env's side is recorded step by
+    step; the agent's fields, known once the rollout's log-probabilities and values are, at the end of each rollout.
+    The file goes to `unused_npz_path(path)`: an existing file is never overwritten."""
+
+    def __init__(self, path: str | Path | None, num_envs: int, meta: Mapping[str, Any], reward_normalizer: Any = None):
+        self.path, self.reward_normalizer = unused_npz_path(path), reward_normalizer
+        self.writer = TrajectoryWriter(num_envs, meta) if path is not None else None
+        self.rollout: list[tuple[tuple[Any, ...], Mapping[str, Any]]] = []
+
+    def step(self, obs: Any, action: Any, reward: Any, terminated: Any, truncated: Any, infos: Mapping) -> None:
+        """One vector-env step: the observation acted on, the action the env was sent, and its reward, scaled by
+        `reward_normalizer` (gymnasium's NormalizeReward) if given: the env's own reward is recorded."""
+        if self.writer is None:
+            return
+        if self.reward_normalizer is not None:
+            reward = reward * np.sqrt(self.reward_normalizer.return_rms.var + self.reward_normalizer.epsilon)
+        self.rollout.append(((np.array(obs), action, reward, terminated, truncated), infos))
+
+    def end_rollout(self, **agent_fields: Any) -> None:
+        """The agent's fields for the rollout's steps, each (steps, num_envs, ...): recorded under `policy`."""
+        for t, (env_step, infos) in enumerate(self.rollout):
+            self.writer.add_step(*env_step, {"policy": {name: value[t] for name, value in agent_fields.items()}}, infos)
+        self.rollout = []
+
+    def save(self) -> None:
+        if self.writer is not None:
+            self.writer.save(self.path)
+
+
 def npz_path(path: str | Path) -> Path:
     """`path` with the `.npz` suffix that :meth:`TrajectoryWriter.save` gives it."""
     path = Path(path)

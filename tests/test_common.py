@@ -21,7 +21,7 @@ from common.errors import PolicyMismatch, UsageError
 from common.interrupt import sigint_ignored_by_new_processes
 from common.run_folder import create_run_folder, unused_path
 from common.stand_in import LAYERS, NoNumpyForm, check_draws, fitting_copy, numpy_cell, numpy_snapshot, trial_inputs
-from common.trajectories import unused_npz_path
+from common.trajectories import RolloutRecorder, load_trajectories, unused_npz_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -403,3 +403,43 @@ def test_env_state_of_envs_that_cannot_be_replayed_starts_new_episodes(capsys):
     observations, carried = env_state.restore(copy, state, seed=7)
     assert carried == {} and "cannot be brought back" in capsys.readouterr().err
     np.testing.assert_array_equal(observations, vector_env([LegacyRandomEnv] * 2, async_envs=False).reset(seed=7)[0])
+
+
+@pytest.mark.parametrize(
+    "every, at_end, interrupted, written",
+    [
+        (2, False, False, [2, 4]),  # on the way only
+        (2, True, False, [2, 4, 5]),  # and at the end
+        (0, True, False, [5]),  # at the end only
+        (2, False, True, [2, 4, 5]),  # Ctrl-C with --checkpoint-every: the last whole iteration too
+        (0, False, True, []),  # Ctrl-C with neither: nothing
+        (5, True, False, [5]),  # the end is saved once
+    ],
+)
+def test_the_checkpoint_schedule(every, at_end, interrupted, written):
+    iterations = []
+    schedule = checkpoints.CheckpointSchedule(lambda i: iterations.append(i) or Path(f"{i}.pt"), every, at_end, 0)
+    for iteration in range(1, 6):
+        schedule.iteration_done(iteration)
+    last = schedule.run_ended(5, interrupted)
+    assert iterations == written
+    assert last == (Path(f"{written[-1]}.pt") if written else None)
+
+
+def test_the_rollout_recorder_records_the_env_s_own_reward_and_the_agent_s_fields(tmp_path):
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env([lambda: gym.make("CartPole-v1")] * 2, False))
+    normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=0.99)
+    recorder = RolloutRecorder(tmp_path / "rollout", 2, {"args": {}}, normalizer)
+    obs, _ = normalizer.reset(seed=0)
+    for _ in range(2):  # two rollouts of 3 steps
+        for _ in range(3):
+            next_obs, scaled, terminated, truncated, infos = normalizer.step(np.zeros(2, dtype=np.int64))
+            recorder.step(obs, np.zeros(2), scaled, terminated, truncated, infos)
+            assert not np.allclose(scaled, 1.0)  # CartPole pays 1 per step: the scaled reward is not
+            obs = next_obs
+        recorder.end_rollout(values=np.arange(6).reshape(3, 2))
+    recorder.save()
+    data = load_trajectories(tmp_path / "rollout.npz")
+    np.testing.assert_allclose(data["/rewards"], 1.0, rtol=1e-5)
+    assert data["/agents/policy/values"].tolist() == [[0, 2, 4, 0, 2, 4], [1, 3, 5, 1, 3, 5]]
+    RolloutRecorder(None, 2, {}).step(obs, 0, 0, 0, 0, {})  # no path: records nothing

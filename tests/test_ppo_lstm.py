@@ -23,7 +23,7 @@ import ppo_fc
 import ppo_lstm
 from benchmark.cases import CONTINUOUS_FLAGS
 from common.cli import parse_args
-from common.errors import PolicyMismatch
+from common.errors import PolicyMismatch, TrainingDiverged
 from common.trajectories import load_trajectories, split_episodes
 
 CELLS = [dict(rnn_type="lstm"), dict(rnn_type="gru", rnn_layers=2, shared_core=False)]
@@ -270,17 +270,32 @@ def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypa
     assert "the rollout calls the torch policy at every step" in capsys.readouterr().err
 
 
-def test_an_edited_policy_acts_through_torch_and_must_be_scored_as_it_acts(tmp_path, monkeypatch, capsys):
+def test_an_edited_policy_acts_through_torch_and_is_scored_as_it_acts(tmp_path, monkeypatch, capsys):
     distribution = ppo_lstm.Agent.distribution
 
-    def sharper(self, actor_out):  # an edit the NumPy copy does not follow, nor the written-out log-probabilities
+    def sharper(self, actor_out):  # an edit the NumPy copy does not follow
         return distribution(self, actor_out * 5)
 
     monkeypatch.setattr(ppo_lstm.Agent, "distribution", sharper)
     monkeypatch.setattr(ppo_lstm, "Agent", sharp_agent(ppo_lstm.Agent, seed=2))
-    with pytest.raises(PolicyMismatch, match="make log_prob_and_entropy compute the same"):
-        ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256))
+    path = tmp_path / "rollout.npz"
+    # One iteration whose update moves no weight (a learning rate below float32's resolution, raw observations):
+    # the trained agent is the one that acted.
+    args = quick_args(tmp_path, num_steps=64, total_timesteps=256, save_trajectories=str(path))
+    args.learning_rate, args.norm_obs = 1e-30, False
+    result = ppo_lstm.train(args)
+    assert result.global_step == 256
     assert "the rollout calls the torch policy at every step" in capsys.readouterr().err
+    data = load_trajectories(path)
+    obs, states = (torch.as_tensor(data[key]).flatten(0, 1) for key in ("/observations", "/agents/policy/hidden_state"))
+    actions = torch.as_tensor(data["/actions"]).flatten(0, 1)
+    with torch.no_grad():  # each step from the state it acted from
+        actor_out, _, _ = result.agent(obs[None].float(), states.transpose(0, 1), torch.zeros(1, len(obs), dtype=bool))
+    recorded = torch.as_tensor(data["/agents/policy/logprobs"]).flatten(0, 1)
+    torch.testing.assert_close(
+        recorded, result.agent.distribution(actor_out[0]).log_prob(actions), rtol=1e-4, atol=1e-4
+    )
+    assert (recorded - distribution(result.agent, actor_out[0]).log_prob(actions)).abs().max() > 0.1
 
 
 # --- learning on the probes ----------------------------------------------------------------------------------------
@@ -528,7 +543,7 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     if "NanReward-v0" not in gym.registry:
         gym.register("NanReward-v0", entry_point=NanRewardEnv)
     args = quick_args(tmp_path, env_id="NanReward-v0", total_timesteps=4 * 512, num_envs=1, num_minibatches=1)
-    with pytest.raises(ppo_lstm.TrainingDiverged, match=r"NaN|nan"):
+    with pytest.raises(TrainingDiverged, match=r"NaN|nan"):
         ppo_lstm.train(ppo_lstm.Args(**{**vars(args), "checkpoint_every": 1}))
     (run,) = (tmp_path / "runs").iterdir()
     checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
