@@ -23,10 +23,11 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, cli, env_state, evaluation, run_folder, run_start, stand_in, tracking
-from common.envs import env_action, env_spaces, flat_observations, resolve_env_id, vector_env
+from common import checkpoints, cli, env_state, evaluation, run_start, stand_in, tracking
+from common.envs import checked_spaces, env_action, flat_observations, resolve_env_id, vector_env
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
+from common.run_folder import create_run_folder, run_name
 from common.running_norm import RunningNorm
 from common.seeding import seed_and_pick_device
 from common.train_result import TrainResult
@@ -35,10 +36,6 @@ from common.trajectories import RolloutRecorder, unused_npz_path
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 2  # 2: the envs' places in their episodes and the recurrent state there ("episodes")
 CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
-# The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
-RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout")
-EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
-EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories")
 
 
 @dataclass
@@ -216,7 +213,7 @@ class Core(nn.Module):
             else:
                 nn.init.orthogonal_(parameter, 1.0)
         # An LSTM's state is its hidden and cell states side by side; a GRU's is its hidden state.
-        self.state_size = rnn_hidden_size * (2 if rnn_type == "lstm" else 1)
+        self.state_size = self.rnn.hidden_size * (2 if isinstance(self.rnn, nn.LSTM) else 1)
 
     def forward(self, x: Tensor, state: Tensor, segments: Segments | None) -> tuple[Tensor, Tensor | None]:
         """The cell's output along `x` (T, B, obs) from `state` (layers, B, state size), cut into `segments`; for one
@@ -250,7 +247,7 @@ class Agent(nn.Module):
         self.core = Core(*core)
         self.critic_core = None if args.shared_core else Core(*core)
         self.state_size = sum(core.state_size for core in self.cores())
-        self.rnn_layers = args.rnn_layers
+        self.rnn_layers = self.core.rnn.num_layers
         # The actor's output is the logits (discrete) or the Gaussian mean (continuous).
         self.actor = layer_init(nn.Linear(args.rnn_hidden_size, self.action_size), std=0.01)
         self.critic = layer_init(nn.Linear(args.rnn_hidden_size, 1), std=1.0)
@@ -394,8 +391,11 @@ def check_args(args: Args) -> None:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)")
 
 
-def from_checkpoint(path: str, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict]:
-    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs)."""
+def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict | None]:
+    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
+    no path: `args` and no checkpoint."""
+    if path is None:
+        return args, None
     checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
     settings = checkpoints.settings(checkpoint, args, kept, strict)
     check_args(settings)
@@ -404,19 +404,10 @@ def from_checkpoint(path: str, args: Args, kept: tuple[str, ...], strict: bool) 
 
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
-    observation_space, action_space, render_modes = env_spaces(make_env(resolve_env_id(args.env_id)))
-    if args.capture_video and "rgb_array" not in render_modes:
-        raise UsageError(f"--capture-video: {args.env_id!r} cannot render to rgb_array frames")
-    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        raise UsageError(f"{args.env_id!r} has a {type(action_space).__name__} action space; use Discrete or Box")
-    if args.sampling_method in ("topk", "bottomk") and not isinstance(action_space, gym.spaces.Discrete):
-        raise UsageError(f"--sampling-method {args.sampling_method} needs a discrete action space")
+    observation_space, action_space = checked_spaces(make_env, args)
     agent = Agent(int(np.prod(observation_space.shape)), action_space, args).to(device)
     if checkpoint is not None:
-        try:
-            agent.load_state_dict(checkpoint["model"])
-        except (RuntimeError, KeyError) as exc:
-            raise UsageError(f"the checkpoint does not fit the agent for {args.env_id!r}: {str(exc)[:200]}") from None
+        checkpoints.load_weights(agent, checkpoint, args.env_id)
     return agent
 
 
@@ -435,12 +426,13 @@ def make_envs(args: Args, video_folder: str, checkpoint: dict | None) -> tuple[V
 
 def train(args: Args) -> TrainResult:
     check_args(args)
-    args, checkpoint = from_checkpoint(args.resume, args, RUN_TIME_FLAGS, strict=True) if args.resume else (args, None)
+    args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     batch_size = args.num_envs * args.num_steps
     sequence_len = args.bptt_len or args.num_steps
     num_sequences = batch_size // sequence_len
     sequences_per_minibatch = num_sequences // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
+    reward_clip = args.norm_reward_clip
 
     device = seed_and_pick_device(args.seed, args.torch_deterministic, args.torch_threads, args.cuda)
     agent = build_agent(args, checkpoint, device)
@@ -487,9 +479,8 @@ def train(args: Args) -> TrainResult:
         state["episodes"] = env_state.capture(envs, next_obs_np, episode_starts=next_starts, rnn_state=rnn_state)
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
-    saving = checkpoints.CheckpointSchedule(
-        write_checkpoint, args.checkpoint_every, args.save_model, run.iterations_done
-    )
+    every, at_end = args.checkpoint_every, args.save_model
+    saving = checkpoints.CheckpointSchedule(write_checkpoint, every, at_end, run.iterations_done)
     with GracefulInterrupt() as interrupt, closing(envs), log:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -511,9 +502,7 @@ def train(args: Args) -> TrainResult:
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
                 # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
-                rewards[step] = (
-                    reward.clip(-args.norm_reward_clip, args.norm_reward_clip) if reward_normalizer else reward
-                )
+                rewards[step] = reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
                 recorder.step(obs[step], sent_action, reward, terminated, truncated, infos)
 
                 # Truncated episodes bootstrap from the value of their last observation, seen with their memory.
@@ -711,14 +700,12 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     check_args(args)
-    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, EVALUATION_FLAGS, strict=False)
+    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False)
     if trained.eval_episodes <= 0:
         raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
     agent = build_agent(trained, checkpoint, device)
-    run_path = run_folder.create_run_folder(
-        args.run_dir, run_folder.run_name(trained.env_id, trained.exp_name, trained.seed), "__eval"
-    )
+    run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
     with SummaryWriter(str(run_path)) as writer:
         returns = evaluate(agent, trained, writer, checkpoint["global_step"], unused_npz_path(args.save_trajectories))
     print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")

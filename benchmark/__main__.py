@@ -610,8 +610,8 @@ HOW_MEASURED = [
     "deviation across seeds (ddof=1); one seed shows none.",
     "- IQM (5 seeds or more): the interquartile mean across seeds, `scipy.stats.trim_mean(x, 0.25)`, with a 95% "
     "percentile bootstrap interval (50,000 resamples, `scipy.stats.bootstrap`): rliable's definitions (Agarwal et "
-    "al., NeurIPS 2021). The aggregate figure takes the IQM over the runs of every case with a positive threshold, each "
-    "return divided by its case's threshold, resampling the runs of each case on their own (stratified).",
+    "al., NeurIPS 2021). The aggregate figure takes the IQM over the runs of every case with a positive threshold, "
+    "each return divided by its case's threshold, resampling the runs of each case on their own (stratified).",
     "- Steps to threshold: per seed, the first step at which the mean of the last 100 episodes (a full window) "
     "reaches the case's threshold; the median over seeds, a seed that never reaches it counting as beyond the budget.",
     "- SPS: per session of a run (a resumed run has two or more), steps between the first and the last `charts/SPS` "

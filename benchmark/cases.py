@@ -149,7 +149,9 @@ MEMORY_CASES: tuple[Case, ...] = (
 # The SPS ratio of ppo_lstm's defaults to the reference, from one short run of both on two popgym tasks: the memory
 # suite's seconds of stored reference runs come from another session. The defaults before the memory suite run beside
 # them, for the new defaults' cost in SPS. Run with --workers 1.
-DEFAULTS_BEFORE_MEMORY_SUITE: tuple[str, ...] = ("--update-epochs", "4", "--num-minibatches", "4", "--learning-rate", "2.5e-4")  # fmt: skip
+DEFAULTS_BEFORE_MEMORY_SUITE: tuple[str, ...] = (
+    "--update-epochs", "4", "--num-minibatches", "4", "--learning-rate", "2.5e-4",
+)  # fmt: skip
 MEMORY_SPEED_CASES: tuple[Case, ...] = tuple(
     Case("ppo_lstm", env_id, 50_000, flags=flags, reference=replace(RECURRENT_PPO_RUNS, seeds=(1,)))
     for env_id in ("popgym-RepeatFirstEasy-v0", "popgym-CountRecallEasy-v0")

@@ -21,6 +21,11 @@ from common.seeding import rng_state
 
 Config = TypeVar("Config")
 
+# The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
+RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout")
+EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
+EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories")
+
 
 def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int, **state) -> Path:
     """Write `state` with the script's name, the format, `args` (a dataclass), `global_step` and the generators'
@@ -83,6 +88,14 @@ def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) 
         return type(args)(**{**checkpoint["args"], **{name: getattr(args, name) for name in kept}})
     except (KeyError, TypeError) as exc:
         raise UsageError(f"the checkpoint's settings do not match this version of the script: {exc}") from None
+
+
+def load_weights(module: torch.nn.Module, checkpoint: dict, env_id: str) -> None:
+    """The checkpoint's weights into `module`; weights of another shape are a UsageError."""
+    try:
+        module.load_state_dict(checkpoint["model"])
+    except (RuntimeError, KeyError) as exc:
+        raise UsageError(f"the checkpoint does not fit the agent for {env_id!r}: {str(exc)[:200]}") from None
 
 
 def resume_folder(path: str | Path) -> Path:

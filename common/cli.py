@@ -27,10 +27,10 @@ def one_line(message: str) -> str:
     ("----") separate sections, whose lines are joined with spaces (the message may be wrapped at any width), and the
     sections are joined with '; '. The title is dropped when the next section repeats it, and so is the help footer.
 
-    >>> one_line("╭─ Bad value ─╮\\n│ Bad value: x │\\n│ ──── │\\n│ Perhaps you meant: │\\n│   --y INT │\\n╰───╯")
-    'Bad value: x; Perhaps you meant: --y INT'
-    >>> one_line(" Parsing error\\n ------\\n  Argument --n: invalid\\n  literal\\n  ------\\n  For full helptext, run\\n  x.py --help")
-    'Parsing error; Argument --n: invalid literal'
+    >>> one_line("╭─ Bad value ─╮\\n│ Bad value: x │\\n│ ──── │\\n│ Perhaps you meant: │\\n│  --y │\\n╰───╯")
+    'Bad value: x; Perhaps you meant: --y'
+    >>> one_line(" Error\\n ---\\n  Argument --n: bad\\n  literal\\n  ---\\n  For full helptext, run\\n  x.py --help")
+    'Error; Argument --n: bad literal'
     """
     sections: list[list[str]] = [[]]
     for raw in _COLOUR.sub("", message).splitlines():

@@ -96,8 +96,8 @@ def update_dict_of_lists(dic: dict[str, list], item: Mapping[str, Any], index: i
     value lands at position ``index``. A list already ``index`` long or longer is simply appended to. Keys of ``dic``
     that ``item`` lacks are left short; :func:`complete_dict_of_list` fills them.
 
-    >>> update_dict_of_lists({'a': [1, 2, 3], 'c': [[-1, -2], [-3, -4]]}, {'a': 4, 'b': [1, 2, 3]}, index=3)
-    {'a': [1, 2, 3, 4], 'c': [[-1, -2], [-3, -4]], 'b': [[None, None, None], [None, None, None], [None, None, None], [1, 2, 3]]}
+    >>> update_dict_of_lists({'a': [1, 2, 3], 'c': [[-1, -2], [-3, -4]]}, {'a': 4, 'b': [1, 2]}, index=3)
+    {'a': [1, 2, 3, 4], 'c': [[-1, -2], [-3, -4]], 'b': [[None, None], [None, None], [None, None], [1, 2]]}
     """
     for key, value in item.items():
         values = dic.setdefault(key, [])

@@ -127,7 +127,8 @@ def _is_text(space: Space) -> bool:
 
 
 def _without_text(space: Space) -> tuple[Space, Callable[[Any], Any]]:
-    """`space` without its text parts (and Dicts and Tuples left empty), and the function that drops them from a value."""
+    """`space` without its text parts (and Dicts and Tuples left empty), and the function that drops them from a
+    value."""
     if isinstance(space, Dict):
         kept = {key: _without_text(part) for key, part in space.items() if not _only_text(part)}
         kept_space = Dict({key: part for key, (part, _) in kept.items()}, sort_keys=False)
@@ -163,6 +164,20 @@ def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
     spaces = env.observation_space, env.action_space, list(env.metadata.get("render_modes", []))
     env.close()
     return spaces
+
+
+def checked_spaces(make_env: Callable[[str], Callable[[], gym.Env]], args: Any) -> tuple[Space, Space]:
+    """The observation and action spaces of `args.env_id` (made by the script's `make_env`), after checking them
+    against the flags of `args`: a Discrete or Box action space, frames for --capture-video, discrete actions for the
+    topk and bottomk sampling methods."""
+    observation_space, action_space, render_modes = env_spaces(make_env(resolve_env_id(args.env_id)))
+    if args.capture_video and "rgb_array" not in render_modes:
+        raise UsageError(f"--capture-video: {args.env_id!r} cannot render to rgb_array frames")
+    if not isinstance(action_space, gym.spaces.Discrete | gym.spaces.Box):
+        raise UsageError(f"{args.env_id!r} has a {type(action_space).__name__} action space; use Discrete or Box")
+    if args.sampling_method in ("topk", "bottomk") and not isinstance(action_space, gym.spaces.Discrete):
+        raise UsageError(f"--sampling-method {args.sampling_method} needs a discrete action space")
+    return observation_space, action_space
 
 
 def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gym.vector.VectorEnv:

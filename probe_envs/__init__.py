@@ -51,7 +51,8 @@ PARTIALLY_OBSERVED = {
 }
 """Partially observed ids: class, episode step limit, reward threshold."""
 
-# Probes always terminate at their horizon, so they get no TimeLimit. Registering twice (a re-import under another name, a reload) would only warn; skip ids that already exist.
+# Probes always terminate at their horizon, so they get no TimeLimit. Registering twice (a re-import under another
+# name, a reload) would only warn; skip ids that already exist.
 for _env_id, _cls in PROBES.items():
     if _env_id not in registry:
         register(id=_env_id, entry_point=_cls)

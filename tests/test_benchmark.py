@@ -375,7 +375,7 @@ def test_a_suite_honours_seeds():
 @pytest.mark.parametrize(
     "algo, env_id, settings",
     [
-        ("recurrent_ppo", "Probe1-v0", {**SCRIPTS["ppo_fc"].sb3_settings(resolve_args("ppo_fc", ["--num-steps", "64"]))}),
+        ("recurrent_ppo", "Probe1-v0", SCRIPTS["ppo_fc"].sb3_settings(resolve_args("ppo_fc", ["--num-steps", "64"]))),
         (
             "ddpg",
             "ContinuousProbe1-v0",

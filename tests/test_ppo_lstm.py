@@ -1,8 +1,11 @@
-"""ppo_lstm.py: the hidden state (reset, replay, stand-in), learning on the probes, checkpoints, trajectories, the CLI."""
+"""ppo_lstm.py: the hidden state (reset, replay, stand-in), learning on the probes, checkpoints, trajectories, the
+CLI."""
 
+import importlib.util
 import json
 import shutil
 import subprocess
+import sys
 import time
 
 import gymnasium as gym
@@ -10,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    REPO,
     NanRewardEnv,
     on_policy_value,
     read_scalars,
@@ -346,6 +350,38 @@ def test_the_defaults_learn_to_remember_within_a_small_budget(tmp_path):
     for env, _, policy in play_optimally(result.agent, "Probe7-v0"):
         if env.t == env.horizon - 1:
             assert policy.probs[0, env.optimal_action()].item() > 0.5, env.cue  # the greedy action is the cue
+
+
+def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(tmp_path, monkeypatch, capsys):
+    source = (REPO / "ppo_lstm.py").read_text()
+    edits = {  # the edit a researcher makes: the cell's module, and a layer norm on its input
+        'self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(hidden_size, rnn_hidden_size, layers)': (
+            "self.rnn = nn.GRU(hidden_size, rnn_hidden_size, 2)"
+        ),
+        "nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh())": (
+            "nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh(), nn.LayerNorm(hidden_size))"
+        ),
+    }
+    for old, new in edits.items():
+        assert old in source, "the edit no longer applies to ppo_lstm.py: update this test"
+        source = source.replace(old, new)
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "ppo_lstm.py").write_text(source)
+    spec = importlib.util.spec_from_file_location("edited_ppo_lstm", tmp_path / "copy" / "ppo_lstm.py")
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, copy)  # dataclasses look their module up there
+    spec.loader.exec_module(copy)
+    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=True)
+    result = copy.train(copy.Args(env_id="Probe7-v0", total_timesteps=10_240, **settings))
+    assert isinstance(result.agent.core.rnn, torch.nn.GRU) and result.agent.core.rnn.num_layers == 2
+    assert "notice" not in capsys.readouterr().err  # the NumPy copy follows the edit: layer norm, 2-layer GRU
+    for env, _, policy in play_optimally(result.agent, "Probe7-v0"):
+        if env.t == env.horizon - 1:
+            assert policy.probs[0, env.optimal_action()].item() > 0.5, env.cue  # the greedy action is the cue
+    returns = copy.evaluate_checkpoint(
+        copy.Args(eval_checkpoint=str(result.checkpoint), **settings | {"eval_episodes": 2})
+    )
+    assert len(returns) == 2
 
 
 @pytest.mark.parametrize(
