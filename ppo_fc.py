@@ -17,21 +17,19 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-from gymnasium.vector import VectorEnv, VectorWrapper
 from torch import Tensor
 from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import checkpoints, cli, env_state, evaluation, run_start, stand_in, tracking
-from common.envs import checked_spaces, env_action, flat_observations, resolve_env_id, vector_env
-from common.errors import UsageError, check_finite
+from common.envs import checked_spaces, env_action, flat_observations, training_envs
+from common.errors import PolicyMismatch, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
-from common.run_folder import create_run_folder, run_name
 from common.running_norm import RunningNorm
 from common.seeding import seed_and_pick_device
 from common.train_result import TrainResult
-from common.trajectories import RolloutRecorder, unused_npz_path
+from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 4  # 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
@@ -215,7 +213,9 @@ class Agent(nn.Module):
         for a Gaussian (as `rsample` does). Fixing the noise lets a faster copy of the policy be checked exactly."""
         if isinstance(policy, Categorical):
             return torch.argmax(policy.logits + noise, -1)
-        return policy.mean + policy.stddev * noise
+        if isinstance(policy, Normal):
+            return policy.mean + policy.stddev * noise
+        raise PolicyMismatch(f"Agent.sample cannot draw from a {type(policy).__name__}: write its draw")
 
 
 PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -239,7 +239,7 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
         std = agent.actor_logstd.detach().exp().cpu().numpy()
         return lambda obs, noise: actor_out(obs) + std * noise
 
-    trial = stand_in.trial_inputs(obs, agent.action_size)
+    trial = lambda: stand_in.trial_inputs(obs, agent.action_size)  # noqa: E731
     act = stand_in.fitting_copy(numpy_act, torch_act, trial, agent) if numpy_rollout else None
     return (act, True) if act is not None else (torch_act, False)
 
@@ -292,19 +292,6 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     return agent
 
 
-def make_envs(args: Args, video_folder: str, checkpoint: dict | None) -> tuple[VectorEnv, VectorWrapper | None]:
-    """The training envs with episode statistics, and --norm-reward's scaling (also returned on its own)."""
-    env_id = resolve_env_id(args.env_id)
-    env_fns = [make_env(env_id, i, args.capture_video, video_folder, args.video_every) for i in range(args.num_envs)]
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(env_fns, args.async_envs))
-    if not args.norm_reward:
-        return envs, None
-    reward_normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    if checkpoint is not None:
-        checkpoints.restore_reward_normalizer(reward_normalizer, checkpoint["reward_rms"])
-    return reward_normalizer, reward_normalizer
-
-
 def train(args: Args) -> TrainResult:
     check_args(args)
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
@@ -319,9 +306,9 @@ def train(args: Args) -> TrainResult:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-    run = run_start.start_run(args, checkpoint, num_iterations)
+    run = run_start.start_run(args, checkpoint, num_iterations, batch_size)
     global_step = run.global_step
-    envs, reward_normalizer = make_envs(args, str(run.video_folder), checkpoint)
+    envs, reward_normalizer = training_envs(make_env, args, str(run.video_folder), checkpoint)
 
     # Rollout storage, in NumPy: filled step by step without conversions.
     obs_shape = envs.single_observation_space.shape
@@ -333,8 +320,6 @@ def train(args: Args) -> TrainResult:
     terminations, truncations = np.zeros((2, args.num_steps, args.num_envs), dtype=bool)
     recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)}, reward_normalizer)
 
-    if args.total_timesteps % batch_size:
-        cli.notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
     next_obs_np, _ = env_state.start(envs, checkpoint, args.seed + global_step)  # last: after everything is built
     log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * batch_size, global_step)
 
@@ -344,8 +329,7 @@ def train(args: Args) -> TrainResult:
         state["episodes"] = env_state.capture(envs, next_obs_np)
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
-    every, at_end = args.checkpoint_every, args.save_model
-    saving = checkpoints.CheckpointSchedule(write_checkpoint, every, at_end, run.iterations_done)
+    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     with GracefulInterrupt() as interrupt, closing(envs), log:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -412,12 +396,10 @@ def train(args: Args) -> TrainResult:
                     if args.norm_adv and minibatch_size > 1:
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-                    # Policy loss
                     pg_loss1 = -mb_advantages * ratio
                     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-                    # Value loss
                     if args.clip_vloss:
                         v_loss_unclipped = (newvalue - mb_returns) ** 2
                         v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
@@ -459,12 +441,12 @@ def train(args: Args) -> TrainResult:
             saving.iteration_done(iteration)
             if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
                 break
-        checkpoint_path = saving.run_ended(iteration, interrupt.requested)
+        saving.run_ended(iteration, interrupt.requested)
         recorder.save()
     eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
     log.finish()
-    returns, lengths = log.episodes.returns, log.episodes.lengths
-    return TrainResult(agent, global_step, run.path, returns, lengths, eval_returns, checkpoint_path)
+    episodes = log.episodes
+    return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)
 
 
 def compute_gae(
@@ -484,54 +466,31 @@ def compute_gae(
     return advantages
 
 
-def select_action(agent: Agent, obs: Tensor, method: str, temperature: float = 1.0, k: int = 2) -> Tensor:
-    """An action for evaluation: greedy (argmax / mean), basic (sample), temperature, topk or bottomk (discrete)."""
-    policy = agent.distribution(obs)
-    if method == "greedy":
-        return policy.mode
-    if method == "basic":
-        return policy.sample()
-    if method == "temperature":
-        if agent.discrete:
-            return Categorical(logits=policy.logits / temperature).sample()
-        return Normal(policy.mean, policy.stddev * temperature).sample()
-    k = min(k, policy.logits.shape[-1])  # topk, bottomk: discrete actions only (build_agent checks)
-    kept = policy.logits.topk(k, dim=-1, largest=method == "topk")
-    return kept.indices.gather(-1, Categorical(logits=kept.values).sample().unsqueeze(-1)).squeeze(-1)
-
-
 def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
-    """Play `args.eval_episodes` episodes (seeded with `args.seed`, actions by `args.sampling_method`, recorded to
-    `record_to`), log them at `step`, the agent's training step, and return their returns."""
-    device, was_training = next(agent.parameters()).device, agent.training
-    agent.eval()  # dropout off, batch norm on its running statistics
+    """Play `args.eval_episodes` episodes, actions by `args.sampling_method`; log them at `step` (see
+    `common.evaluation.evaluate`) and return their returns."""
+    device = next(agent.parameters()).device
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
         obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)
-        action = select_action(agent, obs_tensor, args.sampling_method, args.temperature, args.sampling_k)
+        policy = agent.distribution(obs_tensor)
+        action = evaluation.select_action(policy, args.sampling_method, args.temperature, args.sampling_k)
         return env_action(action.cpu().numpy(), agent.action_space)
 
-    env_fn, meta = make_env(resolve_env_id(args.env_id)), {"args": asdict(args)}
-    returns, lengths = evaluation.play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
-    tracking.log_episodes(writer, returns, lengths, step, prefix="eval")
-    agent.train(was_training)
-    return returns
+    return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
 
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     check_args(args)
     trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False)
-    if trained.eval_episodes <= 0:
-        raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
     agent = build_agent(trained, checkpoint, device)
-    run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
-    with SummaryWriter(str(run_path)) as writer:
-        returns = evaluate(agent, trained, writer, checkpoint["global_step"], unused_npz_path(args.save_trajectories))
-    print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-    return returns
+    step = checkpoint["global_step"]
+    return evaluation.evaluate_checkpoint(
+        args, trained, lambda writer, path: evaluate(agent, trained, writer, step, path)
+    )
 
 
 def main() -> int:

@@ -17,21 +17,19 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-from gymnasium.vector import VectorEnv, VectorWrapper
 from torch import Tensor
 from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import checkpoints, cli, env_state, evaluation, run_start, stand_in, tracking
-from common.envs import checked_spaces, env_action, flat_observations, resolve_env_id, vector_env
+from common.envs import checked_spaces, env_action, flat_observations, training_envs
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
-from common.run_folder import create_run_folder, run_name
 from common.running_norm import RunningNorm
 from common.seeding import seed_and_pick_device
 from common.train_result import TrainResult
-from common.trajectories import RolloutRecorder, unused_npz_path
+from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 2  # 2: the envs' places in their episodes and the recurrent state there ("episodes")
@@ -165,9 +163,8 @@ def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 
 
 
 class Segments:
-    """The pieces of a batch of sequences (T, B) between episode starts, side by side and padded at their ends, for
-    one call of the cell over all of them: the state is zero exactly where an episode starts, and the cell runs fused
-    over time (docs/ppo_lstm.md, "Update")."""
+    """The pieces of sequences (T, B) between episode starts, side by side and padded at their ends, for one fused
+    call of the cell over all of them, from a zero state at each episode start (docs/ppo_lstm.md, "Update")."""
 
     def __init__(self, episode_starts: Tensor):
         num_steps, num_sequences = episode_starts.shape
@@ -200,6 +197,25 @@ class Segments:
         return initial
 
 
+class TrainingSequences:
+    """A rollout (num_steps, num_envs, ...) cut into whole env rollouts, or with --bptt-len L into L-step chunks:
+    sequence j is the steps `starts[j]` + (0 .. `length` - 1) of env `envs[j]`."""
+
+    def __init__(self, num_steps: int, num_envs: int, bptt_len: int, device: torch.device):
+        self.length = bptt_len or num_steps
+        self.envs = torch.arange(num_envs, device=device).repeat_interleave(num_steps // self.length)
+        self.starts = torch.arange(0, num_steps, self.length, device=device).repeat(num_envs)
+        self.time_index, self.count = self.starts + torch.arange(self.length, device=device)[:, None], len(self.starts)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """`x` (num_steps, num_envs, ...) as sequences side by side, (length, count, ...)."""
+        return x[self.time_index, self.envs]
+
+    def initial_states(self, states: Tensor) -> Tensor:
+        """The states recorded (num_steps, layers, num_envs, S) at the sequences' starts: (layers, count, S)."""
+        return states[self.starts, :, self.envs].transpose(0, 1)
+
+
 class Core(nn.Module):
     """The part with memory: an encoder (a linear layer with tanh), then the recurrent cell."""
 
@@ -217,7 +233,7 @@ class Core(nn.Module):
 
     def forward(self, x: Tensor, state: Tensor, segments: Segments | None) -> tuple[Tensor, Tensor | None]:
         """The cell's output along `x` (T, B, obs) from `state` (layers, B, state size), cut into `segments`; for one
-        step (`segments` None) also the state after it. (Padded pieces do not give their last states.)"""
+        step (`segments` None) also the state after it."""
         features = self.encoder(x)
         if segments is None:
             output, next_state = self.rnn(features, self.cell_state(state))
@@ -248,14 +264,13 @@ class Agent(nn.Module):
         self.critic_core = None if args.shared_core else Core(*core)
         self.state_size = sum(core.state_size for core in self.cores())
         self.rnn_layers = self.core.rnn.num_layers
-        # The actor's output is the logits (discrete) or the Gaussian mean (continuous).
-        self.actor = layer_init(nn.Linear(args.rnn_hidden_size, self.action_size), std=0.01)
-        self.critic = layer_init(nn.Linear(args.rnn_hidden_size, 1), std=1.0)
+        self.actor = layer_init(nn.Linear(self.core.rnn.hidden_size, self.action_size), std=0.01)  # logits or mean
+        self.critic = layer_init(nn.Linear(self.cores()[-1].rnn.hidden_size, 1), std=1.0)
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
 
     def cores(self) -> list[Core]:
-        """The actor's core, then the critic's own if it has one; the state holds theirs side by side."""
+        """The actor's core, then the critic's own if any: the state holds theirs side by side."""
         return [self.core] if self.critic_core is None else [self.core, self.critic_core]
 
     def initial_state(self, batch_size: int) -> Tensor:
@@ -264,9 +279,8 @@ class Agent(nn.Module):
         return torch.zeros(self.rnn_layers, batch_size, self.state_size, device=device)
 
     def forward(self, x: Tensor, state: Tensor, episode_starts: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Along sequences of observations `x` (T, B, obs) that start in `state` (layers, B, state size), with the
-        state zero wherever `episode_starts` (T, B): the actor's output and the value at each step; for one step
-        (T = 1, as the rollout and evaluation call it) also the state after it, else None."""
+        """Along observations `x` (T, B, obs) from `state` (layers, B, state size), zero wherever `episode_starts`
+        (T, B): the actor's output and the value at each step; for one step (T = 1) also the state after it."""
         x = self.obs_norm(x)
         state = state * ~episode_starts[0, None, :, None]
         segments = Segments(episode_starts) if len(x) > 1 else None
@@ -278,8 +292,8 @@ class Agent(nn.Module):
         return self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state
 
     @torch.no_grad()
-    def get_value(self, obs: np.ndarray, state: np.ndarray) -> np.ndarray:
-        """The values of a batch of observations, each one step on from its `state`."""
+    def bootstrap_value(self, obs: np.ndarray, state: np.ndarray) -> np.ndarray:
+        """The values of a batch of observations, each one step on from its `state` (which the caller resets)."""
         device = next(self.parameters()).device
         x, state = torch.as_tensor(obs, dtype=torch.float32, device=device)[None], torch.as_tensor(state, device=device)
         return self(x, state, torch.zeros(x.shape[:2], dtype=torch.bool, device=device))[1][0].cpu().numpy()
@@ -298,7 +312,7 @@ class Agent(nn.Module):
         return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)  # independent dimensions add up
 
     def sampling_noise(self, batch_shape: tuple[int, ...]) -> Tensor:
-        """The randomness of `sample` for a batch of observations. A rollout draws all of its steps' in one call."""
+        """The randomness of `sample` for a batch of observations (a rollout draws all of its steps' at once)."""
         noise = torch.empty((*batch_shape, self.action_size), device=next(self.parameters()).device)
         if self.discrete:
             return noise.exponential_().log_().neg_()  # -log(Exp(1)) is Gumbel noise
@@ -306,11 +320,12 @@ class Agent(nn.Module):
 
     @staticmethod
     def sample(policy: Categorical | Normal, noise: Tensor) -> Tensor:
-        """A draw from `policy` made from `sampling_noise`: the Gumbel-max trick for a categorical, mean + std * noise
-        for a Gaussian (as `rsample` does)."""
+        """A draw from `policy` made from `sampling_noise`: the Gumbel-max trick, or mean + std * noise."""
         if isinstance(policy, Categorical):
             return torch.argmax(policy.logits + noise, -1)
-        return policy.mean + policy.stddev * noise
+        if isinstance(policy, Normal):
+            return policy.mean + policy.stddev * noise
+        raise PolicyMismatch(f"Agent.sample cannot draw from a {type(policy).__name__}: write its draw")
 
 
 StepFunction = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -318,8 +333,8 @@ StepFunction = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[
 
 
 def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[StepFunction, bool]:
-    """One step of `Agent.sample(Agent.distribution(.), noise)` with the state update, on NumPy arrays, and whether
-    it is a NumPy copy (with `numpy_rollout`, if a copy taken now acts as the torch policy does on `obs`)."""
+    """One step of `Agent.sample(Agent.distribution(.), noise)` and the state update, on NumPy arrays, and whether
+    it is a NumPy copy (if `numpy_rollout` and a copy acts as the torch policy does on `obs`)."""
     device = next(agent.parameters()).device
 
     @torch.no_grad()
@@ -331,15 +346,18 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
 
     if not numpy_rollout:
         return torch_step, False
-    repeated, noise = stand_in.trial_inputs(obs, agent.action_size)  # from a random state: every part of it counts
-    state = np.random.default_rng(0).standard_normal((agent.rnn_layers, len(repeated), agent.state_size))
-    trial = (repeated, state.astype(np.float32), np.zeros(len(repeated), dtype=bool), noise)
+
+    def trial() -> tuple[np.ndarray, ...]:  # from a random state: every part of the next state counts
+        repeated, noise = stand_in.trial_inputs(obs, agent.action_size)
+        state = np.random.default_rng(0).standard_normal((agent.rnn_layers, len(repeated), agent.state_size))
+        return repeated, state.astype(np.float32), np.zeros(len(repeated), dtype=bool), noise
+
     copy = stand_in.fitting_copy(lambda: numpy_policy_step(agent), torch_step, trial, agent)
     return (copy, True) if copy is not None else (torch_step, False)
 
 
 def numpy_policy_step(agent: Agent) -> StepFunction:
-    """A NumPy copy of one step of the policy and the state update, at the agent's current weights."""
+    """A NumPy copy of one step of the policy and the state update, at the current weights."""
     normalise, actor_out = stand_in.numpy_snapshot(agent.obs_norm), stand_in.numpy_snapshot(agent.actor)
     cores, start = [], 0  # each core's encoder, cell, and part of the state
     for core in agent.cores():
@@ -357,8 +375,8 @@ def numpy_policy_step(agent: Agent) -> StepFunction:
 
 
 def check_policy(agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool) -> Tensor:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at `actor_outs` (the torch
-    policy's outputs along the rollout), after checking that the actions are its draws with `noise`."""
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
+    `actor_outs`, after checking that the actions are its draws with `noise`."""
     policy = agent.distribution(actor_outs.flatten(0, 1))
     flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
     if agent.discrete:
@@ -411,26 +429,10 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     return agent
 
 
-def make_envs(args: Args, video_folder: str, checkpoint: dict | None) -> tuple[VectorEnv, VectorWrapper | None]:
-    """The training envs with episode statistics, and --norm-reward's scaling (also returned on its own)."""
-    env_id = resolve_env_id(args.env_id)
-    env_fns = [make_env(env_id, i, args.capture_video, video_folder, args.video_every) for i in range(args.num_envs)]
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(env_fns, args.async_envs))
-    if not args.norm_reward:
-        return envs, None
-    reward_normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    if checkpoint is not None:
-        checkpoints.restore_reward_normalizer(reward_normalizer, checkpoint["reward_rms"])
-    return reward_normalizer, reward_normalizer
-
-
 def train(args: Args) -> TrainResult:
     check_args(args)
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     batch_size = args.num_envs * args.num_steps
-    sequence_len = args.bptt_len or args.num_steps
-    num_sequences = batch_size // sequence_len
-    sequences_per_minibatch = num_sequences // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
     reward_clip = args.norm_reward_clip
 
@@ -440,11 +442,11 @@ def train(args: Args) -> TrainResult:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-    run = run_start.start_run(args, checkpoint, num_iterations)
+    run = run_start.start_run(args, checkpoint, num_iterations, batch_size)
     global_step = run.global_step
-    envs, reward_normalizer = make_envs(args, str(run.video_folder), checkpoint)
+    envs, reward_normalizer = training_envs(make_env, args, str(run.video_folder), checkpoint)
 
-    # Rollout storage, (num_steps, num_envs, ...): the env's side in NumPy, the agent's side in torch.
+    # Rollout storage, (num_steps, num_envs, ...).
     obs_shape = envs.single_observation_space.shape
     action_shape = () if agent.discrete else (agent.action_size,)
     obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=np.float32)
@@ -456,17 +458,9 @@ def train(args: Args) -> TrainResult:
     states = np.zeros((args.num_steps, *agent.initial_state(args.num_envs).shape), dtype=np.float32)
     recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)}, reward_normalizer)
 
-    # Training sequences: sequence j covers the steps sequence_starts[j] + (0 .. sequence_len - 1) of env
-    # sequence_envs[j]; `as_sequences` lays (num_steps, num_envs, ...) out as (sequence_len, num_sequences, ...).
-    sequence_envs = torch.arange(args.num_envs, device=device).repeat_interleave(args.num_steps // sequence_len)
-    sequence_starts = torch.arange(0, args.num_steps, sequence_len, device=device).repeat(args.num_envs)
-    time_index = sequence_starts + torch.arange(sequence_len, device=device)[:, None]
+    sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
+    sequences_per_minibatch = sequences.count // args.num_minibatches
 
-    def as_sequences(x: Tensor) -> Tensor:
-        return x[time_index, sequence_envs]
-
-    if args.total_timesteps % batch_size:
-        cli.notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
     # Last, after everything is built. A resumed run continues its episodes with the memory they had.
     next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
     next_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
@@ -479,8 +473,7 @@ def train(args: Args) -> TrainResult:
         state["episodes"] = env_state.capture(envs, next_obs_np, episode_starts=next_starts, rnn_state=rnn_state)
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
-    every, at_end = args.checkpoint_every, args.save_model
-    saving = checkpoints.CheckpointSchedule(write_checkpoint, every, at_end, run.iterations_done)
+    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     with GracefulInterrupt() as interrupt, closing(envs), log:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -488,8 +481,8 @@ def train(args: Args) -> TrainResult:
                 optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
             rollout_start = time.time()
 
-            # The rollout only acts; log-probs and values come after it, from one torch pass along its sequences.
-            # float32, as the rollout stores them: integer observations (one-hot, MiniGrid's) would not normalise
+            # The rollout only acts: log-probs and values come after it, from one torch pass along its sequences.
+            # (float32 observations, as stored: integer ones, one-hot or MiniGrid's, would not normalise.)
             act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np.astype(np.float32))
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np, initial_state = noise.cpu().numpy(), rnn_state.copy()
@@ -509,7 +502,7 @@ def train(args: Args) -> TrainResult:
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
                     last_obs = np.stack(infos["final_obs"][truncated_only])
-                    final_values[step, truncated_only] = agent.get_value(last_obs, rnn_state[:, truncated_only])
+                    final_values[step, truncated_only] = agent.bootstrap_value(last_obs, rnn_state[:, truncated_only])
                 next_starts = terminated | truncated
                 log.episodes.record(infos, global_step)
 
@@ -518,7 +511,7 @@ def train(args: Args) -> TrainResult:
                 t_actions, t_states = torch.as_tensor(actions, device=device), torch.as_tensor(states, device=device)
                 actor_outs, values, _ = agent(t_obs, torch.as_tensor(initial_state, device=device), t_starts)
                 logprobs = check_policy(agent, actor_outs, noise, t_actions, numpy_copy)
-                next_value = agent.get_value(next_obs_np, rnn_state * ~next_starts[None, :, None])
+                next_value = agent.bootstrap_value(next_obs_np, rnn_state * ~next_starts[None, :, None])
                 advantages = compute_gae(
                     rewards, values.cpu().numpy(), next_value, terminations, truncations, final_values, args.gamma,
                     args.gae_lambda,
@@ -530,18 +523,16 @@ def train(args: Args) -> TrainResult:
             recorder.end_rollout(logprobs=logprobs, values=values, hidden_state=states.swapaxes(1, 2), **sampled)
             rollout_seconds = time.time() - rollout_start
 
-            sequences_start = time.time()
-            s_obs, s_starts, s_actions = as_sequences(t_obs), as_sequences(t_starts), as_sequences(t_actions)
-            s_states = t_states[sequence_starts, :, sequence_envs].transpose(0, 1)  # (layers, sequences, state size)
-            s_logprobs, s_actor_outs = as_sequences(logprobs), as_sequences(actor_outs)
-            s_values, s_advantages, s_returns = as_sequences(values), as_sequences(advantages), as_sequences(returns)
-            sequences_seconds = time.time() - sequences_start
-
             update_start = time.time()
+            s_obs, s_starts, s_actions = sequences(t_obs), sequences(t_starts), sequences(t_actions)
+            s_states = sequences.initial_states(t_states)
+            s_logprobs, s_actor_outs = sequences(logprobs), sequences(actor_outs)
+            s_values, s_advantages, s_returns = sequences(values), sequences(advantages), sequences(returns)
+
             ratios = []
             for epoch in range(args.update_epochs):
-                permutation = torch.randperm(num_sequences, device=device)
-                for start in range(0, num_sequences, sequences_per_minibatch):
+                permutation = torch.randperm(sequences.count, device=device)
+                for start in range(0, sequences.count, sequences_per_minibatch):
                     mb = permutation[start : start + sequences_per_minibatch]
                     actor_out, newvalue, _ = agent(s_obs[:, mb], s_states[:, mb], s_starts[:, mb])
                     if epoch == 0 and start == 0:  # no step yet: this pass replays the rollout's on these sequences
@@ -556,12 +547,10 @@ def train(args: Args) -> TrainResult:
                     if args.norm_adv and mb_advantages.numel() > 1:
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-                    # Policy loss
                     pg_loss1 = -mb_advantages * ratio
                     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-                    # Value loss
                     if args.clip_vloss:
                         v_loss_unclipped = (newvalue - mb_returns) ** 2
                         v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
@@ -598,18 +587,17 @@ def train(args: Args) -> TrainResult:
                 "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
                 "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
                 "losses/explained_variance": explained_var,
-                "perf/rollout_seconds": rollout_seconds, "perf/sequences_seconds": sequences_seconds,
-                "perf/update_seconds": update_seconds,
+                "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
             if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
                 break
-        checkpoint_path = saving.run_ended(iteration, interrupt.requested)
+        saving.run_ended(iteration, interrupt.requested)
         recorder.save()
     eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
     log.finish()
-    returns, lengths = log.episodes.returns, log.episodes.lengths
-    return TrainResult(agent, global_step, run.path, returns, lengths, eval_returns, checkpoint_path)
+    episodes = log.episodes
+    return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)
 
 
 def check_replay(
@@ -642,8 +630,8 @@ def compute_gae(
     rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
     truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
 ) -> np.ndarray:  # fmt: skip
-    """GAE for a (num_steps, num_envs) rollout, in NumPy (cheaper than torch for the recursion's small steps). An
-    episode end stops the recursion; a truncated step bootstraps from `final_values`, its last observation's value."""
+    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an episode end
+    stops the recursion; a truncated step bootstraps from `final_values`."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
     bootstrap = np.where(truncations & ~terminations, final_values, 0.0)  # final_values elsewhere is not read
     following_values = np.concatenate([values[1:], next_value[None]])
@@ -655,28 +643,10 @@ def compute_gae(
     return advantages
 
 
-def select_action(agent: Agent, policy: Categorical | Normal, method: str, temperature: float, k: int) -> Tensor:
-    """An action of `policy` for evaluation: greedy (argmax / mean), basic (sample), temperature, topk or bottomk."""
-    if method == "greedy":
-        return policy.mode
-    if method == "basic":
-        return policy.sample()
-    if method == "temperature":
-        if agent.discrete:
-            return Categorical(logits=policy.logits / temperature).sample()
-        return Normal(policy.mean, policy.stddev * temperature).sample()
-    k = min(k, policy.logits.shape[-1])  # topk, bottomk: discrete actions only (build_agent checks)
-    kept = policy.logits.topk(k, dim=-1, largest=method == "topk")
-    return kept.indices.gather(-1, Categorical(logits=kept.values).sample().unsqueeze(-1)).squeeze(-1)
-
-
 def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
-    """Play `args.eval_episodes` episodes (seeded with `args.seed`, actions by `args.sampling_method`, recorded to
-    `record_to` with the hidden state each action came from), log them at `step`, the agent's training step, and
-    return their returns."""
-    device, was_training = next(agent.parameters()).device, agent.training
-    agent.eval()  # dropout off, batch norm on its running statistics
-    state = agent.initial_state(1)
+    """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with the hidden state it
+    came from."""
+    device, state = next(agent.parameters()).device, agent.initial_state(1)
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> tuple[np.ndarray, dict]:
@@ -686,30 +656,23 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
         acted_from = state * ~starts[0, None, :, None]
         actor_out, _, state = agent(obs_tensor, state, starts)
         policy = agent.distribution(actor_out[0])
-        action = select_action(agent, policy, args.sampling_method, args.temperature, args.sampling_k)
+        action = evaluation.select_action(policy, args.sampling_method, args.temperature, args.sampling_k)
         fields = {"policy": {"hidden_state": acted_from.transpose(0, 1).cpu().numpy()}}
         return env_action(action.cpu().numpy(), agent.action_space), fields
 
-    env_fn, meta = make_env(resolve_env_id(args.env_id)), {"args": asdict(args)}
-    returns, lengths = evaluation.play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
-    tracking.log_episodes(writer, returns, lengths, step, prefix="eval")
-    agent.train(was_training)
-    return returns
+    return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
 
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     check_args(args)
     trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False)
-    if trained.eval_episodes <= 0:
-        raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
     agent = build_agent(trained, checkpoint, device)
-    run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
-    with SummaryWriter(str(run_path)) as writer:
-        returns = evaluate(agent, trained, writer, checkpoint["global_step"], unused_npz_path(args.save_trajectories))
-    print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-    return returns
+    step = checkpoint["global_step"]
+    return evaluation.evaluate_checkpoint(
+        args, trained, lambda writer, path: evaluate(agent, trained, writer, step, path)
+    )
 
 
 def main() -> int:

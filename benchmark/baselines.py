@@ -34,7 +34,8 @@ from common.resident_memory import rss_mb
 
 @dataclass
 class RawEnvArgs:
-    """Steps per second of a script's vector env stack (its own `make_envs`) with random actions and no agent.
+    """Steps per second of a script's vector env stack (`common.envs.training_envs` of its `make_env`) with random
+    actions and no agent.
 
     A step of the vector env counts as `num_envs` steps, as `global_step` does in the scripts. Each of `repeats`
     measurements runs `steps` steps (after a short warm-up), `envs.action_space.sample()` included; the median is

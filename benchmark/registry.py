@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from common.cli import parse_args
+from common.envs import training_envs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -120,14 +121,14 @@ SCRIPTS: dict[str, Script] = {
         name="ppo_fc",
         sb3_algo="ppo",
         sb3_settings=ppo_sb3_settings,
-        vector_env=lambda module, args: module.make_envs(args, "", None)[0],
+        vector_env=lambda module, args: training_envs(module.make_env, args, "", None)[0],
         unmatched=PPO_UNMATCHED,
     ),
     "ppo_lstm": Script(
         name="ppo_lstm",
         sb3_algo="recurrent_ppo",
         sb3_settings=recurrent_ppo_sb3_settings,
-        vector_env=lambda module, args: module.make_envs(args, "", None)[0],
+        vector_env=lambda module, args: training_envs(module.make_env, args, "", None)[0],
         unmatched=RECURRENT_PPO_UNMATCHED,
     ),
 }

@@ -121,12 +121,12 @@ def restore_reward_normalizer(normalizer: Any, state: dict) -> None:
 
 
 class CheckpointSchedule:
-    """When a run writes checkpoints: every `every` iterations (0: never on the way), and once more when the run
-    ends, if `at_end` or if it was stopped by Ctrl-C with `every` set, unless that iteration is saved already.
-    `write(iteration)` writes one and returns its path."""
+    """When a run writes checkpoints: every `args.checkpoint_every` iterations (0: never on the way), and once more
+    when the run ends, with `args.save_model` or if it was stopped by Ctrl-C with `args.checkpoint_every` set, unless
+    that iteration is saved already. `write(iteration)` writes one and returns its path."""
 
-    def __init__(self, write: Callable[[int], Path], every: int, at_end: bool, iterations_done: int):
-        self.write, self.every, self.at_end = write, every, at_end
+    def __init__(self, write: Callable[[int], Path], args: Any, iterations_done: int):
+        self.write, self.every, self.at_end = write, args.checkpoint_every, args.save_model
         self.saved_iteration, self.path = iterations_done, None
 
     def iteration_done(self, iteration: int) -> None:

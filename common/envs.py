@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Dict, Space, Text, Tuple
 
+from common.checkpoints import restore_reward_normalizer
 from common.cli import notice, one_line
 from common.env_state import EpisodeRecorder
 from common.errors import UsageError
@@ -178,6 +179,23 @@ def checked_spaces(make_env: Callable[[str], Callable[[], gym.Env]], args: Any) 
     if args.sampling_method in ("topk", "bottomk") and not isinstance(action_space, gym.spaces.Discrete):
         raise UsageError(f"--sampling-method {args.sampling_method} needs a discrete action space")
     return observation_space, action_space
+
+
+def training_envs(
+    make_env: Callable[..., Callable[[], gym.Env]], args: Any, video_folder: str, checkpoint: dict | None
+) -> tuple[gym.vector.VectorEnv, gym.wrappers.vector.NormalizeReward | None]:
+    """The training envs of a script's `args` (`make_env(env_id, index, capture_video, video_folder, video_every)`),
+    with episode statistics and, with --norm-reward, gymnasium's NormalizeReward on top (its statistics from the
+    `checkpoint` a run resumes); that wrapper is also returned on its own (None without it)."""
+    env_id = resolve_env_id(args.env_id)
+    env_fns = [make_env(env_id, i, args.capture_video, video_folder, args.video_every) for i in range(args.num_envs)]
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(env_fns, args.async_envs))
+    if not args.norm_reward:
+        return envs, None
+    reward_normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+    if checkpoint is not None:
+        restore_reward_normalizer(reward_normalizer, checkpoint["reward_rms"])
+    return reward_normalizer, reward_normalizer
 
 
 def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gym.vector.VectorEnv:

@@ -1,20 +1,31 @@
-"""Evaluation episodes: one env, seeded, played to the end of each episode, optionally recorded."""
+"""Evaluation episodes: one env, seeded, played to the end of each episode, optionally recorded; logged after
+training, or in a run folder of their own for --eval-checkpoint."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
+from torch.distributions import Categorical, Normal
+from torch.utils.tensorboard import SummaryWriter
 
-from common.trajectories import TrajectoryWriter
+from common.envs import resolve_env_id
+from common.errors import UsageError
+from common.run_folder import create_run_folder, run_name
+from common.tracking import log_episodes
+from common.trajectories import TrajectoryWriter, unused_npz_path
+
+Act = Callable[[np.ndarray, np.ndarray], np.ndarray | tuple[np.ndarray, Mapping[str, Mapping[str, Any]]]]
 
 
 def play_episodes(
     env_fn: Callable[[], gym.Env],
-    act: Callable[[np.ndarray, np.ndarray], np.ndarray | tuple[np.ndarray, Mapping[str, Mapping[str, Any]]]],
+    act: Act,
     episodes: int,
     seed: int,
     trajectory_path: Path | None = None,
@@ -50,3 +61,51 @@ def play_episodes(
     if recorder is not None:
         recorder.save(trajectory_path)
     return returns, lengths
+
+
+def evaluate(
+    agent: torch.nn.Module, act: Act, make_env: Callable, args: Any, writer: SummaryWriter, step: int,
+    record_to: Path | None,
+) -> list[float]:  # fmt: skip
+    """Play `args.eval_episodes` episodes of `args.env_id` (made by the script's `make_env`, seeded with `args.seed`)
+    with `act` (see `play_episodes`), the agent in eval mode (dropout off, batch norm on its running statistics);
+    log them at `step`, the agent's training step, record them to `record_to`, and return their returns."""
+    was_training = agent.training
+    agent.eval()
+    env_fn, meta = make_env(resolve_env_id(args.env_id)), {"args": dataclasses.asdict(args)}
+    returns, lengths = play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
+    log_episodes(writer, returns, lengths, step, prefix="eval")
+    agent.train(was_training)
+    return returns
+
+
+def evaluate_checkpoint(
+    args: Any, trained: Any, evaluate: Callable[[SummaryWriter, Path | None], list[float]]
+) -> list[float]:
+    """--eval-checkpoint: `evaluate(writer, record_to)` the agent of the checkpoint, whose run's settings are
+    `trained`, in a new run folder (its name ending in `__eval`); print the mean and std of the return."""
+    if trained.eval_episodes <= 0:
+        raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
+    run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
+    with SummaryWriter(str(run_path)) as writer:
+        returns = evaluate(writer, unused_npz_path(args.save_trajectories))
+    print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    return returns
+
+
+def select_action(policy: Categorical | Normal, method: str, temperature: float, k: int) -> torch.Tensor:
+    """An action of `policy` for evaluation (--sampling-method): greedy (argmax / mean), basic (sample), temperature
+    (logits divided by it, or the std multiplied), topk or bottomk (a sample among the `k` most or least likely
+    actions of a categorical). Another distribution takes greedy and basic (its `mode` and `sample`)."""
+    if method == "greedy":
+        return policy.mode
+    if method == "basic":
+        return policy.sample()
+    if method == "temperature" and isinstance(policy, Categorical):
+        return Categorical(logits=policy.logits / temperature).sample()
+    if method == "temperature" and isinstance(policy, Normal):
+        return Normal(policy.mean, policy.stddev * temperature).sample()
+    if method in ("topk", "bottomk") and isinstance(policy, Categorical):
+        kept = policy.logits.topk(min(k, policy.logits.shape[-1]), dim=-1, largest=method == "topk")
+        return kept.indices.gather(-1, Categorical(logits=kept.values).sample().unsqueeze(-1)).squeeze(-1)
+    raise UsageError(f"--sampling-method {method} does not apply to a {type(policy).__name__} policy")

@@ -10,6 +10,7 @@ from typing import Any
 from torch.utils.tensorboard import SummaryWriter
 
 from common.checkpoints import resume_folder
+from common.cli import notice
 from common.errors import UsageError
 from common.run_folder import create_run_folder, run_name
 from common.tracking import start_tracking
@@ -25,9 +26,11 @@ class RunStart:
     iterations_done: int
 
 
-def start_run(args: Any, checkpoint: dict | None, num_iterations: int) -> RunStart:
+def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_size: int) -> RunStart:
     """A new run (`checkpoint` None), or the continuation of the checkpoint's run, whose TensorBoard curves go on
     from the step after the checkpoint's. `args` is the script's dataclass."""
+    if args.total_timesteps % batch_size:
+        notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
     if checkpoint is None:
         path = create_run_folder(args.run_dir, run_name(args.env_id, args.exp_name, args.seed))
         return RunStart(path, start_tracking(path, args), path / "videos", 0, 0)

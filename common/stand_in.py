@@ -166,16 +166,19 @@ def trial_inputs(obs: np.ndarray, action_size: int) -> tuple[np.ndarray, np.ndar
     return repeated, np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(np.float32)
 
 
-def fitting_copy(build: Callable[[], F], reference: F, trial: tuple[np.ndarray, ...], owner: nn.Module) -> F | None:
+def fitting_copy(
+    build: Callable[[], F], reference: F, trial: Callable[[], tuple[np.ndarray, ...]], owner: nn.Module
+) -> F | None:
     """`build()`, a NumPy copy of the rollout's policy of `owner`, if it builds and gives the outputs of `reference`
-    (the torch policy: the same arguments, NumPy arrays in and out) on the `trial` arguments; else None, with one
+    (the torch policy: the same arguments, NumPy arrays in and out) on the arguments `trial()`; else None, with one
     notice line. An edit the copy does not follow (a layer outside the actor, another output shape) shows here,
     before the copy acts. The verdict depends on the network's structure, not its weights, so it is tried once per
     `owner`; the check after every rollout covers the rest."""
     try:
         copy = build()
         if owner not in _fitting:
-            outputs, expected = copy(*trial), reference(*trial)
+            arguments = trial()
+            outputs, expected = copy(*arguments), reference(*arguments)
             pairs = zip(*(x if isinstance(x, tuple) else (x,) for x in (outputs, expected)), strict=True)
             _fitting[owner] = all(a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs)
         if not _fitting[owner]:

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -325,7 +326,7 @@ def test_a_copy_that_does_not_act_like_the_reference_is_not_used(capsys):
         return obs.sum(-1, keepdims=True) + noise
 
     networks = [nn.Linear(1, 1) for _ in range(4)]  # what the verdicts are kept for
-    trial = trial_inputs(np.ones((3, 2), np.float32), 1)
+    trial = lambda: trial_inputs(np.ones((3, 2), np.float32), 1)  # noqa: E731
     assert fitting_copy(lambda: reference, reference, trial, networks[0]) is reference
     assert fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, trial, networks[1]) is None
     assert fitting_copy(lambda: lambda obs, noise: obs @ np.ones((5, 1)), reference, trial, networks[2]) is None
@@ -418,7 +419,8 @@ def test_env_state_of_envs_that_cannot_be_replayed_starts_new_episodes(capsys):
 )
 def test_the_checkpoint_schedule(every, at_end, interrupted, written):
     iterations = []
-    schedule = checkpoints.CheckpointSchedule(lambda i: iterations.append(i) or Path(f"{i}.pt"), every, at_end, 0)
+    args = Namespace(checkpoint_every=every, save_model=at_end)
+    schedule = checkpoints.CheckpointSchedule(lambda i: iterations.append(i) or Path(f"{i}.pt"), args, 0)
     for iteration in range(1, 6):
         schedule.iteration_done(iteration)
     last = schedule.run_ended(5, interrupted)

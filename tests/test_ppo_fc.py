@@ -28,6 +28,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import ppo_fc
 from common.errors import PolicyMismatch, TrainingDiverged
+from common.evaluation import select_action
 from common.seeding import seed_and_pick_device
 from common.trajectories import load_trajectories, split_episodes
 
@@ -479,7 +480,7 @@ def test_temperature_sampling_follows_the_tempered_policy(action_space):
     with torch.no_grad():
         policy = agent.distribution(observations[:1])
         for temperature in (0.5, 2.0):
-            actions = ppo_fc.select_action(agent, observations, "temperature", temperature)
+            actions = select_action(agent.distribution(observations), "temperature", temperature, 2)
             if agent.discrete:
                 expected = torch.softmax(policy.logits[0] / temperature, -1)
                 assert (expected - policy.probs[0]).abs().max() > 0.05  # a temperature that changes the policy
@@ -838,3 +839,9 @@ def test_topk_sampling_of_a_continuous_agent_is_refused_before_anything_is_writt
     with pytest.raises(ppo_fc.UsageError, match="discrete action space"):
         ppo_fc.evaluate_checkpoint(evaluation)
     assert not (tmp_path / "eval").exists()
+
+
+def test_sampling_from_a_distribution_it_cannot_draw_stops():
+    noise = torch.zeros(3, 2)
+    with pytest.raises(PolicyMismatch, match="cannot draw from a Laplace"):
+        ppo_fc.Agent.sample(torch.distributions.Laplace(torch.zeros(3, 2), torch.ones(3, 2)), noise)

@@ -527,7 +527,7 @@ def test_cli_run_writes_the_conventional_log_keys(tmp_path):
     scalars = read_scalars(run)
     expected = {"charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS"}
     expected |= {f"losses/{key}" for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")}
-    expected |= {"losses/clipfrac", "losses/explained_variance", "perf/rollout_seconds", "perf/sequences_seconds"}
+    expected |= {"losses/clipfrac", "losses/explained_variance", "perf/rollout_seconds"}
     expected |= {"perf/update_seconds", "system/rss_mb", "eval/episodic_return"}
     assert expected <= set(scalars)
     assert (run / "checkpoints" / "latest.pt").is_file() and (run / "checkpoints" / "step_1024.pt").is_file()
@@ -585,3 +585,12 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert checkpoint["global_step"] == 512
     assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
+
+
+def test_a_policy_whose_draws_sample_cannot_make_stops_the_run(tmp_path, monkeypatch):
+    def laplace(self, actor_out):  # a Gaussian mean and std, as another family that Agent.sample does not draw from
+        return torch.distributions.Laplace(actor_out, self.actor_logstd.expand_as(actor_out).exp())
+
+    monkeypatch.setattr(ppo_lstm.Agent, "distribution", laplace)
+    with pytest.raises(PolicyMismatch, match="cannot draw from a Laplace"):
+        ppo_lstm.train(quick_args(tmp_path, env_id="ContinuousProbe1-v0", num_steps=64, total_timesteps=256))
