@@ -232,12 +232,8 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
         policy = agent.distribution(torch.as_tensor(obs, device=device))
         return agent.sample(policy, torch.as_tensor(noise, device=device)).cpu().numpy()
 
-    def numpy_act() -> PolicyFunction:
-        actor_out = stand_in.numpy_snapshot(agent.obs_norm, agent.actor)
-        if agent.discrete:
-            return lambda obs, noise: np.argmax(actor_out(obs) + noise, -1)
-        std = agent.actor_logstd.detach().exp().cpu().numpy()
-        return lambda obs, noise: actor_out(obs) + std * noise
+    def numpy_act() -> PolicyFunction:  # common/stand_in.py
+        return stand_in.numpy_policy((agent.obs_norm, agent.actor), None if agent.discrete else agent.actor_logstd)
 
     trial = lambda: stand_in.trial_inputs(obs, agent.action_size)  # noqa: E731
     act = stand_in.fitting_copy(numpy_act, torch_act, trial, agent) if numpy_rollout else None

@@ -357,21 +357,10 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
 
 
 def numpy_policy_step(agent: Agent) -> StepFunction:
-    """A NumPy copy of one step of the policy and the state update, at the current weights."""
-    normalise, actor_out = stand_in.numpy_snapshot(agent.obs_norm), stand_in.numpy_snapshot(agent.actor)
-    cores, start = [], 0  # each core's encoder, cell, and part of the state
-    for core in agent.cores():
-        part, start = slice(start, start + core.state_size), start + core.state_size
-        cores.append((stand_in.numpy_snapshot(core.encoder), stand_in.numpy_cell(core.rnn), part))
-    std = None if agent.discrete else agent.actor_logstd.detach().exp().cpu().numpy()
-
-    def step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
-        x, state = normalise(obs), state * ~starts[None, :, None]
-        outputs, next_states = zip(*[cell(encoder(x), state[..., part]) for encoder, cell, part in cores], strict=True)
-        out = actor_out(outputs[0])
-        return np.argmax(out + noise, -1) if std is None else out + std * noise, np.concatenate(next_states, -1)
-
-    return step
+    """A NumPy copy of one step of the policy and the state update (common/stand_in.py), at the current weights."""
+    log_std = None if agent.discrete else agent.actor_logstd
+    cores = [(core.encoder, core.rnn) for core in agent.cores()]
+    return stand_in.numpy_recurrent_policy(agent.obs_norm, cores, agent.actor, log_std)
 
 
 def check_policy(agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool) -> Tensor:

@@ -15,7 +15,7 @@ hook (spectral norm, weight norm and many adapters are hooks or parametrizations
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -158,6 +158,39 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
         return x, next_state
 
     return lstm if isinstance(rnn, nn.LSTM) else gru
+
+
+def numpy_policy(modules: Sequence[nn.Module], log_std: torch.Tensor | None) -> Callable[..., np.ndarray]:
+    """The NumPy form of a feedforward policy, (observations, noise) -> actions: `modules` applied in turn give the
+    logits, drawn from with the Gumbel-max trick (`log_std` None), or the Gaussian mean, drawn as mean + std * noise.
+    """
+    out = numpy_snapshot(*modules)
+    if log_std is None:
+        return lambda obs, noise: np.argmax(out(obs) + noise, -1)
+    std = _copy(log_std.exp())
+    return lambda obs, noise: out(obs) + std * noise
+
+
+def numpy_recurrent_policy(
+    normalise: nn.Module, cores: Sequence[tuple[nn.Module, nn.Module]], head: nn.Module, log_std: torch.Tensor | None
+) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
+    """The NumPy form of one step of a recurrent policy, (observations, state, episode starts, noise) -> (actions,
+    state after the step). The state, zero where an episode starts, holds each core's side by side; a core is an
+    (encoder, cell) pair, run on the `normalise`d observations. `head` on the first core's output gives the logits or
+    the Gaussian mean, drawn from as `numpy_policy` does."""
+    normalised, draw = numpy_snapshot(normalise), numpy_policy([head], log_std)
+    steps, start = [], 0  # each core's encoder, cell, and part of the state
+    for encoder, rnn in cores:
+        size = rnn.hidden_size * (2 if isinstance(rnn, nn.LSTM) else 1)
+        steps.append((numpy_snapshot(encoder), numpy_cell(rnn), slice(start, start + size)))
+        start += size
+
+    def step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
+        x, state = normalised(obs), state * ~starts[None, :, None]
+        outputs, next_states = zip(*[cell(encoder(x), state[..., part]) for encoder, cell, part in steps], strict=True)
+        return draw(outputs[0], noise), np.concatenate(next_states, -1)
+
+    return step
 
 
 def trial_inputs(obs: np.ndarray, action_size: int) -> tuple[np.ndarray, np.ndarray]:
