@@ -85,7 +85,9 @@ def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) 
             flag = "--" + field.name.replace("_", "-")
             raise UsageError(f"{flag} {given} differs from the checkpoint's {saved}, which decides it; leave it out")
     try:
-        return type(args)(**{**checkpoint["args"], **{name: getattr(args, name) for name in kept}})
+        return type(args)(
+            **{**checkpoint["args"], **{name: getattr(args, name) for name in kept if hasattr(args, name)}}
+        )
     except (KeyError, TypeError) as exc:
         raise UsageError(f"the checkpoint's settings do not match this version of the script: {exc}") from None
 

@@ -190,7 +190,7 @@ def training_envs(
     env_id = resolve_env_id(args.env_id)
     env_fns = [make_env(env_id, i, args.capture_video, video_folder, args.video_every) for i in range(args.num_envs)]
     envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(env_fns, args.async_envs))
-    if not args.norm_reward:
+    if not getattr(args, "norm_reward", False):  # a script without the flag has no normalisation
         return envs, None
     reward_normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
     if checkpoint is not None:

@@ -1,0 +1,442 @@
+"""DDPG for continuous actions with several envs in parallel, after CleanRL's ddpg_continuous_action.py. Read top to
+bottom: arguments, environments, networks, then ``train()``: act with exploration noise, store the transition in the
+replay buffer, update the critic every transition and the actor every ``--policy-frequency`` updates, move the target
+networks. Run plumbing is in ``common/``; docs/ddpg.md gives the reasons for the defaults."""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import closing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.tensorboard import SummaryWriter
+
+import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
+from common import checkpoints, cli, env_state, evaluation, run_start, tracking
+from common.envs import env_spaces, flat_observations, resolve_env_id, training_envs
+from common.errors import UsageError, check_finite
+from common.interrupt import GracefulInterrupt
+from common.seeding import seed_and_pick_device
+from common.train_result import TrainResult
+from common.trajectories import RolloutRecorder
+
+SCRIPT = Path(__file__).stem
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_KEYS = ("model", "actor_optimizer", "q_optimizer", "iteration", "updates", "noise", "episodes", "buffer")
+
+
+@dataclass
+class Args:
+    """DDPG for continuous actions, with CleanRL's flags and defaults and several envs in parallel."""
+
+    exp_name: str = SCRIPT
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment (torch, numpy, python and the envs)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, use a GPU when one is available"""
+    torch_threads: int = 1
+    """CPU threads for torch and NumPy's BLAS (0 keeps their defaults)"""
+    track: bool = False
+    """if toggled, track the run with Weights and Biases (works with WANDB_MODE=offline)"""
+    wandb_project_name: str = "onefile-rl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the wandb entity (team or user)"""
+    capture_video: bool = False
+    """if toggled, record videos of env 0 into the run folder's `videos`"""
+    video_every: int = 50
+    """with --capture-video, record one episode of env 0 in every this many"""
+    run_dir: str = "runs"
+    """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
+    progress: bool = True
+    """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
+    save_model: bool = True
+    """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
+    checkpoint_every: int = 0
+    """write a checkpoint every this many iterations, one vector step each (0: only at the end, when --save-model)"""
+    save_buffer: bool = False
+    """if toggled, write the replay buffer next to each checkpoint (.npz), so that --resume continues exactly"""
+    resume: str | None = None
+    """continue the run of this checkpoint: its settings, run folder, step count and schedule"""
+    eval_checkpoint: str | None = None
+    """evaluate the actor of this checkpoint for --eval-episodes episodes, without noise, then exit"""
+    eval_episodes: int = 10
+    """episodes of noise-free evaluation after training (0: none)"""
+    eval_every: int = 0
+    """also evaluate for --eval-episodes episodes every this many steps during training (0: never)"""
+    save_trajectories: str | None = None
+    """record the training steps (with --eval-checkpoint: the episodes) to this new .npz file"""
+    env_id: str = "Pendulum-v1"
+    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
+    total_timesteps: int = 1_000_000
+    """total env transitions of the experiment (rounded down to whole vector steps)"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    async_envs: bool = False
+    """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
+    learning_rate: float = 3e-4
+    """the learning rate of both optimizers"""
+    anneal_lr: bool = False
+    """toggle learning rate annealing"""
+    end_learning_rate: float = 0.0
+    """with --anneal-lr, the learning rate falls linearly towards this value"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size (transitions)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of sample from the replay memory"""
+    noise: Literal["gaussian", "ou"] = "gaussian"
+    """the exploration noise: gaussian, or an Ornstein-Uhlenbeck process per env"""
+    exploration_noise: float = 0.1
+    """the scale of the exploration noise, in units of each action dimension's half-range"""
+    learning_starts: int = 5_000
+    """transitions of uniform random actions before learning starts"""
+    updates_per_step: int = 1
+    """gradient steps per env transition"""
+    policy_frequency: int = 2
+    """the frequency of training the actor, in critic updates (delayed)"""
+    hidden_size: int = 256
+    """width of the two hidden layers of the actor and of the critic"""
+
+
+OU_THETA = 0.15
+"""The Ornstein-Uhlenbeck process's pull towards 0 per step, the DDPG paper's, with a time step of 1."""
+
+
+def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
+        else:
+            env = gym.make(env_id)
+        return flat_observations(env)
+
+    return thunk
+
+
+class QNetwork(nn.Module):
+    def __init__(self, observation_size: int, action_size: int, hidden_size: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(observation_size + action_size, hidden_size),
+            nn.ReLU(),
+            nn.Linear(hidden_size, hidden_size),
+            nn.ReLU(),
+            nn.Linear(hidden_size, 1),
+        )
+
+    def forward(self, x: Tensor, a: Tensor) -> Tensor:
+        return self.net(torch.cat([x, a], -1)).squeeze(-1)
+
+
+class Actor(nn.Module):
+    def __init__(self, observation_size: int, action_space: gym.spaces.Box, hidden_size: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(observation_size, hidden_size),
+            nn.ReLU(),
+            nn.Linear(hidden_size, hidden_size),
+            nn.ReLU(),
+            nn.Linear(hidden_size, int(np.prod(action_space.shape))),
+            nn.Tanh(),
+        )
+        # Each action dimension's own bounds: tanh's (-1, 1) scaled to them.
+        low, high = (
+            torch.as_tensor(bound, dtype=torch.float32).flatten() for bound in (action_space.low, action_space.high)
+        )
+        self.register_buffer("action_scale", (high - low) / 2)
+        self.register_buffer("action_bias", (high + low) / 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x) * self.action_scale + self.action_bias
+
+
+class Agent(nn.Module):
+    """The actor, the critic and their target networks: one state dict for checkpoints."""
+
+    def __init__(self, observation_size: int, action_space: gym.spaces.Box, hidden_size: int):
+        super().__init__()
+        self.actor = Actor(observation_size, action_space, hidden_size)
+        self.qf1 = QNetwork(observation_size, self.actor.action_scale.numel(), hidden_size)
+        self.actor_target = Actor(observation_size, action_space, hidden_size)
+        self.qf1_target = QNetwork(observation_size, self.actor.action_scale.numel(), hidden_size)
+        self.actor_target.load_state_dict(self.actor.state_dict())
+        self.qf1_target.load_state_dict(self.qf1.state_dict())
+
+
+def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """target <- target + tau (online - target), for every parameter in one call."""
+    with torch.no_grad():
+        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+
+
+class ReplayBuffer:
+    """Transitions in preallocated arrays, oldest overwritten first. It stores the true next observation (the last
+    one where an episode ended) and the termination flag only: truncated episodes bootstrap, terminated ones never."""
+
+    FIELDS = ("observations", "next_observations", "actions", "rewards", "terminations")
+
+    def __init__(self, size: int, observation_size: int, action_size: int):
+        shapes = ((observation_size,), (observation_size,), (action_size,), (), ())
+        for name, shape in zip(self.FIELDS, shapes, strict=True):
+            setattr(self, name, np.zeros((size, *shape), dtype=np.float32))
+        self.size, self.position, self.full = size, 0, False
+
+    def __len__(self) -> int:
+        return self.size if self.full else self.position
+
+    def add(
+        self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminations: np.ndarray
+    ) -> None:
+        """One vector step: a row per env."""
+        rows = (self.position + np.arange(len(obs))) % self.size
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminations), strict=True):
+            getattr(self, name)[rows] = value
+        self.full |= self.position + len(obs) >= self.size
+        self.position = int(rows[-1] + 1) % self.size
+
+    def sample(self, batch_size: int, device: torch.device) -> tuple[Tensor, ...]:
+        """A uniform sample of the stored transitions, as tensors in `FIELDS` order."""
+        rows = np.random.randint(0, len(self), batch_size)
+        return tuple(torch.as_tensor(getattr(self, name)[rows], device=device) for name in self.FIELDS)
+
+    def state(self) -> dict[str, np.ndarray]:
+        filled = len(self)
+        arrays = {name: getattr(self, name)[:filled] for name in self.FIELDS}
+        return {**arrays, "position": np.array(self.position), "full": np.array(self.full)}
+
+    def restore(self, state: dict[str, np.ndarray]) -> None:
+        for name in self.FIELDS:
+            getattr(self, name)[: len(state[name])] = state[name]
+        self.position, self.full = int(state["position"]), bool(state["full"])
+
+
+def exploration_noise(args: Args, noise_state: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
+    """Noise for one vector step, (num_envs, action size), in units of each dimension's half-range: Gaussian, or
+    the Ornstein-Uhlenbeck process of each env (x += theta (0 - x) + sigma N(0, 1)), restarted at 0 where that env's
+    episode starts. `noise_state` is the process's state, updated in place."""
+    draw = np.random.normal(size=noise_state.shape).astype(np.float32)
+    if args.noise == "gaussian":
+        return args.exploration_noise * draw
+    noise_state[episode_starts] = 0.0
+    noise_state += OU_THETA * (0.0 - noise_state) + args.exploration_noise * draw
+    return noise_state.copy()
+
+
+def check_args(args: Args) -> None:
+    """Reject bad settings before anything is built or written."""
+    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "hidden_size")
+    positive += ("video_every", "learning_rate", "updates_per_step")
+    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate", "eval_every")
+    non_negative += ("learning_starts", "exploration_noise")
+    cli.check_ranges(args, positive, non_negative, ("gamma", "tau"))
+    if args.total_timesteps < args.num_envs:
+        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one vector step ({args.num_envs})")
+
+
+def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict | None]:
+    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
+    no path: `args` and no checkpoint."""
+    if path is None:
+        return args, None
+    checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
+    settings = checkpoints.settings(checkpoint, args, kept, strict)
+    check_args(settings)
+    return settings, checkpoint
+
+
+def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
+    """The agent for `args.env_id`, with the checkpoint's weights if given."""
+    observation_space, action_space, render_modes = env_spaces(make_env(resolve_env_id(args.env_id)))
+    if not isinstance(action_space, gym.spaces.Box):
+        raise UsageError(f"{args.env_id!r} has a {type(action_space).__name__} action space; ddpg.py needs a Box")
+    if args.capture_video and "rgb_array" not in render_modes:
+        raise UsageError(f"--capture-video: {args.env_id!r} cannot render to rgb_array frames")
+    agent = Agent(int(np.prod(observation_space.shape)), action_space, args.hidden_size).to(device)
+    if checkpoint is not None:
+        checkpoints.load_weights(agent, checkpoint, args.env_id)
+    return agent
+
+
+def train(args: Args) -> TrainResult:
+    check_args(args)
+    args, checkpoint = from_checkpoint(args.resume, args, (*checkpoints.RUN_TIME_FLAGS, "save_buffer"), strict=True)
+    num_iterations = args.total_timesteps // args.num_envs  # one vector step each: num_envs transitions
+
+    device = seed_and_pick_device(args.seed, args.torch_deterministic, args.torch_threads, args.cuda)
+    agent = build_agent(args, checkpoint, device)
+    actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate)
+    q_optimizer = torch.optim.Adam(agent.qf1.parameters(), lr=args.learning_rate)
+    if checkpoint is not None:
+        actor_optimizer.load_state_dict(checkpoint["actor_optimizer"])
+        q_optimizer.load_state_dict(checkpoint["q_optimizer"])
+    run = run_start.start_run(args, checkpoint, num_iterations, args.num_envs)
+    global_step = run.global_step
+    envs, _ = training_envs(make_env, args, str(run.video_folder), checkpoint)
+    action_space = envs.single_action_space
+    observation_size, action_size = int(np.prod(envs.single_observation_space.shape)), int(np.prod(action_space.shape))
+    half_range = agent.actor.action_scale.cpu().numpy()
+    rb = ReplayBuffer(args.buffer_size, observation_size, action_size)
+    noise_state = np.zeros((args.num_envs, action_size), dtype=np.float32)
+    if checkpoint is not None:
+        noise_state[:] = checkpoint["noise"].numpy()
+        buffer_path = checkpoints.resume_folder(args.resume) / "checkpoints" / str(checkpoint["buffer"] or "")
+        if checkpoint["buffer"] and buffer_path.is_file():
+            with np.load(buffer_path, allow_pickle=False) as stored:
+                rb.restore(dict(stored))
+        else:
+            cli.notice(
+                f"{args.resume} has no replay buffer (see --save-buffer): the resumed run starts with an empty one"
+            )
+    recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)})
+
+    next_obs, carried = env_state.start(envs, checkpoint, args.seed + global_step)  # last: after everything is built
+    episode_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
+    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * args.num_envs, global_step)
+    log_every = max(1, 100 // args.num_envs)  # CleanRL logs the losses every 100 steps
+    updates = int(checkpoint["updates"]) if checkpoint is not None else 0
+
+    def write_checkpoint(iteration: int) -> Path:
+        folder = run.path / "checkpoints"
+        buffer_name = None
+        if args.save_buffer:
+            buffer_name = f"buffer_step_{global_step}.npz"
+            folder.mkdir(parents=True, exist_ok=True)
+            temporary = folder / f".{buffer_name}.tmp.npz"
+            np.savez(temporary, **rb.state())
+            temporary.replace(folder / buffer_name)
+        state = {"model": agent.state_dict(), "iteration": iteration, "updates": updates, "buffer": buffer_name}
+        state |= {"actor_optimizer": actor_optimizer.state_dict(), "q_optimizer": q_optimizer.state_dict()}
+        state["noise"] = torch.as_tensor(noise_state)
+        state["episodes"] = env_state.capture(envs, next_obs, episode_starts=episode_starts)
+        return checkpoints.save(folder, SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
+
+    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
+    qf1_values = qf1_loss = actor_loss = torch.zeros(())
+    with GracefulInterrupt() as interrupt, closing(envs), log:
+        for iteration in range(run.iterations_done + 1, num_iterations + 1):
+            if args.anneal_lr:
+                frac = (iteration - 1.0) / num_iterations
+                for optimizer in (actor_optimizer, q_optimizer):
+                    optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+            iteration_start = time.time()
+            obs = next_obs.astype(np.float32)
+            noise = exploration_noise(args, noise_state, episode_starts)
+            if global_step < args.learning_starts:
+                actions = np.stack([action_space.sample() for _ in range(args.num_envs)]).astype(np.float32)
+            else:
+                with torch.no_grad():
+                    actions = agent.actor(torch.as_tensor(obs, device=device)).cpu().numpy()
+                actions = np.clip(actions + noise * half_range, action_space.low, action_space.high)
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            global_step += args.num_envs
+            # The true next observation: where an episode ended, the last one of that episode.
+            real_next_obs = next_obs.astype(np.float32)
+            ended = terminations | truncations
+            if ended.any():
+                real_next_obs[ended] = np.stack(infos["final_obs"][ended])
+            rb.add(obs, real_next_obs, actions, rewards, terminations)
+            recorder.step(obs, actions, rewards, terminations, truncations, infos)
+            recorder.end_rollout()
+            episode_starts = ended
+            log.episodes.record(infos, global_step)
+            rollout_seconds = time.time() - iteration_start
+
+            update_start = time.time()
+            if global_step >= args.learning_starts:
+                for _ in range(args.num_envs * args.updates_per_step):
+                    observations, next_observations, b_actions, b_rewards, b_terminations = rb.sample(
+                        args.batch_size, device
+                    )
+                    with torch.no_grad():
+                        next_q = agent.qf1_target(next_observations, agent.actor_target(next_observations))
+                        next_q_value = b_rewards + (1 - b_terminations) * args.gamma * next_q
+                    qf1_values = agent.qf1(observations, b_actions)
+                    qf1_loss = F.mse_loss(qf1_values, next_q_value)
+                    q_optimizer.zero_grad(set_to_none=True)
+                    qf1_loss.backward()
+                    q_optimizer.step()
+                    updates += 1
+                    if updates % args.policy_frequency == 0:
+                        actor_loss = -agent.qf1(observations, agent.actor(observations)).mean()
+                        actor_optimizer.zero_grad(set_to_none=True)
+                        actor_loss.backward()
+                        actor_optimizer.step()
+                        polyak_update(agent.actor_target, agent.actor, args.tau)
+                        polyak_update(agent.qf1_target, agent.qf1, args.tau)
+            update_seconds = time.time() - update_start
+
+            if iteration % log_every == 0 or iteration == num_iterations:
+                check_finite(agent.parameters(), global_step, qf1_loss=qf1_loss, actor_loss=actor_loss)
+                log.iteration(global_step, {
+                    "charts/learning_rate": q_optimizer.param_groups[0]["lr"],
+                    "losses/qf1_values": qf1_values.mean().item(), "losses/qf1_loss": qf1_loss.item(),
+                    "losses/actor_loss": actor_loss.item(), "perf/rollout_seconds": rollout_seconds,
+                    "perf/update_seconds": update_seconds,
+                })  # fmt: skip
+            if args.eval_every and global_step // args.eval_every > (global_step - args.num_envs) // args.eval_every:
+                evaluate(agent, args, run.writer, global_step)
+            saving.iteration_done(iteration)
+            if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
+                break
+        saving.run_ended(iteration, interrupt.requested)
+        recorder.save()
+    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
+    log.finish()
+    episodes = log.episodes
+    return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)
+
+
+def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
+    """`common.evaluation.evaluate` with the deterministic actor: no noise."""
+    device = next(agent.parameters()).device
+
+    @torch.inference_mode()
+    def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
+        return agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+
+    return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
+
+
+def evaluate_checkpoint(args: Args) -> list[float]:
+    """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
+    check_args(args)
+    kept = (*checkpoints.EVALUATION_FLAGS, "save_buffer")
+    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, kept, strict=False)
+    device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
+    agent = build_agent(trained, checkpoint, device)
+    step = checkpoint["global_step"]
+    return evaluation.evaluate_checkpoint(
+        args, trained, lambda writer, path: evaluate(agent, trained, writer, step, path)
+    )
+
+
+def main() -> int:
+    def run() -> None:
+        args = cli.parse_args(Args)
+        if args.eval_checkpoint:
+            evaluate_checkpoint(args)
+        else:
+            print(train(args).summary())
+
+    return cli.exit_status(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""ddpg.py: the replay buffer, the noise, the target update, learning on the probes, resume, and bad input."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from helpers import run_script, visit_states
+
+import ddpg
+import ppo_fc
+from common.errors import UsageError
+
+
+def quick_args(tmp_path, **overrides) -> ddpg.Args:
+    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    settings |= dict(learning_starts=256, batch_size=64, hidden_size=64, buffer_size=10_000)
+    return ddpg.Args(**{**settings, **overrides})
+
+
+def test_the_replay_buffer_wraps_around_and_samples_only_what_it_holds():
+    buffer = ddpg.ReplayBuffer(5, 1, 1)
+    for step in range(3):  # two envs: 6 transitions, the first overwritten
+        obs = np.array([[2 * step], [2 * step + 1]], np.float32)
+        buffer.add(obs, obs + 100, obs, obs[:, 0], np.zeros(2, np.float32))
+    assert len(buffer) == 5 and buffer.full and buffer.position == 1
+    assert sorted(buffer.observations[:, 0].tolist()) == [1, 2, 3, 4, 5]
+    np.testing.assert_array_equal(buffer.next_observations, buffer.observations + 100)
+    partial = ddpg.ReplayBuffer(100, 1, 1)
+    partial.add(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32), np.ones((2, 1)), np.ones(2), np.zeros(2))
+    np.random.seed(0)
+    sampled = partial.sample(1000, torch.device("cpu"))[0]
+    assert (sampled == 1).all()  # never an empty slot
+    restored = ddpg.ReplayBuffer(5, 1, 1)
+    restored.restore(buffer.state())
+    for name in ddpg.ReplayBuffer.FIELDS:
+        np.testing.assert_array_equal(getattr(restored, name), getattr(buffer, name))
+    assert (restored.position, restored.full) == (1, True)
+
+
+def stored_buffer(result) -> dict[str, np.ndarray]:
+    (path,) = (result.run_dir / "checkpoints").glob("buffer_step_*.npz")
+    with np.load(path, allow_pickle=False) as stored:
+        return dict(stored)
+
+
+def test_truncation_stores_the_last_observation_and_no_termination(tmp_path):
+    gym.register("ShortPendulum-v0", entry_point="gymnasium.envs.classic_control:PendulumEnv", max_episode_steps=5)
+    args = quick_args(tmp_path, env_id="ShortPendulum-v0", total_timesteps=40, num_envs=2, save_model=True)
+    args.save_buffer, args.learning_starts = True, 1000
+    stored = stored_buffer(ddpg.train(args))
+    assert not stored["terminations"].any()  # truncations bootstrap
+    # Rows are vector steps of 2 envs; each env's episode is 5 steps, then a reset.
+    obs, next_obs = stored["observations"].reshape(20, 2, 3), stored["next_observations"].reshape(20, 2, 3)
+    for t in range(19):
+        if (t + 1) % 5:
+            np.testing.assert_array_equal(next_obs[t], obs[t + 1])  # within an episode: the next observation
+        else:
+            assert not np.allclose(next_obs[t], obs[t + 1])  # at the end: the episode's last, not the reset one
+            # Pendulum's last observation follows from the one before it: cos^2 + sin^2 = 1 and a bounded speed.
+            np.testing.assert_allclose((next_obs[t, :, :2] ** 2).sum(-1), 1, rtol=1e-5)
+
+
+def test_termination_is_stored(tmp_path):
+    args = quick_args(tmp_path, env_id="ContinuousProbe1-v0", total_timesteps=20, save_model=True, learning_starts=100)
+    args.save_buffer = True
+    assert stored_buffer(ddpg.train(args))["terminations"].all()  # every one-step probe episode terminates
+
+
+def test_the_target_update_moves_every_parameter_by_tau():
+    torch.manual_seed(0)
+    online, target = ddpg.QNetwork(3, 1, 8), ddpg.QNetwork(3, 1, 8)
+    before = [p.clone() for p in target.parameters()]
+    ddpg.polyak_update(target, online, 0.1)
+    for old, new, source in zip(before, target.parameters(), online.parameters(), strict=True):
+        torch.testing.assert_close(new, 0.9 * old + 0.1 * source)
+
+
+def test_ou_noise_reverts_to_zero_and_restarts_with_each_episode():
+    args = ddpg.Args(noise="ou", exploration_noise=0.2)
+    state = np.zeros((2, 1), np.float32)
+    np.random.seed(0)
+    draws = np.stack([ddpg.exploration_noise(args, state, np.zeros(2, bool)) for _ in range(20_000)])
+    # Stationary: mean 0, variance sigma^2 / (1 - (1 - theta)^2), and the lag-1 correlation is 1 - theta.
+    assert abs(draws.mean()) < 0.02
+    np.testing.assert_allclose(draws.var(), 0.2**2 / (1 - (1 - ddpg.OU_THETA) ** 2), rtol=0.05)
+    x = draws[:-1, 0, 0]
+    np.testing.assert_allclose(np.corrcoef(x, draws[1:, 0, 0])[0, 1], 1 - ddpg.OU_THETA, atol=0.02)
+    state[:] = 5.0
+    ddpg.exploration_noise(args, state, np.array([True, False]))
+    assert abs(state[0, 0]) < 1 and state[1, 0] > 3  # env 0's episode started again: its process too
+    gaussian = ddpg.Args(noise="gaussian", exploration_noise=0.3)
+    draws = np.stack([ddpg.exploration_noise(gaussian, state, np.zeros(2, bool)) for _ in range(20_000)])
+    np.testing.assert_allclose(draws.std(), 0.3, rtol=0.03)
+
+
+def test_the_actor_scales_each_dimension_to_its_own_bounds():
+    space = gym.spaces.Box(np.array([-1, 0], np.float32), np.array([1, 10], np.float32))
+    actor = ddpg.Actor(2, space, 8)
+    with torch.no_grad():
+        actor.net[-2].bias.copy_(torch.tensor([10.0, 10.0]))  # tanh at its top
+        top = actor(torch.zeros(1, 2))
+        actor.net[-2].bias.copy_(torch.tensor([-10.0, -10.0]))
+        bottom = actor(torch.zeros(1, 2))
+    torch.testing.assert_close(top[0], torch.tensor([1.0, 10.0]), atol=1e-3, rtol=0)
+    torch.testing.assert_close(bottom[0], torch.tensor([-1.0, 0.0]), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "steps"),
+    [("ContinuousProbe1-v0", 1500), ("ContinuousProbe2-v0", 1500), ("ContinuousProbe3-v0", 2000),
+     ("ContinuousProbe4-v0", 2000), ("ContinuousProbe5-v0", 3000)],
+)  # fmt: skip
+def test_continuous_probes(tmp_path, env_id, steps):
+    args = quick_args(tmp_path, env_id=env_id, total_timesteps=steps, learning_rate=1e-3)
+    agent = ddpg.train(args).agent
+    action_matters = env_id in ("ContinuousProbe4-v0", "ContinuousProbe5-v0")
+    for env, observation in visit_states(env_id):
+        x = torch.as_tensor(observation, dtype=torch.float32)[None]
+        with torch.no_grad():
+            action = agent.actor(x)
+            value = agent.qf1(x, action).item()
+        if action_matters:  # the actor's output at the optimum, and the critic knows what it earns there
+            assert action[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), observation
+            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
+        else:
+            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
+
+
+def test_resume_with_the_buffer_gives_the_uninterrupted_run(tmp_path):
+    settings = dict(env_id="Pendulum-v1", num_envs=2, total_timesteps=600, learning_starts=200, checkpoint_every=150)
+    settings |= dict(save_model=True, save_buffer=True, noise="ou")
+    whole = ddpg.train(quick_args(tmp_path / "whole", **settings))
+    middle = whole.run_dir / "checkpoints" / "step_300.pt"
+    resumed = ddpg.train(ddpg.Args(resume=str(middle), progress=False))
+    assert resumed.global_step == whole.global_step == 600
+    for (name, a), b in zip(whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_resume_without_the_buffer_says_so(tmp_path, capsys):
+    settings = dict(total_timesteps=300, learning_starts=100, checkpoint_every=100, save_model=True)
+    whole = ddpg.train(quick_args(tmp_path, **settings))
+    ddpg.train(ddpg.Args(resume=str(whole.run_dir / "checkpoints" / "step_100.pt"), progress=False))
+    assert "starts with an empty one" in capsys.readouterr().err
+
+
+def test_checkpoints_of_the_other_scripts_are_refused(tmp_path):
+    ppo = ppo_fc.train(ppo_fc.Args(env_id="Pendulum-v1", total_timesteps=512, run_dir=str(tmp_path), progress=False,
+                                   eval_episodes=0))  # fmt: skip
+    with pytest.raises(UsageError, match="not a ddpg checkpoint"):
+        ddpg.train(ddpg.Args(resume=str(ppo.checkpoint), progress=False))
+    result = ddpg.train(quick_args(tmp_path, total_timesteps=50, save_model=True))
+    with pytest.raises(UsageError, match="not a ppo_fc checkpoint"):
+        ppo_fc.train(ppo_fc.Args(resume=str(result.checkpoint), progress=False))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--env-id", "CartPole-v1"], "Discrete action space"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--tau", "1.5"], "--tau"),
+        (["--total-timesteps", "1", "--num-envs", "2"], "less than one vector step"),
+        (["--eval-checkpoint", "missing.pt"], "does not exist"),
+    ],
+)
+def test_bad_input_is_one_error_line(tmp_path, flags, message):
+    process = run_script("ddpg.py", *flags, "--run-dir", str(tmp_path), "--no-progress")
+    assert process.returncode == 2, process.stderr
+    assert process.stderr.startswith("error:") and message in process.stderr and "Traceback" not in process.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_eval_checkpoint_plays_the_deterministic_actor(tmp_path):
+    result = ddpg.train(quick_args(tmp_path, total_timesteps=100, save_model=True))
+    returns = [
+        ddpg.evaluate_checkpoint(
+            ddpg.Args(eval_checkpoint=str(result.checkpoint), eval_episodes=1, seed=3, run_dir=str(tmp_path))
+        )
+        for _ in range(2)
+    ]
+    assert returns[0] == returns[1]  # no noise: the same seed plays the same episode
