@@ -120,7 +120,7 @@ def random_policy(args: RandomPolicyArgs) -> None:
 class Sb3Args:
     """A Stable-Baselines3 run with the settings of one of our scripts (see `benchmark.registry`)."""
 
-    algo: Literal["ppo", "recurrent_ppo", "ddpg"]
+    algo: Literal["ppo", "recurrent_ppo", "ddpg", "td3"]
     """the SB3 algorithm"""
     settings: str
     """the algorithm's settings as one JSON object, as `benchmark.registry` derives them from a script's"""
@@ -226,15 +226,19 @@ def build_sb3_model(algo: str, settings: dict[str, Any], envs: Any, seed: int) -
     common["learning_rate"] = lambda remaining: (
         end + (start - end) * remaining
     )  # remaining: 1 at the start, 0 at the end
-    if algo == "ddpg":
-        from stable_baselines3 import DDPG
-        from stable_baselines3.common.noise import NormalActionNoise
+    if algo in ("ddpg", "td3"):
+        from stable_baselines3 import DDPG, TD3
+        from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 
         action_space = envs.action_space
         noise_std = settings["exploration_noise"] * (action_space.high - action_space.low) / 2
         policy_kwargs = {"net_arch": hidden, "activation_fn": activation, **settings.get("policy_kwargs", {})}
-        action_noise = NormalActionNoise(np.zeros(action_space.shape), noise_std)
-        return DDPG("MlpPolicy", envs, action_noise=action_noise, policy_kwargs=policy_kwargs, **common)
+        if settings.get("noise", "gaussian") == "ou":  # the DDPG paper's discrete form: a time step of 1
+            action_noise = OrnsteinUhlenbeckActionNoise(np.zeros(action_space.shape), noise_std, theta=0.15, dt=1.0)
+        else:
+            action_noise = NormalActionNoise(np.zeros(action_space.shape), noise_std)
+        algorithm = DDPG if algo == "ddpg" else TD3
+        return algorithm("MlpPolicy", envs, action_noise=action_noise, policy_kwargs=policy_kwargs, **common)
     policy_kwargs = {"net_arch": {"pi": hidden, "vf": hidden}, "activation_fn": activation}
     policy_kwargs.update(settings.get("policy_kwargs", {}))
     if algo == "recurrent_ppo":

@@ -116,6 +116,51 @@ RECURRENT_PPO_UNMATCHED = {
 }
 
 
+def ddpg_sb3_settings(args: Any) -> dict[str, Any]:
+    """A DDPG script's settings as SB3 TD3's with one critic, no target policy smoothing and the script's policy delay:
+    that is DDPG with a delayed actor, as CleanRL's and ddpg.py's (SB3's own DDPG updates the actor every step)."""
+    return {
+        "num_envs": args.num_envs,
+        "async_envs": args.async_envs,
+        "torch_threads": args.torch_threads,
+        "learning_rate": args.learning_rate,
+        "end_learning_rate": args.end_learning_rate if args.anneal_lr else args.learning_rate,
+        "hidden_sizes": [args.hidden_size, args.hidden_size],
+        "activation": "relu",
+        "exploration_noise": args.exploration_noise,
+        "noise": args.noise,
+        "policy_kwargs": {"n_critics": 1},
+        "model": {
+            "buffer_size": args.buffer_size,
+            "learning_starts": args.learning_starts,
+            "batch_size": args.batch_size,
+            "tau": args.tau,
+            "gamma": args.gamma,
+            "train_freq": 1,
+            "gradient_steps": args.num_envs * args.updates_per_step,  # per vector step: num_envs transitions
+            "policy_delay": args.policy_frequency,
+            "target_policy_noise": 0.0,
+            "target_noise_clip": 0.0,
+        },
+    }
+
+
+DDPG_UNMATCHED = {
+    **dict.fromkeys(
+        (
+            "exp_name", "track", "wandb_project_name", "wandb_entity", "capture_video", "video_every", "run_dir",
+            "progress", "save_model", "checkpoint_every", "save_buffer", "resume", "eval_checkpoint", "eval_episodes",
+            "eval_every", "save_trajectories", "env_id", "total_timesteps", "seed",
+        ),
+        RUN_PLUMBING + " (env id, steps, seed and evaluation episodes are given to both as they are)",
+    ),
+    "torch_deterministic": "SB3 leaves torch's deterministic algorithms as they are; on a CPU it makes no difference",
+    "cuda": "the harness runs both on the CPU",
+    "anneal_lr": "given as end_learning_rate (equal to learning_rate when off)",
+    "end_learning_rate": "given as SB3's learning-rate schedule, linear from learning_rate to it",
+}  # fmt: skip
+
+
 SCRIPTS: dict[str, Script] = {
     "ppo_fc": Script(
         name="ppo_fc",
@@ -130,6 +175,13 @@ SCRIPTS: dict[str, Script] = {
         sb3_settings=recurrent_ppo_sb3_settings,
         vector_env=lambda module, args: training_envs(module.make_env, args, "", None)[0],
         unmatched=RECURRENT_PPO_UNMATCHED,
+    ),
+    "ddpg": Script(
+        name="ddpg",
+        sb3_algo="td3",
+        sb3_settings=ddpg_sb3_settings,
+        vector_env=lambda module, args: training_envs(module.make_env, args, "", None)[0],
+        unmatched=DDPG_UNMATCHED,
     ),
 }
 

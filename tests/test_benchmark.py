@@ -73,7 +73,14 @@ EVERY_SETTING_MOVED = {
         "--max-grad-norm", "0.8", "--target-kl", "0.03", "--no-norm-obs", "--norm-reward-clip", "5",
         "--torch-threads", "2", "--rnn-hidden-size", "32", "--rnn-layers", "2", "--shared-core",
     ),
+    "ddpg": (
+        "--num-envs", "2", "--learning-rate", "1e-3", "--anneal-lr", "--end-learning-rate", "1e-4",
+        "--buffer-size", "5000", "--gamma", "0.95", "--tau", "0.01", "--batch-size", "64", "--noise", "ou",
+        "--exploration-noise", "0.2", "--learning-starts", "100", "--updates-per-step", "2",
+        "--policy-frequency", "3", "--hidden-size", "32", "--torch-threads", "2",
+    ),
 }  # fmt: skip
+BASELINE_ENV = {"ppo_fc": "CartPole-v1", "ppo_lstm": "CartPole-v1", "ddpg": "Pendulum-v1"}
 
 
 INERT_WITHOUT = {"norm_reward_clip": "norm_reward"}
@@ -124,6 +131,36 @@ def ppo_read_back(model, envs, settings) -> dict:
     }
 
 
+def td3_read_back(model, envs, settings) -> dict:
+    """The settings of a built SB3 TD3 model (one critic, no target smoothing: DDPG with a delayed actor), by the name
+    of the script's `Args` field they stand for."""
+    from stable_baselines3.common.noise import OrnsteinUhlenbeckActionNoise
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    assert len(model.critic.q_networks) == 1 and model.target_policy_noise == 0
+    widths = [layer.out_features for layer in model.actor.mu if hasattr(layer, "out_features")]
+    assert len(widths) == 3 and widths[0] == widths[1]
+    noise = model.action_noise
+    noise = noise.noises[0] if hasattr(noise, "noises") else noise
+    half_range = (envs.action_space.high - envs.action_space.low) / 2
+    return {
+        "hidden_size": widths[0],
+        "num_envs": model.n_envs,
+        "async_envs": not isinstance(model.get_env(), DummyVecEnv),
+        "learning_rate": model.lr_schedule(1.0),
+        "buffer_size": model.buffer_size,
+        "learning_starts": model.learning_starts,
+        "batch_size": model.batch_size,
+        "tau": model.tau,
+        "gamma": model.gamma,
+        "updates_per_step": model.gradient_steps // model.n_envs,
+        "policy_frequency": model.policy_delay,
+        "exploration_noise": float(np.mean(noise._sigma / half_range)),
+        "noise": "ou" if isinstance(noise, OrnsteinUhlenbeckActionNoise) else "gaussian",
+        "torch_threads": settings["torch_threads"],  # the baseline process sets it before building the model
+    }
+
+
 @pytest.mark.parametrize("script_name", sorted(SCRIPTS))
 def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(script_name):
     import torch
@@ -131,7 +168,7 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
     script = SCRIPTS[script_name]
     flag_sets = [
         (),
-        ("--no-norm-obs", "--no-norm-reward"),  # off, where a script normalises by default
+        *([("--no-norm-obs", "--no-norm-reward")] if script_name != "ddpg" else []),  # off, where a script normalises
         EVERY_SETTING_MOVED[script_name],
         *{case.flags for name in cases.SUITES for case in cases.suite_cases(name) if case.script == script_name},
         *(case.flags for case in cases.CASES if case.script == script_name),
@@ -139,18 +176,19 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
     for flags in flag_sets:
         args = resolve_args(script_name, flags)
         settings = json.loads(json.dumps(script.sb3_settings(args)))  # as the baseline's process receives them
-        envs = make_sb3_envs("CartPole-v1", settings, seed=1)
+        envs = make_sb3_envs(BASELINE_ENV[script_name], settings, seed=1)
         model = build_sb3_model(script.sb3_algo, settings, envs, seed=1)
-        read_back = ppo_read_back(model, envs, settings)
+        read_back = (td3_read_back if script.sb3_algo == "td3" else ppo_read_back)(model, envs, settings)
         for name, value in read_back.items():
             if value is None and name in INERT_WITHOUT and not getattr(args, INERT_WITHOUT[name]):
                 continue  # a setting that does nothing without another one
             assert value == pytest.approx(getattr(args, name)), (flags, name)
-        if args.clip_vloss:
+        if getattr(args, "clip_vloss", False):
             assert model.clip_range_vf(1.0) == pytest.approx(args.clip_coef)
         end = args.end_learning_rate if args.anneal_lr else args.learning_rate
         assert model.lr_schedule(0.0) == pytest.approx(end)  # SB3's progress_remaining is 0 at the end
-        assert model.policy.activation_fn is torch.nn.Tanh
+        activation = torch.nn.ReLU if script.sb3_algo == "td3" else torch.nn.Tanh
+        assert model.policy.activation_fn is activation
         envs.close()
         unaccounted = {item.name for item in fields(args)} - set(read_back) - set(script.unmatched)
         assert not unaccounted, f"fields of {script_name}.Args neither given to the baseline nor explained"
