@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 import benchmark.__main__ as harness
-from benchmark import cases, recurrent_floor
+from benchmark import cases, ddpg_floor, recurrent_floor
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
 from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, resolve_args, same_settings_flags
@@ -463,6 +463,24 @@ def test_recurrent_floor_times_the_scripts_own_agent_over_an_iterations_minibatc
     assert steps == 4 * 128 and seconds > 0
     # Both cores: chunks of 32 steps, 16 chunks in 4 minibatches, CartPole's 4 observations (the input of the encoders).
     assert calls == [(32, 4, 4)] * 2 * (1 + 5)
+
+
+def test_ddpg_floor_times_the_scripts_own_networks_over_a_critic_and_an_actor_update(monkeypatch):
+    calls = []
+    script = ddpg_floor.load_script("ddpg")
+
+    def counted(forward):
+        return lambda self, x, *rest: calls.append((type(self).__name__, len(x))) or forward(self, x, *rest)
+
+    for network in (script.QNetwork, script.Actor):
+        monkeypatch.setattr(network, "forward", counted(network.forward))
+    moved = []
+    monkeypatch.setattr(script, "polyak_update", lambda target, online, tau: moved.append(tau))
+    critic, actor = ddpg_floor.update_floor_seconds(["--batch-size", "32", "--hidden-size", "16", "--tau", "0.02"], 1)
+    assert critic > 0 and actor > 0
+    # 6 critic updates (the targets' actor and critic, then the critic), then 6 actor updates (actor, critic).
+    assert calls == [("Actor", 32), ("QNetwork", 32), ("QNetwork", 32)] * 6 + [("Actor", 32), ("QNetwork", 32)] * 6
+    assert moved == [0.02] * 12  # both targets after each actor update
 
 
 REFERENCE_NAME = "sb3_recurrent_ppo_reference"
