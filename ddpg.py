@@ -380,10 +380,11 @@ def train(args: Args) -> TrainResult:
                         actor_optimizer.step()
                         polyak_update(agent.actor_target, agent.actor, args.tau)
                         polyak_update(agent.qf1_target, agent.qf1, args.tau)
+                # Before any checkpoint can hold them: a NaN or inf loss reaches the parameters.
+                check_finite(agent.parameters(), global_step, qf1_loss=qf1_loss, actor_loss=actor_loss)
             update_seconds = time.time() - update_start
 
             if iteration % log_every == 0 or iteration == num_iterations:
-                check_finite(agent.parameters(), global_step, qf1_loss=qf1_loss, actor_loss=actor_loss)
                 log.iteration(global_step, {
                     "charts/learning_rate": q_optimizer.param_groups[0]["lr"],
                     "losses/qf1_values": qf1_values.mean().item(), "losses/qf1_loss": qf1_loss.item(),

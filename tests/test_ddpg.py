@@ -4,11 +4,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import run_script, visit_states
+from helpers import NanRewardEnv, read_scalars, run_script, visit_states
 
 import ddpg
 import ppo_fc
-from common.errors import UsageError
+from common.errors import TrainingDiverged, UsageError
 
 
 def quick_args(tmp_path, **overrides) -> ddpg.Args:
@@ -180,3 +180,25 @@ def test_eval_checkpoint_plays_the_deterministic_actor(tmp_path):
         for _ in range(2)
     ]
     assert returns[0] == returns[1]  # no noise: the same seed plays the same episode
+
+
+class NanRewardBox(NanRewardEnv):
+    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+
+
+def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+    gym.register("NanRewardBox-v0", entry_point=NanRewardBox)
+    args = quick_args(tmp_path, env_id="NanRewardBox-v0", total_timesteps=1000, checkpoint_every=50, save_model=True)
+    with pytest.raises(TrainingDiverged, match=r"NaN|nan"):
+        ddpg.train(args)
+    (run,) = (tmp_path / "runs").iterdir()
+    # NaN rewards from step 600 on reach the parameters once a batch samples one; no checkpoint after that holds them.
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert checkpoint["global_step"] >= 550
+    assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
+
+
+def test_eval_every_logs_noise_free_episodes_during_training(tmp_path):
+    result = ddpg.train(quick_args(tmp_path, total_timesteps=600, eval_every=200, eval_episodes=1))
+    evaluated = [step for step, _ in read_scalars(result.run_dir)["eval/episodic_return"]]
+    assert evaluated == [200, 400, 600, 600]  # during training, then the evaluation after it
