@@ -39,7 +39,7 @@ from benchmark.cases import (
     settings_hash,
     suite_cases,
 )
-from benchmark.events import RunSummary, find_run_dirs, safe_name, summarise_run
+from benchmark.events import LAST_EPISODES, RunSummary, find_run_dirs, safe_name, summarise_run
 from benchmark.registry import REFERENCES, SCRIPTS, resolve_args, same_settings_flags
 from benchmark.report import (
     AgainstReference,
@@ -84,7 +84,7 @@ class Run:
     """one run per seed (default 1 2 3; with --suite, replaces the suite's seeds)"""
     total_timesteps: int | None = None
     """env steps of every run (default: each case's own, see benchmark/cases.py)"""
-    suite: Literal["quick", "full", "recurrent", "bptt", "memory", "memory-speed"] | None = None
+    suite: Literal["quick", "full", "recurrent", "bptt", "memory", "memory-speed", "ddpg"] | None = None
     """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --total-timesteps"""
     workers: int = 1
     """processes at a time (more than one distorts SPS: the runs share the CPU)"""
@@ -137,6 +137,8 @@ class Job:
     """for a reference run taken from --reuse-baselines: when and where it was made (not run again)"""
     revision: str | None = None
     """the commit the process started at (a background benchmark can outlive a commit)"""
+    window: int = LAST_EPISODES
+    """the case's window of training episodes (`Case.window`)"""
 
 
 @dataclass
@@ -219,7 +221,8 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
         run_dir = out / "runs" / job_id
         if kind in ("script", "sb3"):
             command = [*command, "--run-dir", str(run_dir)]
-        jobs.setdefault(job_id, Job(kind, job_id, group, label, case.env_id, seed, command, run_dir))
+        job = Job(kind, job_id, group, label, case.env_id, seed, command, run_dir, window=case.window)
+        jobs.setdefault(job_id, job)
 
     baselines_module = [sys.executable, "-m", "benchmark.baselines"]
     for case in cases:
@@ -290,7 +293,7 @@ def run_job(job: Job, logs: Path) -> Job:
             job.error = f"expected one run folder in {job.run_dir}, found {len(made)}"
             return job
         try:
-            job.summary = summarise_run(made[0], script=job.label, env_id=job.env_id)
+            job.summary = summarise_run(made[0], script=job.label, env_id=job.env_id, window=job.window)
         except Exception as exc:  # a corrupt events file is reported like a crash
             job.error = f"reading the events of {made[0]} failed: {exc!r}"
     return job
@@ -335,7 +338,8 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = Non
                 status = f"FAILED: {job.error.splitlines()[-1]}"
             elif job.summary is not None:
                 run = job.summary
-                status = f"last-100 return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS {fmt(run.sps, 0)}"
+                status = f"last-{run.window} return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS "
+                status += fmt(run.sps, 0)
                 if store is not None and job.label in REFERENCES:
                     made = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "git": job.revision}
                     made |= {"machine": machine(), "command": shlex.join(job.command), "wall_seconds": job.wall_seconds}
@@ -596,23 +600,24 @@ AGAINST_REFERENCE = [
     f"A case passes when its mean evaluation over seeds reaches the reference's less {REFERENCE_MARGIN:.0%} of the "
     "task's range (maximum less the random policy's return). Share of range: (eval - random) / (max - random). Speed "
     f"threshold: the random return plus {SPEED_THRESHOLD:.0%} of the way to the reference's evaluation, reached by "
-    "the mean of the last 100 training episodes; steps and seconds of training to it are medians over seeds (n/a: "
-    "the median seed never reached it). Seconds of stored reference runs were measured in another session: compare "
-    "SPS in one run.",
+    "the mean of the last 100 training episodes (or a case's own window); steps and seconds of training to it are "
+    "medians over seeds (n/a: the median seed never reached it). Seconds of stored reference runs were measured in "
+    "another session: compare SPS in one run.",
 ]
 
 HOW_MEASURED = [
     "How the numbers are measured:",
     "- Everything is read from the runs' TensorBoard events with TensorBoard's own readers, keeping every record; "
     "a resumed run's records after its checkpoint are dropped, as TensorBoard drops them. The last-100 training "
-    "return is the mean of the last 100 `charts/episodic_return` records (every episode of every env); the eval "
-    "return is the mean of `eval/episodic_return` (deterministic policy after training). ± is the sample standard "
-    "deviation across seeds (ddof=1); one seed shows none.",
+    "return is the mean of the last 100 `charts/episodic_return` records (every episode of every env; a case can set "
+    "another window, marked in the table); the eval return is the mean of `eval/episodic_return` (deterministic "
+    "policy after training). ± is the sample standard deviation across seeds (ddof=1); one seed shows none.",
     "- IQM (5 seeds or more): the interquartile mean across seeds, `scipy.stats.trim_mean(x, 0.25)`, with a 95% "
     "percentile bootstrap interval (50,000 resamples, `scipy.stats.bootstrap`): rliable's definitions (Agarwal et "
     "al., NeurIPS 2021). The aggregate figure takes the IQM over the runs of every case with a positive threshold, "
     "each return divided by its case's threshold, resampling the runs of each case on their own (stratified).",
-    "- Steps to threshold: per seed, the first step at which the mean of the last 100 episodes (a full window) "
+    "- Steps to threshold: per seed, the first step at which the mean of the last 100 episodes (or the case's window: "
+    "a full one) "
     "reaches the case's threshold; the median over seeds, a seed that never reaches it counting as beyond the budget.",
     "- SPS: per session of a run (a resumed run has two or more), steps between the first and the last `charts/SPS` "
     "record over the wall time between them, summed over sessions: start-up, the first iteration, the final "

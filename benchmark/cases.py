@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from benchmark.events import safe_name
+from benchmark.events import LAST_EPISODES, safe_name
 
 
 def settings_hash(settings: object) -> str:
@@ -64,6 +64,8 @@ class Case:
     case in the speed table"""
     task_max: float | None = None
     """the highest return the task can give: with the random policy's return (measured by the harness), its range"""
+    window: int = LAST_EPISODES
+    """the training return is the mean of the last this many episodes (fewer where a run holds few episodes)"""
 
     @property
     def key(self) -> str:
@@ -90,6 +92,10 @@ CONTINUOUS_FLAGS: tuple[str, ...] = (
     "--learning-rate", "1e-3", "--no-shared-core",
 )  # fmt: skip
 
+# The RL Zoo's tuned DDPG evaluates at -152 ± 94 after 20k steps; the issue asks for -200 with the defaults. 20k steps
+# hold 100 Pendulum episodes of 200 steps, the random ones included: the training return is the last 10's.
+DDPG_PENDULUM = Case("ddpg", "Pendulum-v1", 20_000, threshold=-200.0, window=10)
+
 # Thresholds sit under what the reference implementations reach (CleanRL publishes 490.04 ± 6.12 for ppo.py on
 # CartPole-v1 at 500k steps), so that a PASS means the algorithm works, not that a seed was lucky. The 100k-step row
 # is the quick suite's check that learning happens at all.
@@ -111,6 +117,7 @@ CASES: tuple[Case, ...] = (
     ),
     # RecurrentPPO's published figure, as issue 11 quotes it, is -218 ± 140: a PASS beats it on every seed.
     Case("ppo_lstm", "PendulumNoVel-v1", 500_000, threshold=-218.0, flags=CONTINUOUS_FLAGS),
+    DDPG_PENDULUM,
 )  # fmt: skip
 
 # Variants of a row that only a suite runs: a lookup by script, env and steps gives the row itself.
@@ -190,6 +197,7 @@ SUITES: dict[str, Suite] = {
     ),
     # ppo_lstm's --bptt-len lengths (whole rollouts, 32, 8) in the README; run with --workers 1 for their SPS.
     "bptt": Suite((("ppo_lstm", "CartPoleNoVel-v1", 500_000), *BPTT_VARIANTS), (1, 2, 3)),
+    "ddpg": Suite((DDPG_PENDULUM,), (1, 2, 3)),  # ddpg.py on Pendulum-v1 (docs/ddpg.md)
     # ppo_lstm's defaults on memory tasks, against sb3-contrib's RecurrentPPO (docs/ppo_lstm.md).
     "memory": Suite(MEMORY_CASES, (1, 2, 3), eval_episodes=20),
     "memory-speed": Suite(MEMORY_SPEED_CASES, (1,), eval_episodes=0),

@@ -25,7 +25,8 @@ SPS_TAG = "charts/SPS"
 EVAL_TAG = "eval/episodic_return"
 RSS_TAG = "system/rss_mb"
 LAST_EPISODES = 100
-"""the training return of a run is the mean over its last this many episodes, and a threshold is reached by it"""
+"""the training return of a run is the mean over its last this many episodes, and a threshold is reached by it (a
+case can set another window: `RunSummary.window`)"""
 
 
 @dataclass
@@ -172,11 +173,13 @@ class RunSummary:
     """the largest system/rss_mb record"""
     sessions: int = 0
     """how many writers the run had: more than one when it was resumed"""
+    window: int = LAST_EPISODES
+    """the training return is the mean of the last this many episodes, and thresholds are reached by it"""
 
     @property
     def last_return(self) -> float | None:
-        """The mean return of the last `LAST_EPISODES` training episodes."""
-        return float(np.mean(self.episode_returns[-LAST_EPISODES:])) if len(self.episode_returns) else None
+        """The mean return of the last `window` training episodes."""
+        return float(np.mean(self.episode_returns[-self.window :])) if len(self.episode_returns) else None
 
     @property
     def eval_return(self) -> float | None:
@@ -184,8 +187,8 @@ class RunSummary:
         return float(np.mean(self.eval_returns)) if self.eval_returns else None
 
     def steps_to_reach(self, threshold: float) -> int | None:
-        """The first global step at which at least `LAST_EPISODES` episodes have ended and the mean of the last
-        `LAST_EPISODES` reaches `threshold`; None if that never happens."""
+        """The first global step at which at least `window` episodes have ended and the mean of the last `window`
+        reaches `threshold`; None if that never happens."""
         episode = self._episode_reaching(threshold)
         return None if episode is None else int(self.episode_steps[episode])
 
@@ -195,21 +198,23 @@ class RunSummary:
         return None if episode is None else float(self.episode_seconds[episode])
 
     def _episode_reaching(self, threshold: float) -> int | None:
-        if len(self.episode_returns) < LAST_EPISODES:
+        if len(self.episode_returns) < self.window:
             return None
-        means = trailing_mean(self.episode_returns, LAST_EPISODES)
+        means = trailing_mean(self.episode_returns, self.window)
         # Several episodes can end at one step: the step is judged by the last of them.
         last_at_step = np.append(self.episode_steps[1:] != self.episode_steps[:-1], True)
-        full_window = np.arange(len(means)) >= LAST_EPISODES - 1
+        full_window = np.arange(len(means)) >= self.window - 1
         reached = np.flatnonzero(full_window & last_at_step & (means >= threshold))
         return int(reached[0]) if len(reached) else None
 
 
-def summarise_run(run_dir: str | Path, script: str | None = None, env_id: str | None = None) -> RunSummary:
+def summarise_run(
+    run_dir: str | Path, script: str | None = None, env_id: str | None = None, window: int = LAST_EPISODES
+) -> RunSummary:
     """Read one run folder; `script` and `env_id` default to what its name says."""
     run_dir = Path(run_dir)
     named_env, exp_name, seed = parse_run_name(run_dir.name)
-    summary = RunSummary(str(run_dir), script or exp_name, env_id or named_env, seed)
+    summary = RunSummary(str(run_dir), script or exp_name, env_id or named_env, seed, window=window)
     sessions = load_sessions(run_dir)
     scalars = merged_scalars(sessions)
     episodes = scalars.get(RETURN_TAG, [])

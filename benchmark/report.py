@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.events import RunSummary, safe_name, trailing_mean
+from benchmark.events import LAST_EPISODES, RunSummary, safe_name, trailing_mean
 from benchmark.statistics import MIN_SEEDS_FOR_IQM, iqm, iqm_interval, mean_std, median_steps_to_threshold
 
 SMOOTHING_EPISODES = 20
@@ -75,6 +75,8 @@ class RowNumbers:
     """the largest resident memory any seed's run logged"""
     verdict: str
     """PASS, FAIL, or - (no threshold, or a baseline)"""
+    window: int = LAST_EPISODES
+    """the training return's window of episodes"""
 
 
 def row_numbers(row: Row) -> RowNumbers:
@@ -127,6 +129,7 @@ def row_numbers(row: Row) -> RowNumbers:
         sps_std=sps_std,
         peak_rss_mb=max((run.peak_rss_mb for run in runs if run.peak_rss_mb is not None), default=None),
         verdict=verdict,
+        window=runs[0].window if runs else LAST_EPISODES,
     )
 
 
@@ -221,7 +224,7 @@ def results_table(rows: Sequence[RowNumbers]) -> list[str]:
         "env",
         "steps",
         "seeds",
-        "last-100 training return",
+        "last-100 training return (or as marked)",
         "IQM [95% CI]",
         "eval return (deterministic)",
         "median steps to threshold",
@@ -242,7 +245,8 @@ def results_table(rows: Sequence[RowNumbers]) -> list[str]:
                 numbers.env_id,
                 fmt(numbers.steps, 0),
                 " ".join(seeds),
-                spread(numbers.last_return_mean, numbers.last_return_std),
+                spread(numbers.last_return_mean, numbers.last_return_std)
+                + (f" (last {numbers.window})" if numbers.window != LAST_EPISODES else ""),
                 iqm_text,
                 spread(numbers.eval_return_mean, numbers.eval_return_std),
                 threshold_text(numbers),

@@ -218,6 +218,18 @@ def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
     assert len(rows) == 4 + 3 and len({row.key for row in rows}) == len(rows)
 
 
+def test_a_case_s_window_reaches_its_jobs_and_is_marked_in_the_table(tmp_path):
+    case = cases.Case("ddpg", "Pendulum-v1", 1000, threshold=-200.0, window=10)
+    jobs, _ = harness.make_jobs(harness.Run(), [case], (1,), tmp_path)
+    assert [job.window for job in jobs] == [10]
+    summary = RunSummary("r", "ddpg", "Pendulum-v1", 1, steps=1000, window=10)
+    summary.episode_returns, summary.episode_steps = np.array([-300.0] * 5 + [-100.0] * 10), np.arange(200, 3200, 200)
+    row = Row("ddpg", "Pendulum-v1", case.key, 1000, threshold=-200.0, judged=True, runs=[summary])
+    numbers = row_numbers(row)
+    assert numbers.last_return_mean == -100.0 and numbers.verdict == "PASS"
+    assert "| -100.0 (last 10) |" in "".join(results_table([numbers]))
+
+
 def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tmp_path):
     case = cases.Case("ppo_lstm", "CartPole-v1", 1024, flags=("--num-envs", "2"), compare_with="ppo_fc")
     jobs, [plan] = harness.make_jobs(harness.Run(), [case], (1, 2), tmp_path)

@@ -167,6 +167,16 @@ def test_steps_to_threshold_uses_the_trailing_100_episode_mean(tmp_path):
     assert full.steps_to_reach(2.0) == 100 * 10
 
 
+def test_a_case_s_window_sets_the_training_return_and_when_a_threshold_is_reached(tmp_path):
+    returns = [0.0] * 90 + [1.0] * 10
+    path = write_run(tmp_path / "Pendulum-v1__ddpg__1__1", returns, [(512, 1.0)])
+    assert summarise_run(path).last_return == pytest.approx(0.1)  # the last 100
+    last_ten = summarise_run(path, window=10)
+    assert last_ten.last_return == 1.0 and last_ten.window == 10
+    assert last_ten.steps_to_reach(0.5) == 95 * 10  # the 95th episode: 5 zeros and 5 ones in its last 10
+    assert summarise_run(path).steps_to_reach(0.5) is None
+
+
 def test_steps_to_threshold_judges_a_step_by_every_episode_that_ended_there(tmp_path):
     run = tmp_path / "Probe1-v0__ppo_fc__1__1"
     writer = SummaryWriter(str(run))
