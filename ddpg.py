@@ -291,7 +291,7 @@ def train(args: Args) -> TrainResult:
     envs, _ = training_envs(make_env, args, str(run.video_folder), checkpoint)
     action_space = envs.single_action_space
     observation_size, action_size = int(np.prod(envs.single_observation_space.shape)), int(np.prod(action_space.shape))
-    half_range = agent.actor.action_scale.cpu().numpy()
+    half_range, low, high = agent.actor.action_scale.cpu().numpy(), action_space.low, action_space.high
     rb = ReplayBuffer(args.buffer_size, observation_size, action_size)
     noise_state = np.zeros((args.num_envs, action_size), dtype=np.float32)
     if checkpoint is not None:
@@ -339,11 +339,12 @@ def train(args: Args) -> TrainResult:
             obs = next_obs.astype(np.float32)
             noise = exploration_noise(args, noise_state, episode_starts)
             if global_step < args.learning_starts:
-                actions = np.stack([action_space.sample() for _ in range(args.num_envs)]).astype(np.float32)
+                # From the seeded generator that checkpoints hold (an action space's own is not seeded).
+                actions = np.random.uniform(low, high, (args.num_envs, *low.shape)).astype(np.float32)
             else:
                 with torch.no_grad():
                     actions = agent.actor(torch.as_tensor(obs, device=device)).cpu().numpy()
-                actions = np.clip(actions + noise * half_range, action_space.low, action_space.high)
+                actions = np.clip(actions + noise * half_range, low, high)
             next_obs, rewards, terminations, truncations, infos = envs.step(actions)
             global_step += args.num_envs
             # The true next observation: where an episode ended, the last one of that episode.

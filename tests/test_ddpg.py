@@ -202,3 +202,11 @@ def test_eval_every_logs_noise_free_episodes_during_training(tmp_path):
     result = ddpg.train(quick_args(tmp_path, total_timesteps=600, eval_every=200, eval_episodes=1))
     evaluated = [step for step, _ in read_scalars(result.run_dir)["eval/episodic_return"]]
     assert evaluated == [200, 400, 600, 600]  # during training, then the evaluation after it
+
+
+def test_the_same_seed_gives_the_same_run(tmp_path):
+    settings = dict(total_timesteps=400, learning_starts=300)  # random actions, then learning
+    first, second = (ddpg.train(quick_args(tmp_path / name, **settings)) for name in ("a", "b"))
+    assert first.episode_returns == second.episode_returns
+    for a, b in zip(first.agent.state_dict().values(), second.agent.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
