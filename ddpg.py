@@ -392,7 +392,9 @@ def train(args: Args) -> TrainResult:
                     "losses/actor_loss": actor_loss.item(), "perf/rollout_seconds": rollout_seconds,
                     "perf/update_seconds": update_seconds,
                 })  # fmt: skip
-            if args.eval_every and global_step // args.eval_every > (global_step - args.num_envs) // args.eval_every:
+            every = args.eval_every
+            crossed = every and global_step // every > (global_step - args.num_envs) // every
+            if crossed and not (iteration == num_iterations and args.eval_episodes):  # the last: evaluated after it
                 evaluate(agent, args, run.writer, global_step)
             saving.iteration_done(iteration)
             if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration

@@ -201,7 +201,7 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
 def test_eval_every_logs_noise_free_episodes_during_training(tmp_path):
     result = ddpg.train(quick_args(tmp_path, total_timesteps=600, eval_every=200, eval_episodes=1))
     evaluated = [step for step, _ in read_scalars(result.run_dir)["eval/episodic_return"]]
-    assert evaluated == [200, 400, 600, 600]  # during training, then the evaluation after it
+    assert evaluated == [200, 400, 600]  # during training; at its end, the evaluation after it (once)
 
 
 def test_the_same_seed_gives_the_same_run(tmp_path):
