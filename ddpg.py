@@ -321,6 +321,9 @@ def train(args: Args) -> TrainResult:
             temporary = folder / f".{buffer_name}.tmp.npz"
             np.savez(temporary, **rb.state())
             temporary.replace(folder / buffer_name)
+            for older in folder.glob("buffer_step_*.npz"):  # one buffer on disk: it can take gigabytes
+                if older.name != buffer_name:
+                    older.unlink()
         state = {"model": agent.state_dict(), "iteration": iteration, "updates": updates, "buffer": buffer_name}
         state |= {"actor_optimizer": actor_optimizer.state_dict(), "q_optimizer": q_optimizer.state_dict()}
         state["noise"] = torch.as_tensor(noise_state)

@@ -1,5 +1,7 @@
 """ddpg.py: the replay buffer, the noise, the target update, learning on the probes, resume, and bad input."""
 
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -126,9 +128,12 @@ def test_continuous_probes(tmp_path, env_id, steps):
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
 
 
-def test_resume_with_the_buffer_gives_the_uninterrupted_run(tmp_path):
+def test_resume_with_the_buffer_gives_the_uninterrupted_run(tmp_path, monkeypatch):
     settings = dict(env_id="Pendulum-v1", num_envs=2, total_timesteps=600, learning_starts=200, checkpoint_every=150)
     settings |= dict(save_model=True, save_buffer=True, noise="ou")
+    kept = ddpg.train(quick_args(tmp_path / "kept", **settings))
+    assert [path.name for path in (kept.run_dir / "checkpoints").glob("*.npz")] == ["buffer_step_600.npz"]
+    monkeypatch.setattr(Path, "unlink", lambda self: None)  # older buffers stay, to resume from step 300
     whole = ddpg.train(quick_args(tmp_path / "whole", **settings))
     middle = whole.run_dir / "checkpoints" / "step_300.pt"
     resumed = ddpg.train(ddpg.Args(resume=str(middle), progress=False))
