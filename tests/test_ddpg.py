@@ -215,3 +215,9 @@ def test_the_same_seed_gives_the_same_run(tmp_path):
     assert first.episode_returns == second.episode_returns
     for a, b in zip(first.agent.state_dict().values(), second.agent.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_nan_stops_training_without_checkpoints_too(tmp_path):
+    gym.register("NanRewardBoxNoCheckpoints-v0", entry_point=NanRewardBox)
+    with pytest.raises(TrainingDiverged, match=r"NaN|nan"):  # the losses are checked after every update
+        ddpg.train(quick_args(tmp_path, env_id="NanRewardBoxNoCheckpoints-v0", total_timesteps=1000))
