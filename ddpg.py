@@ -281,8 +281,9 @@ def train(args: Args) -> TrainResult:
 
     device = seed_and_pick_device(args.seed, args.torch_deterministic, args.torch_threads, args.cuda)
     agent = build_agent(args, checkpoint, device)
-    actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate)
-    q_optimizer = torch.optim.Adam(agent.qf1.parameters(), lr=args.learning_rate)
+    # The fused kernel updates every parameter in one call: about 6% of an update here (docs/ddpg.md).
+    actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate, fused=True)
+    q_optimizer = torch.optim.Adam(agent.qf1.parameters(), lr=args.learning_rate, fused=True)
     if checkpoint is not None:
         actor_optimizer.load_state_dict(checkpoint["actor_optimizer"])
         q_optimizer.load_state_dict(checkpoint["q_optimizer"])
