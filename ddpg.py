@@ -22,7 +22,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import checkpoints, cli, env_state, evaluation, run_start, tracking
-from common.envs import env_spaces, flat_observations, resolve_env_id, training_envs
+from common.envs import checked_spaces, flat_observations, training_envs
 from common.errors import UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.seeding import seed_and_pick_device
@@ -263,11 +263,7 @@ def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict:
 
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
-    observation_space, action_space, render_modes = env_spaces(make_env(resolve_env_id(args.env_id)))
-    if not isinstance(action_space, gym.spaces.Box):
-        raise UsageError(f"{args.env_id!r} has a {type(action_space).__name__} action space; ddpg.py needs a Box")
-    if args.capture_video and "rgb_array" not in render_modes:
-        raise UsageError(f"--capture-video: {args.env_id!r} cannot render to rgb_array frames")
+    observation_space, action_space = checked_spaces(make_env, args, actions=(gym.spaces.Box,))
     agent = Agent(int(np.prod(observation_space.shape)), action_space, args.hidden_size).to(device)
     if checkpoint is not None:
         checkpoints.load_weights(agent, checkpoint, args.env_id)
@@ -322,7 +318,7 @@ def train(args: Args) -> TrainResult:
             temporary = folder / f".{buffer_name}.tmp.npz"
             np.savez(temporary, **rb.state())
             temporary.replace(folder / buffer_name)
-            for older in folder.glob("buffer_step_*.npz"):  # one buffer on disk: it can take gigabytes
+            for older in folder.glob("buffer_step_*.npz"):  # one buffer on disk: a full MuJoCo one is 168 MB
                 if older.name != buffer_name:
                     older.unlink()
         state = {"model": agent.state_dict(), "iteration": iteration, "updates": updates, "buffer": buffer_name}

@@ -6,29 +6,20 @@ With one update per transition, DDPG's speed is bound by the update's arithmetic
 update (the targets' forward passes, the critic's forward and backward, its step) every update, and the actor's (its
 forward and the critic's, backward, its step, both targets' move) every `--policy-frequency` updates. Everything else a
 run does (env steps, actions, sampling the buffer, logging) only adds to it, so a run cannot go faster after
-`--learning-starts`.
+`--learning-starts`. The two updates below are written as ddpg.py's `train()` writes them: an edit of the update
+there must be made here too for the floor to stay its floor.
 """
 
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from benchmark.recurrent_floor import median_seconds
 from benchmark.registry import load_script, resolve_args
 from common.cli import exit_status
-
-
-def median_seconds(step: Callable[[], None], repeats: int) -> float:
-    times = []
-    for _ in range(repeats + 5):  # the first calls set up the kernels
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return sorted(times[5:])[repeats // 2]
 
 
 def update_floor_seconds(flags: list[str], repeats: int = 200) -> tuple[float, float]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -19,6 +20,16 @@ import torch
 from benchmark.registry import load_script, resolve_args
 from common.cli import exit_status
 from common.envs import env_spaces, resolve_env_id
+
+
+def median_seconds(step: Callable[[], None], repeats: int) -> float:
+    """The median time of `repeats` calls of `step`, after 5 that set up oneDNN's kernels."""
+    times = []
+    for _ in range(repeats + 5):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return sorted(times[5:])[repeats // 2]
 
 
 def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]:
@@ -37,14 +48,13 @@ def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]
     x = torch.randn(sequence_len, sequences, int(np.prod(observation_space.shape)))
     state = agent.initial_state(sequences)
     no_starts = torch.zeros(sequence_len, sequences, dtype=torch.bool)
-    times = []
-    for _ in range(repeats + 5):  # the first calls set up oneDNN's kernels
-        start = time.perf_counter()
+
+    def minibatch() -> None:
         actor_out, value, _ = agent(x, state, no_starts)
         (actor_out.sum() + value.sum()).backward()
-        times.append(time.perf_counter() - start)
-    median = sorted(times[5:])[repeats // 2]
-    return median * args.num_minibatches * args.update_epochs, args.num_envs * args.num_steps
+
+    seconds = median_seconds(minibatch, repeats)
+    return seconds * args.num_minibatches * args.update_epochs, args.num_envs * args.num_steps
 
 
 def main() -> int:

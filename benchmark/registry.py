@@ -42,18 +42,42 @@ class Script:
     """fields of `Args` the counterpart is not given, each with the reason"""
 
 
-def ppo_sb3_settings(args: Any) -> dict[str, Any]:
-    """An MLP PPO script's settings as SB3 PPO's: the same envs, rollout, losses, network and learning-rate decay."""
+def shared_sb3_settings(args: Any) -> dict[str, Any]:
+    """The settings every script gives its counterpart: envs, threads, two hidden layers, the learning-rate decay."""
     return {
         "num_envs": args.num_envs,
         "async_envs": args.async_envs,
-        "norm_obs": args.norm_obs,
-        "norm_reward": args.norm_reward,
-        "clip_reward": args.norm_reward_clip,
         "torch_threads": args.torch_threads,
         "learning_rate": args.learning_rate,
         "end_learning_rate": args.end_learning_rate if args.anneal_lr else args.learning_rate,
         "hidden_sizes": [args.hidden_size, args.hidden_size],
+    }
+
+
+SHARED_UNMATCHED = {
+    **dict.fromkeys(
+        (
+            "exp_name", "track", "wandb_project_name", "wandb_entity", "capture_video", "video_every", "run_dir",
+            "progress", "save_model", "checkpoint_every", "resume", "eval_checkpoint", "eval_episodes",
+            "save_trajectories", "env_id", "total_timesteps", "seed",
+        ),
+        RUN_PLUMBING + " (env id, steps, seed and evaluation episodes are given to both as they are)",
+    ),
+    "torch_deterministic": "SB3 leaves torch's deterministic algorithms as they are; on a CPU it makes no difference",
+    "cuda": "the harness runs both on the CPU",
+    "anneal_lr": "given as end_learning_rate (equal to learning_rate when off)",
+    "end_learning_rate": "given as SB3's learning-rate schedule, linear from learning_rate to it",
+}  # fmt: skip
+"""the fields of every script that its counterpart is not given, with the reasons"""
+
+
+def ppo_sb3_settings(args: Any) -> dict[str, Any]:
+    """An MLP PPO script's settings as SB3 PPO's: the same envs, rollout, losses, network and learning-rate decay."""
+    return {
+        **shared_sb3_settings(args),
+        "norm_obs": args.norm_obs,
+        "norm_reward": args.norm_reward,
+        "clip_reward": args.norm_reward_clip,
         "activation": "tanh",
         "model": {
             "n_steps": args.num_steps,
@@ -73,21 +97,11 @@ def ppo_sb3_settings(args: Any) -> dict[str, Any]:
 
 
 PPO_UNMATCHED = {
-    **dict.fromkeys(
-        (
-            "exp_name", "track", "wandb_project_name", "wandb_entity", "capture_video", "video_every", "run_dir",
-            "progress", "save_model", "checkpoint_every", "resume", "eval_checkpoint", "eval_episodes",
-            "sampling_method", "temperature", "sampling_k", "save_trajectories", "env_id", "total_timesteps", "seed",
-        ),
-        RUN_PLUMBING + " (env id, steps, seed and evaluation episodes are given to both as they are)",
-    ),
-    "torch_deterministic": "SB3 leaves torch's deterministic algorithms as they are; on a CPU it makes no difference",
-    "cuda": "the harness runs both on the CPU",
+    **SHARED_UNMATCHED,
+    **dict.fromkeys(("sampling_method", "temperature", "sampling_k"), RUN_PLUMBING),
     "numpy_rollout": "how the rollout computes the same policy (checked against torch every iteration), not what",
     "bootstrap_truncation": "SB3's PPO always bootstraps truncated episodes from their last observation's value, as "
     "the script's default does (a case with --no-bootstrap-truncation has no SB3 equivalent)",
-    "anneal_lr": "given as end_learning_rate (equal to learning_rate when off)",
-    "end_learning_rate": "given as SB3's learning-rate schedule, linear from learning_rate to it",
 }  # fmt: skip
 
 
@@ -120,12 +134,7 @@ def ddpg_sb3_settings(args: Any) -> dict[str, Any]:
     """A DDPG script's settings as SB3 TD3's with one critic, no target policy smoothing and the script's policy delay:
     that is DDPG with a delayed actor, as CleanRL's and ddpg.py's (SB3's own DDPG updates the actor every step)."""
     return {
-        "num_envs": args.num_envs,
-        "async_envs": args.async_envs,
-        "torch_threads": args.torch_threads,
-        "learning_rate": args.learning_rate,
-        "end_learning_rate": args.end_learning_rate if args.anneal_lr else args.learning_rate,
-        "hidden_sizes": [args.hidden_size, args.hidden_size],
+        **shared_sb3_settings(args),
         "activation": "relu",
         "exploration_noise": args.exploration_noise,
         "noise": args.noise,
@@ -145,20 +154,7 @@ def ddpg_sb3_settings(args: Any) -> dict[str, Any]:
     }
 
 
-DDPG_UNMATCHED = {
-    **dict.fromkeys(
-        (
-            "exp_name", "track", "wandb_project_name", "wandb_entity", "capture_video", "video_every", "run_dir",
-            "progress", "save_model", "checkpoint_every", "save_buffer", "resume", "eval_checkpoint", "eval_episodes",
-            "eval_every", "save_trajectories", "env_id", "total_timesteps", "seed",
-        ),
-        RUN_PLUMBING + " (env id, steps, seed and evaluation episodes are given to both as they are)",
-    ),
-    "torch_deterministic": "SB3 leaves torch's deterministic algorithms as they are; on a CPU it makes no difference",
-    "cuda": "the harness runs both on the CPU",
-    "anneal_lr": "given as end_learning_rate (equal to learning_rate when off)",
-    "end_learning_rate": "given as SB3's learning-rate schedule, linear from learning_rate to it",
-}  # fmt: skip
+DDPG_UNMATCHED = {**SHARED_UNMATCHED, **dict.fromkeys(("save_buffer", "eval_every"), RUN_PLUMBING)}
 
 
 SCRIPTS: dict[str, Script] = {

@@ -11,7 +11,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.spaces import Box, Dict, Space, Text, Tuple
+from gymnasium.spaces import Box, Dict, Discrete, Space, Text, Tuple
 
 from common.checkpoints import restore_reward_normalizer
 from common.cli import notice, one_line
@@ -167,16 +167,21 @@ def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
     return spaces
 
 
-def checked_spaces(make_env: Callable[[str], Callable[[], gym.Env]], args: Any) -> tuple[Space, Space]:
+def checked_spaces(
+    make_env: Callable[[str], Callable[[], gym.Env]], args: Any, actions: tuple[type[Space], ...] = (Discrete, Box)
+) -> tuple[Space, Space]:
     """The observation and action spaces of `args.env_id` (made by the script's `make_env`), after checking them
-    against the flags of `args`: a Discrete or Box action space, frames for --capture-video, discrete actions for the
-    topk and bottomk sampling methods."""
+    against the script and the flags of `args`: an action space of the `actions` types, frames for --capture-video,
+    discrete actions for the topk and bottomk sampling methods."""
     observation_space, action_space, render_modes = env_spaces(make_env(resolve_env_id(args.env_id)))
     if args.capture_video and "rgb_array" not in render_modes:
         raise UsageError(f"--capture-video: {args.env_id!r} cannot render to rgb_array frames")
-    if not isinstance(action_space, gym.spaces.Discrete | gym.spaces.Box):
-        raise UsageError(f"{args.env_id!r} has a {type(action_space).__name__} action space; use Discrete or Box")
-    if args.sampling_method in ("topk", "bottomk") and not isinstance(action_space, gym.spaces.Discrete):
+    if not isinstance(action_space, actions):
+        use = " or ".join(space.__name__ for space in actions)
+        raise UsageError(f"{args.env_id!r} has a {type(action_space).__name__} action space; use {use}")
+    if getattr(args, "sampling_method", None) in ("topk", "bottomk") and not isinstance(
+        action_space, gym.spaces.Discrete
+    ):
         raise UsageError(f"--sampling-method {args.sampling_method} needs a discrete action space")
     return observation_space, action_space
 

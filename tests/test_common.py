@@ -444,4 +444,6 @@ def test_the_rollout_recorder_records_the_env_s_own_reward_and_the_agent_s_field
     data = load_trajectories(tmp_path / "rollout.npz")
     np.testing.assert_allclose(data["/rewards"], 1.0, rtol=1e-5)
     assert data["/agents/policy/values"].tolist() == [[0, 2, 4, 0, 2, 4], [1, 3, 5, 1, 3, 5]]
-    RolloutRecorder(None, 2, {}).step(obs, 0, 0, 0, 0, {})  # no path: records nothing
+    nothing = RolloutRecorder(None, 2, {})
+    nothing.step(obs, 0, 0, 0, 0, {})
+    assert nothing.rollout == [] and nothing.path is None  # no path: records nothing
