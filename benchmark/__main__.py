@@ -84,7 +84,10 @@ class Run:
     """one run per seed (default 1 2 3; with --suite, replaces the suite's seeds)"""
     total_timesteps: int | None = None
     """env steps of every run (default: each case's own, see benchmark/cases.py)"""
-    suite: Literal["quick", "full", "recurrent", "bptt", "memory", "memory-speed", "ddpg"] | None = None
+    suite: (
+        Literal["quick", "full", "recurrent", "bptt", "memory", "memory-speed", "ddpg", "ddpg-time", "ddpg-mujoco"]
+        | None
+    ) = None
     """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --total-timesteps"""
     workers: int = 1
     """processes at a time (more than one distorts SPS: the runs share the CPU)"""
@@ -169,6 +172,12 @@ def eval_episodes(args: Run) -> int:
     if args.eval_episodes is not None:
         return args.eval_episodes
     return SUITES[args.suite].eval_episodes if args.suite is not None else DEFAULT_EVAL_EPISODES
+
+
+def baseline_seeds(args: Run, seeds: tuple[int, ...]) -> tuple[int, ...]:
+    """The seeds of the Stable-Baselines3 baselines: the suite's own where it has them and --seeds is not given."""
+    suite_seeds = SUITES[args.suite].baseline_seeds if args.suite is not None else None
+    return seeds if args.seeds is not None or suite_seeds is None else suite_seeds
 
 
 def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
@@ -259,7 +268,7 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
             plan.baseline_group = (
                 f"sb3_{script.sb3_algo}__{env_name}__{case.total_timesteps}__{settings_hash(settings)}"
             )
-            for seed in seeds:
+            for seed in baseline_seeds(args, seeds):
                 command = [*baselines_module, "sb3", "--algo", script.sb3_algo, *run_flags]
                 command += ["--seed", str(seed), "--settings", json.dumps(settings)]
                 add("sb3", plan.baseline_group, f"sb3_{script.sb3_algo}", case, seed, command)

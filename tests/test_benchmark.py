@@ -34,9 +34,10 @@ def test_case_table_lookup():
     assert shorter.total_timesteps == 30_000 and shorter.threshold is None  # a threshold is for its own length
     unlisted = cases.find_case("ppo_fc", "Acrobot-v1")
     assert unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS and unlisted.threshold is None and not unlisted.flags
-    for name, suite in cases.SUITES.items():  # every case is judged (on a threshold or against a reference) or timed
+    for name, suite in cases.SUITES.items():  # every case is judged (on a threshold or against a reference), or its
+        # suite is run beside baselines of its own
         judged = [case.threshold is not None or case.reference is not None for case in cases.suite_cases(name)]
-        assert suite.seeds and all(judged)
+        assert suite.seeds and (all(judged) or suite.baseline_seeds is not None)
     assert [case.flags for case in cases.suite_cases("bptt")] == [(), ("--bptt-len", "32"), ("--bptt-len", "8")]
     assert cases.find_case("ppo_lstm", "CartPoleNoVel-v1", 500_000) == cases.CARTPOLE_NOVEL_500K  # not a variant
     compared = [case for case in cases.CASES if case.compare_with is not None]
@@ -216,6 +217,18 @@ def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
     assert raw[0] == raw[1] and raw[2] != raw[0]  # 4 envs and 2 envs are measured apart; steps do not matter
     rows = harness.rows_of(jobs, plans)
     assert len(rows) == 4 + 3 and len({row.key for row in rows}) == len(rows)
+
+
+def test_a_suite_s_baseline_seeds_are_its_own_unless_seeds_are_given(tmp_path):
+    suite = cases.SUITES["ddpg-mujoco"]
+    for given, baseline_seeds in ((None, suite.baseline_seeds), ((3,), (3,))):
+        args = harness.Run(suite="ddpg-mujoco", baselines=True, seeds=given)
+        jobs, _ = harness.make_jobs(args, cases.suite_cases("ddpg-mujoco"), given or suite.seeds, tmp_path)
+        for env_id in ("HalfCheetah-v5", "Hopper-v5"):
+            assert tuple(job.seed for job in jobs if job.kind == "sb3" and job.env_id == env_id) == baseline_seeds
+            assert tuple(job.seed for job in jobs if job.kind == "script" and job.env_id == env_id) == (
+                given or suite.seeds
+            )
 
 
 def test_a_case_s_window_reaches_its_jobs_and_is_marked_in_the_table(tmp_path):
