@@ -7,14 +7,16 @@ import sys
 import typing
 from dataclasses import fields
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from scipy import stats
+from tensorboard.backend.event_processing.event_accumulator import ScalarEvent
 
 import benchmark.__main__ as harness
-from benchmark import cases, ddpg_floor, recurrent_floor
+from benchmark import cases, ddpg_floor, ddpg_speed, recurrent_floor
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
 from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, resolve_args, same_settings_flags
@@ -506,6 +508,23 @@ def test_ddpg_floor_times_the_scripts_own_networks_over_a_critic_and_an_actor_up
     # 6 critic updates (the targets' actor and critic, then the critic), then 6 actor updates (actor, critic).
     assert calls == [("Actor", 32), ("QNetwork", 32), ("QNetwork", 32)] * 6 + [("Actor", 32), ("QNetwork", 32)] * 6
     assert moved == [0.02] * 12  # both targets after each actor update
+
+
+def test_ddpg_speed_counts_from_learning_starts_and_splits_the_loop(tmp_path, monkeypatch, capsys):
+    events = [ScalarEvent(wall_time=time, step=step, value=0.0) for step, time in ((100, 1.0), (500, 2.0), (900, 4.0))]
+    sessions = [SimpleNamespace(scalars={"charts/SPS": events})]
+    assert ddpg_speed.sps_after(sessions, 500) == 200.0  # the steps after 500 over their seconds
+    with pytest.raises(ValueError):
+        ddpg_speed.sps_after(sessions, 600)
+    monkeypatch.setattr(ddpg_speed, "SETTLE_STEPS", 0)
+    monkeypatch.setattr(ddpg_speed, "REPEATS", 3)
+    flags = ["--total-timesteps", "400", "--learning-starts", "100", "--batch-size", "16", "--hidden-size", "16"]
+    monkeypatch.setattr(sys, "argv", ["ddpg_speed", *flags])
+    assert ddpg_speed.main() == 0
+    printed = capsys.readouterr().out
+    for part in ("env step", "action and noise", "buffer add", "buffer sampling", "logging and the rest of the loop"):
+        assert f"  {part}: " in printed  # each part of the loop timed
+    assert "SPS after --learning-starts" in printed and "of the floor's" in printed
 
 
 REFERENCE_NAME = "sb3_recurrent_ppo_reference"
