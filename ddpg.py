@@ -104,7 +104,7 @@ class Args:
     """the exploration noise: gaussian, or an Ornstein-Uhlenbeck process per env"""
     exploration_noise: float = 0.1
     """the scale of the exploration noise, in units of each action dimension's half-range"""
-    learning_starts: int = 5_000
+    learning_starts: int = 10_000
     """transitions of uniform random actions before learning starts"""
     updates_per_step: int = 1
     """gradient steps per env transition"""

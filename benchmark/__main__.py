@@ -85,7 +85,18 @@ class Run:
     total_timesteps: int | None = None
     """env steps of every run (default: each case's own, see benchmark/cases.py)"""
     suite: (
-        Literal["quick", "full", "recurrent", "bptt", "memory", "memory-speed", "ddpg", "ddpg-time", "ddpg-mujoco"]
+        Literal[
+            "quick",
+            "full",
+            "recurrent",
+            "bptt",
+            "memory",
+            "memory-speed",
+            "ddpg",
+            "ddpg-envs",
+            "ddpg-time",
+            "ddpg-mujoco",
+        ]
         | None
     ) = None
     """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --total-timesteps"""

@@ -135,6 +135,11 @@ BPTT_VARIANTS: tuple[Case, ...] = tuple(
     replace(CARTPOLE_NOVEL_500K, flags=("--bptt-len", str(length)), compare_with=None) for length in (32, 8)
 )
 
+# ddpg.py's --num-envs: each vector step brings num_envs transitions and as many updates (docs/ddpg.md).
+DDPG_NUM_ENVS_VARIANTS: tuple[Case, ...] = tuple(
+    replace(DDPG_PENDULUM, flags=("--num-envs", str(num_envs))) for num_envs in (4, 8)
+)
+
 # The memory suite: tasks no default was tuned on, each judged on its deterministic evaluation against a reference
 # (`REFERENCE_MARGIN`). No case has flags of its own: discrete actions run with the script's defaults, continuous
 # actions with CONTINUOUS_FLAGS, the same for both continuous tasks.
@@ -211,6 +216,8 @@ SUITES: dict[str, Suite] = {
     "bptt": Suite((("ppo_lstm", "CartPoleNoVel-v1", 500_000), *BPTT_VARIANTS), (1, 2, 3)),
     "ddpg": Suite((DDPG_PENDULUM,), (1, 2, 3)),  # ddpg.py on Pendulum-v1 (docs/ddpg.md)
     # with --baselines: ddpg.py's wall-clock to solve Pendulum-v1 against SB3's TD3 as DDPG, in the same run
+    # ddpg.py with 1, 4 and 8 envs on Pendulum-v1; run with --workers 1 for their SPS.
+    "ddpg-envs": Suite((DDPG_PENDULUM, *DDPG_NUM_ENVS_VARIANTS), (1, 2, 3)),
     "ddpg-time": Suite((DDPG_PENDULUM_TO_SOLVE,), (1, 2, 3)),
     # with --baselines: 2 seeds of ddpg.py and 1 of the baseline on each MuJoCo task (the [mujoco] extra)
     "ddpg-mujoco": Suite(DDPG_MUJOCO, (1, 2), baseline_seeds=(1,)),

@@ -49,7 +49,9 @@ def test_truncation_stores_the_last_observation_and_no_termination(tmp_path):
     gym.register("ShortPendulum-v0", entry_point="gymnasium.envs.classic_control:PendulumEnv", max_episode_steps=5)
     args = quick_args(tmp_path, env_id="ShortPendulum-v0", total_timesteps=40, num_envs=2, save_model=True)
     args.save_buffer, args.learning_starts = True, 1000
-    stored = stored_buffer(ddpg.train(args))
+    result = ddpg.train(args)
+    assert result.episode_lengths == [5] * 8  # every episode of both envs is logged
+    stored = stored_buffer(result)
     assert not stored["terminations"].any()  # truncations bootstrap
     # Rows are vector steps of 2 envs; each env's episode is 5 steps, then a reset.
     obs, next_obs = stored["observations"].reshape(20, 2, 3), stored["next_observations"].reshape(20, 2, 3)
