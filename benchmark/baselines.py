@@ -231,7 +231,8 @@ def build_sb3_model(algo: str, settings: dict[str, Any], envs: Any, seed: int) -
         from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 
         action_space = envs.action_space
-        noise_std = settings["exploration_noise"] * (action_space.high - action_space.low) / 2
+        # SB3 adds the noise to the action scaled to [-1, 1], so its scale is in half-ranges already, as the script's.
+        noise_std = np.full(action_space.shape, settings["exploration_noise"])
         policy_kwargs = {"net_arch": hidden, "activation_fn": activation, **settings.get("policy_kwargs", {})}
         if settings.get("noise", "gaussian") == "ou":  # the DDPG paper's discrete form: a time step of 1
             action_noise = OrnsteinUhlenbeckActionNoise(np.zeros(action_space.shape), noise_std, theta=0.15, dt=1.0)

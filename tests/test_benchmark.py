@@ -145,7 +145,6 @@ def td3_read_back(model, envs, settings) -> dict:
     assert len(widths) == 3 and widths[0] == widths[1]
     noise = model.action_noise
     noise = noise.noises[0] if hasattr(noise, "noises") else noise
-    half_range = (envs.action_space.high - envs.action_space.low) / 2
     return {
         "hidden_size": widths[0],
         "num_envs": model.n_envs,
@@ -158,7 +157,7 @@ def td3_read_back(model, envs, settings) -> dict:
         "gamma": model.gamma,
         "updates_per_step": model.gradient_steps // model.n_envs,
         "policy_frequency": model.policy_delay,
-        "exploration_noise": float(np.mean(noise._sigma / half_range)),
+        "exploration_noise": float(np.mean(noise._sigma)),  # added to the action scaled to [-1, 1]: in half-ranges
         "noise": "ou" if isinstance(noise, OrnsteinUhlenbeckActionNoise) else "gaussian",
         "torch_threads": settings["torch_threads"],  # the baseline process sets it before building the model
     }
