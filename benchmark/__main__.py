@@ -638,7 +638,9 @@ HOW_MEASURED = [
     "each return divided by its case's threshold, resampling the runs of each case on their own (stratified).",
     "- Steps to threshold: per seed, the first step at which the mean of the last 100 episodes (or the case's window: "
     "a full one) "
-    "reaches the case's threshold; the median over seeds, a seed that never reaches it counting as beyond the budget.",
+    "reaches the case's threshold; the median over seeds, a seed that never reaches it counting as beyond the budget. "
+    "Beside it, the median seconds of training to that step: from the run's first event (start-up included) to the "
+    "episode's record, the gaps between a run's sessions left out.",
     "- SPS: per session of a run (a resumed run has two or more), steps between the first and the last `charts/SPS` "
     "record over the wall time between them, summed over sessions: start-up, the first iteration, the final "
     "evaluation and the time between a crash and its resume are left out. Peak RSS: the largest `system/rss_mb` "

@@ -77,6 +77,10 @@ class RowNumbers:
     """PASS, FAIL, or - (no threshold, or a baseline)"""
     window: int = LAST_EPISODES
     """the training return's window of episodes"""
+    seconds_to_threshold: list[float | None] = field(default_factory=list)
+    """per seed: the seconds of training at `steps_to_threshold` (None: never)"""
+    median_seconds_to_threshold: float | None = None
+    """the median over seeds of those seconds (None when the median seed never reached it)"""
 
 
 def row_numbers(row: Row) -> RowNumbers:
@@ -90,6 +94,7 @@ def row_numbers(row: Row) -> RowNumbers:
         low, high = iqm_interval([last_returns])
     on_training = row.threshold is not None and row.judged_on in ("training", "reached")
     to_threshold = [run.steps_to_reach(row.threshold) for run in runs] if on_training else []
+    seconds_to_threshold = [run.seconds_to_reach(row.threshold) for run in runs] if on_training else []
     median = median_steps_to_threshold(to_threshold)
     (return_mean, return_std), (eval_mean, eval_std), (sps_mean, sps_std) = map(mean_std, (last_returns, evals, sps))
     verdict = "-"
@@ -125,6 +130,8 @@ def row_numbers(row: Row) -> RowNumbers:
         steps_to_threshold=to_threshold,
         median_steps_to_threshold=None if median is None or math.isinf(median) else median,
         median_beyond_budget=median is not None and math.isinf(median),
+        seconds_to_threshold=seconds_to_threshold,
+        median_seconds_to_threshold=median_to_reach(runs, row.threshold, seconds=True) if on_training else None,
         sps_mean=sps_mean,
         sps_std=sps_std,
         peak_rss_mb=max((run.peak_rss_mb for run in runs if run.peak_rss_mb is not None), default=None),
@@ -215,6 +222,8 @@ def threshold_text(numbers: RowNumbers) -> str:
     reached = sum(steps is not None for steps in numbers.steps_to_threshold)
     budget = f"> {numbers.total_timesteps:,}" if numbers.total_timesteps else "beyond the budget"
     median = budget if numbers.median_beyond_budget else fmt(numbers.median_steps_to_threshold, 0)
+    if numbers.median_seconds_to_threshold is not None:
+        median += f" in {numbers.median_seconds_to_threshold:,.0f} s"
     return f"{median} ({reached} of {len(numbers.steps_to_threshold)} seeds reached ≥ {numbers.threshold:g})"
 
 
@@ -227,7 +236,7 @@ def results_table(rows: Sequence[RowNumbers]) -> list[str]:
         "last-100 training return (or as marked)",
         "IQM [95% CI]",
         "eval return (deterministic)",
-        "median steps to threshold",
+        "median steps to threshold (and seconds of training)",
         "SPS",
         "peak RSS (MB)",
         "result",

@@ -238,6 +238,7 @@ def test_a_case_s_window_reaches_its_jobs_and_is_marked_in_the_table(tmp_path):
     assert [job.window for job in jobs] == [10]
     summary = RunSummary("r", "ddpg", "Pendulum-v1", 1, steps=1000, window=10)
     summary.episode_returns, summary.episode_steps = np.array([-300.0] * 5 + [-100.0] * 10), np.arange(200, 3200, 200)
+    summary.episode_seconds = summary.episode_steps / 100.0
     row = Row("ddpg", "Pendulum-v1", case.key, 1000, threshold=-200.0, judged=True, runs=[summary])
     numbers = row_numbers(row)
     assert numbers.last_return_mean == -100.0 and numbers.verdict == "PASS"
@@ -296,6 +297,8 @@ def test_spread_iqm_and_median_steps_across_seeds():
     assert numbers.last_return_iqm_low <= numbers.last_return_iqm <= numbers.last_return_iqm_high
     assert numbers.steps_to_threshold == [1000, 1500, None, 1000, 1000]
     assert numbers.median_steps_to_threshold == 1000 and numbers.verdict == "FAIL"  # seed 3 ends at 50
+    assert numbers.seconds_to_threshold == [10.0, 15.0, None, 10.0, 10.0]  # the summaries' 100 steps a second
+    assert "| 1,000 in 10 s (4 of 5 seeds reached ≥ 100) |" in results_table([numbers])[-1]
     assert median_steps_to_threshold([1000, None, None]) == float("inf")  # the median seed never reached it
     beyond = row_numbers(Row("ppo_fc", "CartPole-v1", "key", 2000, threshold=1e9, judged=True, runs=runs))
     assert beyond.median_beyond_budget and beyond.median_steps_to_threshold is None
