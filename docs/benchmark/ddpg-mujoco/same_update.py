@@ -2,7 +2,7 @@
 smoothing) are the same algorithm: from the same weights and the same 6 batches, ddpg.py's update lines (as written in
 its train(), copied here) and SB3's TD3.train() end with the same parameters, up to float rounding.
 
-    PYTHONPATH=. python docs/benchmark/ddpg-mujoco/same_update.py [ENV_ID]   # an env with unit action bounds, e.g. HalfCheetah-v5
+    PYTHONPATH=. python docs/benchmark/ddpg-mujoco/same_update.py [ENV_ID]   # unit action bounds: HalfCheetah-v5
 """
 
 from __future__ import annotations
