@@ -1,7 +1,8 @@
 """DDPG for continuous actions with several envs in parallel, after CleanRL's ddpg_continuous_action.py. Read top to
 bottom: arguments, environments, networks, then ``train()``: act with exploration noise, store the transition in the
-replay buffer, update the critic every transition and the actor every ``--policy-frequency`` updates, move the target
-networks. Run plumbing is in ``common/``; docs/ddpg.md gives the reasons for the defaults."""
+replay buffer, make ``--updates-per-step`` critic updates per transition, and every ``--policy-frequency``-th update
+also update the actor and move both target networks. Run plumbing is in ``common/``; docs/ddpg.md gives the reasons
+for the defaults."""
 
 from __future__ import annotations
 
@@ -162,6 +163,7 @@ class Actor(nn.Module):
         )
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
+        self.action_shape = action_space.shape  # the actor's output is flat; the env takes this shape
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x) * self.action_scale + self.action_bias
@@ -181,7 +183,8 @@ class Agent(nn.Module):
 
 
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """target <- target + tau (online - target), for every parameter in one call."""
+    """target <- target + tau (online - target), for every parameter in one call (parameters only: a layer with
+    buffers, such as BatchNorm's running statistics, needs them moved too)."""
     with torch.no_grad():
         torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 
@@ -248,6 +251,8 @@ def check_args(args: Args) -> None:
     cli.check_ranges(args, positive, non_negative, ("gamma", "tau"))
     if args.total_timesteps < args.num_envs:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one vector step ({args.num_envs})")
+    if args.eval_every and not args.eval_episodes:
+        raise UsageError("--eval-every needs --eval-episodes of 1 or more")
 
 
 def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict | None]:
@@ -264,6 +269,8 @@ def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict:
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(make_env, args, actions=(gym.spaces.Box,))
+    if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+        raise UsageError(f"{args.env_id!r} has unbounded actions; the actor's tanh needs finite bounds on each one")
     agent = Agent(int(np.prod(observation_space.shape)), action_space, args.hidden_size).to(device)
     if checkpoint is not None:
         checkpoints.load_weights(agent, checkpoint, args.env_id)
@@ -288,7 +295,8 @@ def train(args: Args) -> TrainResult:
     envs, _ = training_envs(make_env, args, str(run.video_folder), checkpoint)
     action_space = envs.single_action_space
     observation_size, action_size = int(np.prod(envs.single_observation_space.shape)), int(np.prod(action_space.shape))
-    half_range, low, high = agent.actor.action_scale.cpu().numpy(), action_space.low, action_space.high
+    # The actor, the noise and the buffer work on flat actions; the env gets them in its own shape.
+    half_range, low, high = agent.actor.action_scale.cpu().numpy(), action_space.low.ravel(), action_space.high.ravel()
     rb = ReplayBuffer(args.buffer_size, observation_size, action_size)
     noise_state = np.zeros((args.num_envs, action_size), dtype=np.float32)
     if checkpoint is not None:
@@ -297,6 +305,11 @@ def train(args: Args) -> TrainResult:
         if checkpoint["buffer"] and buffer_path.is_file():
             with np.load(buffer_path, allow_pickle=False) as stored:
                 rb.restore(dict(stored))
+        elif checkpoint["buffer"]:
+            cli.notice(
+                f"{buffer_path} is gone (only the newest checkpoint's buffer is kept): the resumed run starts with an "
+                "empty replay buffer"
+            )
         else:
             cli.notice(
                 f"{args.resume} has no replay buffer (see --save-buffer): the resumed run starts with an empty one"
@@ -318,14 +331,17 @@ def train(args: Args) -> TrainResult:
             temporary = folder / f".{buffer_name}.tmp.npz"
             np.savez(temporary, **rb.state())
             temporary.replace(folder / buffer_name)
-            for older in folder.glob("buffer_step_*.npz"):  # one buffer on disk: a full MuJoCo one is 168 MB
-                if older.name != buffer_name:
-                    older.unlink()
         state = {"model": agent.state_dict(), "iteration": iteration, "updates": updates, "buffer": buffer_name}
         state |= {"actor_optimizer": actor_optimizer.state_dict(), "q_optimizer": q_optimizer.state_dict()}
         state["noise"] = torch.as_tensor(noise_state)
         state["episodes"] = env_state.capture(envs, next_obs, episode_starts=episode_starts)
-        return checkpoints.save(folder, SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
+        path = checkpoints.save(folder, SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
+        # One buffer on disk (a full MuJoCo one is 168 MB): the older ones go once the checkpoint naming the new one
+        # is written. A later one stays: it belongs to the run this one was resumed from an earlier checkpoint of.
+        for older in folder.glob("buffer_step_*.npz") if args.save_buffer else ():
+            if int(older.stem.removeprefix("buffer_step_")) < global_step:
+                older.unlink()
+        return path
 
     saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     qf1_values = qf1_loss = actor_loss = torch.zeros(())
@@ -340,12 +356,14 @@ def train(args: Args) -> TrainResult:
             noise = exploration_noise(args, noise_state, episode_starts)
             if global_step < args.learning_starts:
                 # From the seeded generator that checkpoints hold (an action space's own is not seeded).
-                actions = np.random.uniform(low, high, (args.num_envs, *low.shape)).astype(np.float32)
+                actions = np.random.uniform(low, high, (args.num_envs, action_size)).astype(np.float32)
             else:
                 with torch.no_grad():
                     actions = agent.actor(torch.as_tensor(obs, device=device)).cpu().numpy()
                 actions = np.clip(actions + noise * half_range, low, high)
-            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            next_obs, rewards, terminations, truncations, infos = envs.step(
+                actions.reshape(args.num_envs, *action_space.shape)
+            )
             global_step += args.num_envs
             # The true next observation: where an episode ended, the last one of that episode.
             real_next_obs = next_obs.astype(np.float32)
@@ -360,7 +378,8 @@ def train(args: Args) -> TrainResult:
             rollout_seconds = time.time() - iteration_start
 
             update_start = time.time()
-            if global_step >= args.learning_starts:
+            # A run resumed without its buffer refills a batch's worth before it samples.
+            if global_step >= args.learning_starts and len(rb) >= args.batch_size:
                 for _ in range(args.num_envs * args.updates_per_step):
                     observations, next_observations, b_actions, b_rewards, b_terminations = rb.sample(
                         args.batch_size, device
@@ -387,12 +406,12 @@ def train(args: Args) -> TrainResult:
             update_seconds = time.time() - update_start
 
             if iteration % log_every == 0 or iteration == num_iterations:
-                log.iteration(global_step, {
-                    "charts/learning_rate": q_optimizer.param_groups[0]["lr"],
-                    "losses/qf1_values": qf1_values.mean().item(), "losses/qf1_loss": qf1_loss.item(),
-                    "losses/actor_loss": actor_loss.item(), "perf/rollout_seconds": rollout_seconds,
-                    "perf/update_seconds": update_seconds,
-                })  # fmt: skip
+                scalars = {"charts/learning_rate": q_optimizer.param_groups[0]["lr"]}
+                scalars |= {"perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds}
+                if updates:  # as CleanRL, the losses from the first update on
+                    scalars["losses/qf1_values"], scalars["losses/qf1_loss"] = qf1_values.mean().item(), qf1_loss.item()
+                    scalars["losses/actor_loss"] = actor_loss.item()
+                log.iteration(global_step, scalars)
             every = args.eval_every
             crossed = every and global_step // every > (global_step - args.num_envs) // every
             if crossed and not (iteration == num_iterations and args.eval_episodes):  # the last: evaluated after it
@@ -414,7 +433,8 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
-        return agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+        actions = agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+        return actions.reshape(len(actions), *agent.actor.action_shape)
 
     return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
 

@@ -142,11 +142,49 @@ def test_resume_with_the_buffer_gives_the_uninterrupted_run(tmp_path, monkeypatc
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
-def test_resume_without_the_buffer_says_so(tmp_path, capsys):
+def test_resume_without_the_buffer_says_so_and_refills_a_batch_first(tmp_path, capsys):
     settings = dict(total_timesteps=300, learning_starts=100, checkpoint_every=100, save_model=True)
     whole = ddpg.train(quick_args(tmp_path, **settings))
-    ddpg.train(ddpg.Args(resume=str(whole.run_dir / "checkpoints" / "step_100.pt"), progress=False))
+    resumed = ddpg.train(ddpg.Args(resume=str(whole.run_dir / "checkpoints" / "step_100.pt"), progress=False))
     assert "starts with an empty one" in capsys.readouterr().err
+    # One update at step 100 before the checkpoint; after it, updates wait for a batch (64) of new transitions.
+    assert torch.load(resumed.checkpoint, weights_only=True)["updates"] == 1 + (200 - 64 + 1)
+
+
+def test_a_resume_whose_buffer_was_replaced_says_so(tmp_path, capsys):
+    settings = dict(total_timesteps=300, learning_starts=100, checkpoint_every=100, save_model=True, save_buffer=True)
+    whole = ddpg.train(quick_args(tmp_path, **settings))
+    assert [path.name for path in (whole.run_dir / "checkpoints").glob("*.npz")] == ["buffer_step_300.npz"]
+    ddpg.train(ddpg.Args(resume=str(whole.run_dir / "checkpoints" / "step_100.pt"), progress=False))
+    assert "only the newest checkpoint's buffer is kept" in capsys.readouterr().err
+
+
+class GridActionEnv(gym.Env):
+    """Actions of shape (2, 2) within bounds of their own; the reward is the action's sum. Episodes of 5 steps."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,))
+
+    def __init__(self, high: float = 1.0):
+        self.action_space = gym.spaces.Box(-high, high, (2, 2))
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(3, dtype=np.float32), {}
+
+    def step(self, action):
+        assert action.shape == (2, 2) and np.all(np.abs(action) <= self.action_space.high)
+        self.steps += 1
+        return np.zeros(3, dtype=np.float32), float(action.sum()), self.steps == 5, False, {}
+
+
+def test_shaped_actions_reach_the_env_in_their_shape_and_unbounded_ones_are_refused(tmp_path):
+    gym.register("GridAction-v0", entry_point=GridActionEnv)
+    result = ddpg.train(quick_args(tmp_path, env_id="GridAction-v0", total_timesteps=400, num_envs=2, eval_episodes=2))
+    assert result.global_step == 400 and len(result.eval_returns) == 2  # random, noisy and evaluation actions
+    gym.register("UnboundedAction-v0", entry_point=GridActionEnv, kwargs={"high": np.inf})
+    with pytest.raises(UsageError, match="unbounded actions"):
+        ddpg.train(quick_args(tmp_path, env_id="UnboundedAction-v0", total_timesteps=10))
 
 
 def test_checkpoints_of_the_other_scripts_are_refused(tmp_path):
@@ -167,6 +205,7 @@ def test_checkpoints_of_the_other_scripts_are_refused(tmp_path):
         (["--tau", "1.5"], "--tau"),
         (["--total-timesteps", "1", "--num-envs", "2"], "less than one vector step"),
         (["--eval-checkpoint", "missing.pt"], "does not exist"),
+        (["--eval-every", "100", "--eval-episodes", "0"], "--eval-every needs"),
     ],
 )
 def test_bad_input_is_one_error_line(tmp_path, flags, message):
@@ -205,8 +244,12 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
 
 def test_eval_every_logs_noise_free_episodes_during_training(tmp_path):
     result = ddpg.train(quick_args(tmp_path, total_timesteps=600, eval_every=200, eval_episodes=1))
-    evaluated = [step for step, _ in read_scalars(result.run_dir)["eval/episodic_return"]]
+    scalars = read_scalars(result.run_dir)
+    evaluated = [step for step, _ in scalars["eval/episodic_return"]]
     assert evaluated == [200, 400, 600]  # during training; at its end, the evaluation after it (once)
+    for key in ("losses/qf1_loss", "losses/qf1_values", "losses/actor_loss"):  # from the first update on, as CleanRL
+        assert scalars[key] and min(step for step, _ in scalars[key]) >= 256
+    assert min(step for step, _ in scalars["charts/learning_rate"]) < 256
 
 
 def test_the_same_seed_gives_the_same_run(tmp_path):
