@@ -305,14 +305,10 @@ def train(args: Args) -> TrainResult:
         if checkpoint["buffer"] and buffer_path.is_file():
             with np.load(buffer_path, allow_pickle=False) as stored:
                 rb.restore(dict(stored))
-        elif checkpoint["buffer"]:
-            cli.notice(
-                f"{buffer_path} is gone (only the newest checkpoint's buffer is kept): the resumed run starts with an "
-                "empty replay buffer"
-            )
         else:
+            why = "is gone (only the newest checkpoint's buffer is kept)" if checkpoint["buffer"] else "has none"
             cli.notice(
-                f"{args.resume} has no replay buffer (see --save-buffer): the resumed run starts with an empty one"
+                f"{args.resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
             )
     recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)})
 
