@@ -1,0 +1,731 @@
+"""PPO with a causal transformer memory (GPT-style blocks over one token per step, a sliding window of attention in
+every layer, actor and critic heads on the current step's token) for discrete and continuous actions. Read top to
+bottom: arguments, environments, network, then ``train()``. Run plumbing is in ``common/``; docs/ppo_transformer.md
+gives the reasons for the defaults."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from contextlib import closing
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from torch.distributions import Categorical, Normal
+from torch.utils.tensorboard import SummaryWriter
+
+import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
+from common import checkpoints, cli, env_state, evaluation, run_start, stand_in, tracking
+from common.envs import checked_spaces, env_action, flat_observations, training_envs
+from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
+from common.interrupt import GracefulInterrupt
+from common.running_norm import RunningNorm
+from common.seeding import seed_and_pick_device
+from common.train_result import TrainResult
+from common.trajectories import RolloutRecorder
+
+SCRIPT = Path(__file__).stem
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
+
+
+@dataclass
+class Args:
+    """PPO with a causal transformer memory for discrete and continuous actions, with CleanRL's flags and defaults."""
+
+    exp_name: str = SCRIPT
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment (torch, numpy, python and the envs)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, use a GPU when one is available"""
+    torch_threads: int = 1
+    """CPU threads for torch and NumPy's BLAS (0 keeps their defaults; 1 is fastest for small networks)"""
+    track: bool = False
+    """if toggled, track the run with Weights and Biases (works with WANDB_MODE=offline)"""
+    wandb_project_name: str = "onefile-rl"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the wandb entity (team or user)"""
+    capture_video: bool = False
+    """if toggled, record videos of env 0 into `{run_dir}/{run_name}/videos`"""
+    video_every: int = 50
+    """with --capture-video, record one episode of env 0 in every this many"""
+    run_dir: str = "runs"
+    """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
+    progress: bool = True
+    """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
+    save_model: bool = True
+    """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
+    checkpoint_every: int = 0
+    """write a checkpoint every this many iterations (0: only at the end, when --save-model)"""
+    resume: str | None = None
+    """continue the run of this checkpoint: its settings, run folder, step count and schedule"""
+    eval_checkpoint: str | None = None
+    """evaluate the agent of this checkpoint for --eval-episodes episodes, then exit"""
+    eval_episodes: int = 10
+    """episodes of evaluation after training, actions drawn by --sampling-method (0: none)"""
+    sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
+    """how evaluation draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
+    temperature: float = 1.0
+    """with --sampling-method temperature: divides the logits, or multiplies the std"""
+    sampling_k: int = 2
+    """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
+    save_trajectories: str | None = None
+    """record the training rollouts (with --eval-checkpoint: the episodes) to this new .npz file"""
+    env_id: str = "CartPole-v1"
+    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
+    total_timesteps: int = 500_000
+    """total timesteps of the experiment (rounded down to whole batches)"""
+    num_envs: int = 8
+    """the number of parallel environments (docs/ppo_transformer.md)"""
+    async_envs: bool = False
+    """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    learning_rate: float = 1e-3
+    """the learning rate of the optimizer (docs/ppo_transformer.md)"""
+    end_learning_rate: float = 0.0
+    """with --anneal-lr, the learning rate falls linearly towards this value"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 2
+    """the number of minibatches (docs/ppo_transformer.md)"""
+    update_epochs: int = 10
+    """the K epochs to update the policy (docs/ppo_transformer.md)"""
+    norm_adv: bool = True
+    """toggles advantages normalization (per minibatch)"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient (docs/ppo_transformer.md)"""
+    clip_vloss: bool = False
+    """toggles whether or not to use a clipped loss for the value function (docs/ppo_transformer.md)"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy (docs/ppo_transformer.md)"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold: stop the epochs of an update once it is exceeded"""
+    bootstrap_truncation: bool = True
+    """if toggled, truncated episodes bootstrap from the value of their last observation"""
+    norm_obs: bool = True
+    """if toggled, normalise observations with running statistics, frozen in evaluation (docs/ppo_transformer.md)"""
+    norm_reward: bool = True
+    """if toggled, scale rewards by the running std of the discounted return (docs/ppo_transformer.md)"""
+    norm_reward_clip: float = 10.0
+    """with --norm-reward, clip the scaled rewards to [-this, this] (CleanRL's 10)"""
+    d_model: int = 64
+    """the width of the tokens (the residual stream)"""
+    n_heads: int = 4
+    """the attention heads of each layer (they divide --d-model, into an even width each)"""
+    n_layers: int = 2
+    """the transformer blocks: the memory reaches back --n-layers x (--context-len - 1) steps"""
+    context_len: int = 32
+    """K: each step attends to itself and the K - 1 steps before it in its episode, in every layer"""
+    prev_action_reward: bool = True
+    """if toggled, each observation carries the previous action and reward (zeros at an episode's first step)"""
+
+
+class PreviousActionReward(gym.Wrapper):
+    """Appends the previous action (one-hot when discrete, as the env took it) and the env's own reward to the flat
+    observation; zeros at an episode's first step. Inside the env, so evaluation, trajectory files and a resumed
+    episode's replay see them as training does."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.discrete = isinstance(env.action_space, gym.spaces.Discrete)
+        self.action_size = int(env.action_space.n) if self.discrete else int(np.prod(env.action_space.shape))
+        space, extra = env.observation_space, np.full(self.action_size + 1, np.inf, dtype=np.float32)
+        low, high = space.low.astype(np.float32), space.high.astype(np.float32)
+        self.observation_space = gym.spaces.Box(np.concatenate([low, -extra]), np.concatenate([high, extra]))
+
+    def with_previous(self, obs: np.ndarray, action=None, reward: float = 0.0) -> np.ndarray:
+        previous = np.zeros(self.action_size + 1, dtype=np.float32)
+        if action is not None and self.discrete:
+            previous[int(action) - int(self.env.action_space.start)] = 1.0
+        elif action is not None:
+            previous[:-1] = np.asarray(action, dtype=np.float32).reshape(-1)
+        previous[-1] = reward
+        return np.concatenate([np.asarray(obs, dtype=np.float32), previous])
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self.with_previous(obs), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.with_previous(obs, action, float(reward)), reward, terminated, truncated, info
+
+
+def make_env(
+    env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1,
+    prev_action_reward: bool = True,
+):  # fmt: skip
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
+        else:
+            env = gym.make(env_id)
+        env = flat_observations(env)  # per env: vector observation wrappers refuse SAME_STEP autoreset
+        return PreviousActionReward(env) if prev_action_reward else env
+
+    return thunk
+
+
+def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+# The transformer, read like nanoGPT's model.py: a config, attention, MLP, block. Tokens are (batch, time, d_model).
+
+
+@dataclass
+class TransformerConfig:
+    d_model: int
+    n_heads: int
+    n_layers: int
+    context_len: int
+
+
+def rotary(positions: Tensor, head_size: int) -> tuple[Tensor, Tensor]:
+    """RoPE's cosines and sines for tokens at `positions` (B, T), their steps within their episodes: rotating queries
+    and keys by them makes attention see how far apart two steps are, and nothing of where they are."""
+    frequencies = 10_000.0 ** -(torch.arange(0, head_size, 2, device=positions.device) / head_size)
+    angles = positions[:, None, :, None].float() * frequencies  # (B, 1, T, head_size / 2), one per head
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: Tensor, rotation: tuple[Tensor, Tensor]) -> Tensor:
+    cos, sin = rotation
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+
+KeysValues = tuple[Tensor, Tensor]
+"""one layer's keys and values, each (B, heads, T, head size)"""
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.proj = nn.Linear(config.d_model, config.d_model)
+
+    def forward(
+        self, x: Tensor, rotation: tuple[Tensor, Tensor], mask: Tensor, cached: KeysValues | None
+    ) -> tuple[Tensor, KeysValues]:
+        """Attention of the tokens `x` (B, T, C) to the `cached` keys and values of earlier steps and to their own,
+        where `mask` (B, 1, T, cached + T) allows; also every key and value attended to."""
+        batch, steps, width = x.shape
+        heads = self.qkv(x).view(batch, steps, 3 * self.n_heads, width // self.n_heads).transpose(1, 2)
+        q, k, v = heads.split(self.n_heads, 1)
+        q, k = rotate(q, rotation), rotate(k, rotation)
+        if cached is not None:
+            k, v = torch.cat([cached[0], k], 2), torch.cat([cached[1], v], 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(batch, steps, width)), (k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(config.d_model, 4 * config.d_model), nn.GELU(), nn.Linear(4 * config.d_model, config.d_model)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class Block(nn.Module):
+    """A pre-LayerNorm GPT block: attention, then an MLP, each added to the residual stream."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(config.d_model), CausalSelfAttention(config)
+        self.ln_2, self.mlp = nn.LayerNorm(config.d_model), MLP(config)
+
+    def forward(
+        self, x: Tensor, rotation: tuple[Tensor, Tensor], mask: Tensor, cached: KeysValues | None
+    ) -> tuple[Tensor, KeysValues]:
+        attended, keys_values = self.attn(self.ln_1(x), rotation, mask, cached)
+        x = x + attended
+        return x + self.mlp(self.ln_2(x)), keys_values
+
+
+def window_mask(episodes: Tensor, context_len: int) -> Tensor:
+    """Who attends to whom along sequences whose tokens belong to `episodes` (B, T, ids): token i to token j of the
+    same episode with i - K < j <= i. (B, 1, T, T), for every layer."""
+    index = torch.arange(episodes.shape[1], device=episodes.device)
+    back = index[:, None] - index[None, :]
+    return (((back >= 0) & (back < context_len)) & (episodes[:, :, None] == episodes[:, None, :]))[:, None]
+
+
+class Agent(nn.Module):
+    def __init__(self, observation_size: int, action_space: gym.Space, args: Args):
+        super().__init__()
+        self.action_space = action_space
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        self.config = TransformerConfig(args.d_model, args.n_heads, args.n_layers, args.context_len)
+        self.obs_norm = RunningNorm(observation_size) if args.norm_obs else nn.Identity()
+        self.embed = layer_init(nn.Linear(observation_size, args.d_model))
+        self.blocks = nn.ModuleList(Block(self.config) for _ in range(args.n_layers))
+        self.ln_f = nn.LayerNorm(args.d_model)
+        self.actor = layer_init(nn.Linear(args.d_model, self.action_size), std=0.01)  # logits or mean
+        self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
+        if not self.discrete:
+            self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
+        for block in self.blocks:  # nanoGPT's initialisation, its residual projections scaled by depth
+            for name, parameter in block.named_parameters():
+                if name.endswith("weight") and parameter.dim() == 2:
+                    std = 0.02 / math.sqrt(2 * args.n_layers) if "proj" in name or "net.2" in name else 0.02
+                    nn.init.normal_(parameter, 0.0, std)
+                elif name.endswith("bias") and parameter.dim() == 1 and "ln" not in name:
+                    nn.init.zeros_(parameter)
+
+    @property
+    def receptive_field(self) -> int:
+        """How many steps back an output can depend on: L(K-1). Training prefixes each rollout with that many."""
+        return self.config.n_layers * (self.config.context_len - 1)
+
+    def forward(
+        self, obs: Tensor, positions: Tensor, mask: Tensor, cached: list[KeysValues] | None = None
+    ) -> tuple[Tensor, Tensor, list[KeysValues]]:
+        """The actor's output and the value at each of the steps `obs` (B, T, obs), whose `positions` (B, T) are their
+        steps within their episodes, attending where `mask` (B, 1, T, cached + T) allows to themselves and to the
+        `cached` keys and values of each layer; also each layer's keys and values attended to."""
+        x = self.embed(self.obs_norm(obs))
+        rotation = rotary(positions, self.config.d_model // self.config.n_heads)
+        keys_values = []
+        for block, layer_cache in zip(self.blocks, cached or [None] * len(self.blocks), strict=True):
+            x, layer_keys_values = block(x, rotation, mask, layer_cache)
+            keys_values.append(layer_keys_values)
+        x = self.ln_f(x)
+        return self.actor(x), self.critic(x).squeeze(-1), keys_values
+
+    def distribution(self, actor_out: Tensor) -> Categorical | Normal:
+        """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
+        if self.discrete:
+            return Categorical(logits=actor_out, validate_args=False)  # validating costs more than the network
+        return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
+
+    def log_prob_and_entropy(self, actor_out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        """The log-probability of `action` and the policy's entropy given the actor's output."""
+        policy = self.distribution(actor_out)
+        if self.discrete:
+            return policy.log_prob(action), policy.entropy()
+        return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)  # independent dimensions add up
+
+
+class Context:
+    """What each env's next step attends to: every layer's keys and values of its last K - 1 steps, oldest first, and
+    which of them belong to its current episode. The rollout steps through it (a key/value cache: one token per step
+    through the network, not the window), and the update checks what it gave against one pass of `Agent.forward`
+    along whole sequences."""
+
+    def __init__(self, agent: Agent, keys_values: list[KeysValues], valid: Tensor):
+        self.agent, self.keys_values, self.valid = agent, keys_values, valid
+
+    @classmethod
+    def after(cls, agent: Agent, obs: Tensor, positions: Tensor, valid: Tensor) -> Context:
+        """The context after the steps `obs` (B, T, obs) at `positions`, of which those `valid` (B, T) belong to the
+        current episode (they end the sequence): recomputed with the current parameters. T must be L(K-1)."""
+        episodes = (valid & ~torch.cat([torch.zeros_like(valid[:, :1]), valid[:, :-1]], 1)).cumsum(1)
+        _, _, keys_values = agent(obs, positions, window_mask(episodes, agent.config.context_len))
+        kept = obs.shape[1] - (agent.config.context_len - 1)
+        return cls(agent, [(k[:, :, kept:], v[:, :, kept:]) for k, v in keys_values], valid[:, kept:])
+
+    def step(self, obs: Tensor, positions: Tensor, starts: Tensor, envs: Tensor | None = None, keep: bool = True):
+        """The actor's output and value of the next step of each env (or of `envs`), observing `obs` (B, obs) at
+        `positions` (B,) and starting an episode where `starts` (B,); with `keep`, the step joins the context."""
+        keys_values = self.keys_values if envs is None else [(k[envs], v[envs]) for k, v in self.keys_values]
+        valid = (self.valid if envs is None else self.valid[envs]) & ~starts[:, None]
+        mask = torch.cat([valid, torch.ones_like(valid[:, :1])], 1)[:, None, None, :]
+        actor_out, value, keys_values = self.agent(obs[:, None], positions[:, None], mask, keys_values)
+        if keep:
+            self.keys_values = [(k[:, :, 1:], v[:, :, 1:]) for k, v in keys_values]
+            self.valid = mask[:, 0, 0, 1:]
+        return actor_out[:, 0], value[:, 0]
+
+
+def first_of_each_run(valid: Tensor) -> Tensor:
+    """Where each run of `valid` (B, T) steps begins: the first step of the current episode held in a context."""
+    return valid & ~torch.cat([torch.zeros_like(valid[:, :1]), valid[:, :-1]], 1)
+
+
+def check_outputs(replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tensor], positions: Tensor, why: str):
+    """Stop unless `replayed` actor outputs and values equal the `recorded` ones (B, T, ...) to float32 rounding (1e-4
+    of their largest magnitude plus 1e-5); the message says at which step of its episode the largest difference is."""
+    for replayed_part, recorded_part, what in zip(replayed, recorded, ("actor outputs", "values"), strict=True):
+        if not torch.isfinite(recorded_part).all():
+            raise TrainingDiverged(f"the policy's {what} are NaN or inf: an observation or a parameter is")
+        difference = (replayed_part.detach() - recorded_part).abs().reshape(*positions.shape, -1).amax(-1)
+        tolerance = 1e-5 + 1e-4 * recorded_part.abs().max()
+        if difference.max() <= tolerance:
+            continue
+        worst = int(difference.argmax())
+        raise PolicyMismatch(
+            f"{why}: their {what} differ by up to {difference.max().item():.3g} (tolerance {tolerance.item():.3g}), "
+            f"at step {int(positions.flatten()[worst])} of an episode"
+        )
+
+
+def check_args(args: Args) -> None:
+    """Reject bad settings before anything is built or written."""
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "video_every")
+    positive += ("sampling_k", "temperature", "learning_rate", "clip_coef", "max_grad_norm", "d_model", "n_heads")
+    positive += ("n_layers", "context_len")
+    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate")
+    cli.check_ranges(args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda"))
+    if args.d_model % args.n_heads or (args.d_model // args.n_heads) % 2:
+        raise UsageError(
+            f"--n-heads {args.n_heads} must divide --d-model {args.d_model} into an even width per head (RoPE rotates "
+            "pairs)"
+        )
+    if args.num_envs % args.num_minibatches:
+        raise UsageError(
+            f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs} (minibatches are whole "
+            "env rollouts)"
+        )
+    batch_size = args.num_envs * args.num_steps
+    if args.total_timesteps < batch_size:
+        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)")
+
+
+def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict | None]:
+    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
+    no path: `args` and no checkpoint."""
+    if path is None:
+        return args, None
+    checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
+    settings = checkpoints.settings(checkpoint, args, kept, strict)
+    check_args(settings)
+    return settings, checkpoint
+
+
+def env_maker(args: Args):
+    """`make_env` with the run's --prev-action-reward, as the common helpers call it."""
+    return partial(make_env, prev_action_reward=args.prev_action_reward)
+
+
+def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
+    """The agent for `args.env_id`, with the checkpoint's weights if given."""
+    observation_space, action_space = checked_spaces(env_maker(args), args)
+    agent = Agent(int(np.prod(observation_space.shape)), action_space, args).to(device)
+    if checkpoint is not None:
+        checkpoints.load_weights(agent, checkpoint, args.env_id)
+    return agent
+
+
+def train(args: Args) -> TrainResult:
+    check_args(args)
+    args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
+    batch_size = args.num_envs * args.num_steps
+    num_iterations = args.total_timesteps // batch_size
+    reward_clip = args.norm_reward_clip
+
+    device = seed_and_pick_device(args.seed, args.torch_deterministic, args.torch_threads, args.cuda)
+    agent = build_agent(args, checkpoint, device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    if checkpoint is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    run = run_start.start_run(args, checkpoint, num_iterations, batch_size)
+    global_step = run.global_step
+    envs, reward_normalizer = training_envs(env_maker(args), args, str(run.video_folder), checkpoint)
+
+    # Rollout storage, (num_steps, num_envs, ...).
+    num_envs, prefix = args.num_envs, agent.receptive_field
+    obs_shape = envs.single_observation_space.shape
+    action_shape = () if agent.discrete else (agent.action_size,)
+    obs = np.zeros((args.num_steps, num_envs, *obs_shape), dtype=np.float32)
+    positions = np.zeros((args.num_steps, num_envs), dtype=np.int64)  # each step's index within its episode
+    final_values = np.zeros((args.num_steps, num_envs), dtype=np.float32)  # where an episode was truncated
+    rewards = np.zeros((args.num_steps, num_envs), dtype=np.float32)
+    terminations, truncations, episode_starts = np.zeros((3, args.num_steps, num_envs), dtype=bool)
+    actions = np.zeros((args.num_steps, num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
+    acted_outs = torch.zeros((args.num_steps, num_envs, agent.action_size), device=device)  # what the rollout saw
+    acted_values = torch.zeros((args.num_steps, num_envs), device=device)
+    recorder = RolloutRecorder(args.save_trajectories, num_envs, {"args": asdict(args)}, reward_normalizer)
+    envs_per_minibatch = num_envs // args.num_minibatches
+
+    # Last, after everything is built. Each env carries its last L(K-1) steps across rollouts (and checkpoints):
+    # the rollout's context is recomputed from them with the current parameters, and training prefixes them.
+    next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
+    next_starts = carried.get("episode_starts", np.ones(num_envs, dtype=bool))
+    next_positions = carried.get("episode_positions", np.zeros(num_envs, dtype=np.int64))
+    context_obs = carried.get("context_obs", np.zeros((num_envs, prefix, *obs_shape), dtype=np.float32))
+    context_positions = carried.get("context_positions", np.zeros((num_envs, prefix), dtype=np.int64))
+    context_valid = carried.get("context_valid", np.zeros((num_envs, prefix), dtype=bool))
+    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * batch_size, global_step)
+
+    def write_checkpoint(iteration: int) -> Path:
+        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
+        state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
+        state["episodes"] = env_state.capture(
+            envs, next_obs_np, episode_starts=next_starts, episode_positions=next_positions, context_obs=context_obs,
+            context_positions=context_positions, context_valid=context_valid,
+        )  # fmt: skip
+        return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
+
+    as_tensor = partial(torch.as_tensor, device=device)
+    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
+    with GracefulInterrupt() as interrupt, closing(envs), log:
+        for iteration in range(run.iterations_done + 1, num_iterations + 1):
+            if args.anneal_lr:
+                frac = (iteration - 1.0) / num_iterations
+                optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+            rollout_start = time.time()
+
+            # The rollout acts through the key/value context; after it, one pass along each env's sequence gives
+            # the log-probs and values, and must give what the rollout acted on.
+            # (float32 observations, as stored: integer ones, one-hot or MiniGrid's, would not normalise.)
+            t_context_obs, t_context_positions = as_tensor(context_obs), as_tensor(context_positions)
+            t_context_valid = as_tensor(context_valid)
+            with torch.no_grad():
+                context = Context.after(agent, t_context_obs, t_context_positions, t_context_valid)
+            for step in range(args.num_steps):
+                global_step += num_envs
+                obs[step], episode_starts[step] = next_obs_np, next_starts
+                positions[step] = np.where(next_starts, 0, next_positions)
+                with torch.no_grad():
+                    actor_out, value = context.step(
+                        as_tensor(obs[step]), as_tensor(positions[step]), as_tensor(next_starts)
+                    )
+                    action = agent.distribution(actor_out).sample()
+                acted_outs[step], acted_values[step] = actor_out, value
+                actions[step] = action.cpu().numpy()
+                sent_action = env_action(actions[step], agent.action_space)
+                next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
+                terminations[step], truncations[step] = terminated, truncated
+                # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
+                rewards[step] = reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
+                recorder.step(obs[step], sent_action, reward, terminated, truncated, infos)
+
+                # Truncated episodes bootstrap from the value of their last observation, seen with their context.
+                truncated_only = truncated & ~terminated
+                if args.bootstrap_truncation and truncated_only.any():
+                    last_obs = as_tensor(np.stack(infos["final_obs"][truncated_only]), dtype=torch.float32)
+                    where = as_tensor(truncated_only)
+                    with torch.no_grad():
+                        _, last_value = context.step(
+                            last_obs, as_tensor(positions[step])[where] + 1, where[where] & False, where, keep=False
+                        )
+                    final_values[step, truncated_only] = last_value.cpu().numpy()
+                next_starts, next_positions = terminated | truncated, positions[step] + 1
+                log.episodes.record(infos, global_step)
+
+            # Each env's sequence: its carried context, then its rollout; one episode id per step.
+            s_obs = torch.cat([t_context_obs, as_tensor(obs).transpose(0, 1)], 1)
+            s_positions = torch.cat([t_context_positions, as_tensor(positions).T], 1)
+            s_starts = torch.cat([first_of_each_run(t_context_valid), as_tensor(episode_starts).T], 1)
+            s_valid = torch.cat([t_context_valid, torch.ones_like(s_starts[:, prefix:])], 1)
+            s_episodes = s_starts.cumsum(1)
+            s_mask = window_mask(s_episodes, args.context_len)
+            with torch.no_grad():
+                actor_outs, values, _ = agent(s_obs, s_positions, s_mask)
+                actor_outs, values = actor_outs[:, prefix:], values[:, prefix:]  # (num_envs, num_steps, ...)
+                check_outputs(
+                    (acted_outs.transpose(0, 1), acted_values.T), (actor_outs, values), s_positions[:, prefix:],
+                    "the rollout's key/value context (Context.step) acted otherwise than Agent.forward along each "
+                    "env's sequence: it must attend to the K - 1 steps before each step in its episode, as "
+                    "window_mask does",
+                )  # fmt: skip
+                t_actions = as_tensor(actions).transpose(0, 1)
+                logprobs = check_draws(agent, actor_outs, t_actions)
+                next_starts_t = as_tensor(next_starts)
+                next_positions_t = as_tensor(np.where(next_starts, 0, next_positions))
+                _, next_value = context.step(
+                    as_tensor(next_obs_np, dtype=torch.float32), next_positions_t, next_starts_t, keep=False
+                )
+                advantages = compute_gae(
+                    rewards, values.T.cpu().numpy(), next_value.cpu().numpy(), terminations, truncations, final_values,
+                    args.gamma, args.gae_lambda,
+                )  # fmt: skip
+                advantages = as_tensor(advantages).T
+                returns = advantages + values
+            # The next rollout's context: each env's last L(K-1) steps, those of the episode its next step continues.
+            current = (s_episodes == s_episodes[:, -1:]) & s_valid & ~next_starts_t[:, None]
+            kept = s_obs.shape[1] - prefix
+            context_obs, context_positions = s_obs[:, kept:].cpu().numpy(), s_positions[:, kept:].cpu().numpy()
+            context_valid = current[:, kept:].cpu().numpy()
+            # With a continuous policy, also the unclipped sample that `logprobs` belong to.
+            sampled = {} if agent.discrete else {"actions": actions}
+            recorder.end_rollout(logprobs=logprobs.T, values=values.T, position=positions, **sampled)
+            rollout_seconds = time.time() - rollout_start
+
+            update_start = time.time()
+            ratios = []
+            for epoch in range(args.update_epochs):
+                permutation = torch.randperm(num_envs, device=device)
+                for start in range(0, num_envs, envs_per_minibatch):
+                    mb = permutation[start : start + envs_per_minibatch]
+                    actor_out, newvalue, _ = agent(s_obs[mb], s_positions[mb], s_mask[mb])
+                    actor_out, newvalue = actor_out[:, prefix:], newvalue[:, prefix:]  # only the rollout's steps
+                    if epoch == 0 and start == 0:  # no step yet: this pass replays the rollout's
+                        check_outputs(
+                            (actor_out, newvalue), (actor_outs[mb], values[mb]), s_positions[mb, prefix:],
+                            "the update's pass along these envs' sequences differs from the pass after the rollout "
+                            "before any gradient step: does the network depend on the batch (batch norm) or draw "
+                            "at random (dropout)?",
+                        )  # fmt: skip
+                    newlogprob, entropy = agent.log_prob_and_entropy(actor_out, t_actions[mb])
+                    logratio = newlogprob - logprobs[mb]
+                    ratio = logratio.exp()
+                    ratios.append(ratio.detach())
+
+                    mb_advantages, mb_returns, mb_values = advantages[mb], returns[mb], values[mb]
+                    if args.norm_adv and mb_advantages.numel() > 1:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - mb_returns) ** 2
+                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+                        v_loss_clipped = (v_clipped - mb_returns) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                    optimizer.step()
+
+                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
+                    old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                if args.target_kl is not None and approx_kl > args.target_kl:
+                    break
+            check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
+            if args.norm_obs:
+                # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
+                agent.obs_norm.update(as_tensor(obs).reshape(-1, *obs_shape))
+            update_seconds = time.time() - update_start
+
+            var_y = np.var(returns.cpu().numpy())
+            explained_var = np.nan if var_y == 0 else 1 - np.var((returns - values).cpu().numpy()) / var_y
+            clipfrac = ((torch.cat([r.reshape(-1) for r in ratios]) - 1.0).abs() > args.clip_coef).float().mean()
+            log.iteration(global_step, {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
+                "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
+                "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
+                "losses/explained_variance": explained_var,
+                "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
+            })  # fmt: skip
+            saving.iteration_done(iteration)
+            if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
+                break
+        saving.run_ended(iteration, interrupt.requested)
+        recorder.save()
+    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
+    log.finish()
+    episodes = log.episodes
+    return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)
+
+
+def check_draws(agent: Agent, actor_outs: Tensor, actions: Tensor) -> Tensor:
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
+    `actor_outs`, after checking that the actions are plausibly its draws (common/stand_in.py)."""
+    policy = agent.distribution(actor_outs.flatten(0, 1))
+    if agent.discrete:
+        stand_in.check_draws(actions.flatten(0, 1), probs=policy.probs)
+    else:
+        stand_in.check_draws(actions.flatten(0, 1), mean=policy.mean, std=policy.stddev)
+    return agent.log_prob_and_entropy(actor_outs, actions)[0]
+
+
+def compute_gae(
+    rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
+    truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
+) -> np.ndarray:  # fmt: skip
+    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an episode end
+    stops the recursion; a truncated step bootstraps from `final_values`."""
+    nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
+    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)  # final_values elsewhere is not read
+    following_values = np.concatenate([values[1:], next_value[None]])
+    deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
+    advantages = np.zeros_like(deltas)
+    lastgaelam = np.zeros_like(next_value)
+    for t in reversed(range(len(deltas))):
+        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+    return advantages
+
+
+def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
+    """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with its step's position in
+    its episode (the observations before it are in the file)."""
+    device, prefix = next(agent.parameters()).device, agent.receptive_field
+    obs_size = agent.embed.in_features
+    with torch.no_grad():  # an empty context: no step belongs to the first episode yet
+        nothing = torch.zeros(1, prefix, dtype=torch.long, device=device)
+        context = Context.after(agent, torch.zeros(1, prefix, obs_size, device=device), nothing, nothing.bool())
+    position = np.zeros(1, dtype=np.int64)
+
+    @torch.inference_mode()
+    def act(obs: np.ndarray, episode_starts: np.ndarray) -> tuple[np.ndarray, dict]:
+        nonlocal position
+        position = np.where(episode_starts, 0, position + 1)
+        obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)
+        starts = torch.as_tensor(episode_starts, device=device)
+        actor_out, _ = context.step(obs_tensor, torch.as_tensor(position, device=device), starts)
+        action = evaluation.select_action(
+            agent.distribution(actor_out), args.sampling_method, args.temperature, args.sampling_k
+        )
+        return env_action(action.cpu().numpy(), agent.action_space), {"policy": {"position": position.copy()}}
+
+    return evaluation.evaluate(agent, act, env_maker(args), args, writer, step, record_to)
+
+
+def evaluate_checkpoint(args: Args) -> list[float]:
+    """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
+    check_args(args)
+    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False)
+    device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
+    agent = build_agent(trained, checkpoint, device)
+    step = checkpoint["global_step"]
+    return evaluation.evaluate_checkpoint(
+        args, trained, lambda writer, path: evaluate(agent, trained, writer, step, path)
+    )
+
+
+def main() -> int:
+    def run() -> None:
+        args = cli.parse_args(Args)
+        if args.eval_checkpoint:
+            evaluate_checkpoint(args)
+        else:
+            print(train(args).summary())
+
+    return cli.exit_status(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
