@@ -356,6 +356,15 @@ class Context:
         kept = obs.shape[1] - (agent.config.context_len - 1)
         return cls(agent, [(k[:, :, kept:], v[:, :, kept:]) for k, v in keys_values], valid[:, kept:])
 
+    @classmethod
+    def empty(cls, agent: Agent, batch_size: int) -> Context:
+        """The context of `batch_size` envs before their first steps: nothing in it belongs to their episodes."""
+        device, prefix = next(agent.parameters()).device, agent.receptive_field
+        nothing = torch.zeros(batch_size, prefix, dtype=torch.long, device=device)
+        return cls.after(
+            agent, torch.zeros(*nothing.shape, agent.embed.in_features, device=device), nothing, nothing.bool()
+        )
+
     def step(self, obs: Tensor, positions: Tensor, starts: Tensor, envs: Tensor | None = None, keep: bool = True):
         """The actor's output and value of the next step of each env (or of `envs`), observing `obs` (B, obs) at
         `positions` (B,) and starting an episode where `starts` (B,); with `keep`, the step joins the context."""
@@ -584,10 +593,11 @@ def train(args: Args) -> TrainResult:
                     actor_out, newvalue = actor_out[:, prefix:], newvalue[:, prefix:]  # only the rollout's steps
                     if epoch == 0 and start == 0:  # no step yet: this pass replays the rollout's
                         check_outputs(
-                            (actor_out, newvalue), (actor_outs[mb], values[mb]), s_positions[mb, prefix:],
-                            "the update's pass along these envs' sequences differs from the pass after the rollout "
-                            "before any gradient step: does the network depend on the batch (batch norm) or draw "
-                            "at random (dropout)?",
+                            (actor_out, newvalue), (acted_outs[:, mb].transpose(0, 1), acted_values[:, mb].T),
+                            s_positions[mb, prefix:],
+                            "before any gradient step, the update's pass along these envs' sequences differs from "
+                            "what the rollout acted on: does the network depend on the batch (batch norm) or draw at "
+                            "random (dropout)?",
                         )  # fmt: skip
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, t_actions[mb])
                     logratio = newlogprob - logprobs[mb]
@@ -682,11 +692,9 @@ def compute_gae(
 def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
     """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with its step's position in
     its episode (the observations before it are in the file)."""
-    device, prefix = next(agent.parameters()).device, agent.receptive_field
-    obs_size = agent.embed.in_features
-    with torch.no_grad():  # an empty context: no step belongs to the first episode yet
-        nothing = torch.zeros(1, prefix, dtype=torch.long, device=device)
-        context = Context.after(agent, torch.zeros(1, prefix, obs_size, device=device), nothing, nothing.bool())
+    device = next(agent.parameters()).device
+    with torch.no_grad():
+        context = Context.empty(agent, 1)
     position = np.zeros(1, dtype=np.int64)
 
     @torch.inference_mode()

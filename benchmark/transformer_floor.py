@@ -1,0 +1,79 @@
+"""The least time ppo_transformer.py's update can spend in its network, at the script's settings:
+``python -m benchmark.transformer_floor [FLAGS OF ppo_transformer.py]``.
+
+It times the script's own agent (built as the script builds it) forward and backward, with the optimizer's step, over
+one minibatch of whole training sequences (each env's rollout after its L(K-1)-step prefix, the dense window mask of a
+sequence without episode starts), and multiplies by the minibatches of an iteration. Everything else an update does
+only adds to this, so an iteration cannot take less; with the rollout's time it bounds the script's SPS from above.
+It also splits the pass into its matrix products and its attention (torch's profiler), to say where the time goes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+from torch.profiler import profile
+
+from benchmark.recurrent_floor import median_seconds
+from benchmark.registry import load_script, resolve_args
+from common.cli import exit_status
+from common.envs import env_spaces, resolve_env_id
+
+
+def update_floor(flags: list[str], repeats: int = 30) -> dict[str, float]:
+    """Seconds per iteration of the update's passes through the agent (from the median of `repeats` minibatches), the
+    steps an iteration collects, the shares of matrix products and attention in them, and the peak of the memory
+    the pass allocates (MB, torch's CPU allocator as seen by the profiler)."""
+    script = load_script("ppo_transformer")
+    args = resolve_args("ppo_transformer", flags)
+    script.check_args(args)
+    torch.manual_seed(args.seed)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    agent = script.build_agent(args, None, torch.device("cpu"))
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    observation_space, _, _ = env_spaces(script.env_maker(args)(resolve_env_id(args.env_id)))
+    envs = args.num_envs // args.num_minibatches
+    length = agent.receptive_field + args.num_steps
+    obs = torch.randn(envs, length, int(np.prod(observation_space.shape)))
+    positions = torch.arange(length).repeat(envs, 1)
+    mask = script.window_mask(torch.zeros(envs, length, dtype=torch.long), args.context_len)
+
+    def minibatch() -> None:
+        actor_out, value, _ = agent(obs, positions, mask)
+        optimizer.zero_grad(set_to_none=True)
+        (actor_out.sum() + value.sum()).backward()
+        optimizer.step()
+
+    seconds = median_seconds(minibatch, repeats)
+    with profile(profile_memory=True) as profiled:
+        for _ in range(5):
+            minibatch()
+    events = profiled.key_averages()
+    total = sum(event.self_cpu_time_total for event in events)
+    share = lambda words: sum(e.self_cpu_time_total for e in events if any(w in e.key for w in words)) / total  # noqa: E731
+    return {
+        "seconds": seconds * args.num_minibatches * args.update_epochs,
+        "steps": args.num_envs * args.num_steps,
+        "matmul_share": share(("aten::mm", "aten::addmm", "aten::bmm")),
+        "attention_share": share(("scaled_dot_product",)),
+        "peak_mb": max(event.cpu_memory_usage for event in events) / 2**20,
+    }
+
+
+def main() -> int:
+    def run() -> None:
+        floor = update_floor(sys.argv[1:])
+        print(
+            f"the agent's passes of one update: {floor['seconds'] * 1e3:.1f} ms per iteration of {floor['steps']} "
+            f"steps (at most {floor['steps'] / floor['seconds']:,.0f} SPS from them alone); matrix products "
+            f"{floor['matmul_share']:.0%}, attention {floor['attention_share']:.0%} of the pass"
+        )
+
+    return exit_status(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

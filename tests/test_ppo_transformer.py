@@ -1,0 +1,409 @@
+"""ppo_transformer.py: the window and its masks, the key/value context against the pass along sequences, replay,
+learning on the probes, checkpoints, trajectories, the CLI."""
+
+import json
+import shutil
+import subprocess
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from helpers import NanRewardEnv, on_policy_value, read_scalars, reference_gae, run_script, sharp_agent
+
+import ppo_lstm
+import ppo_transformer
+from common.errors import PolicyMismatch, TrainingDiverged
+from common.trajectories import load_trajectories, split_episodes
+
+
+def run_cli(*flags: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return run_script("ppo_transformer.py", *flags, env=env, timeout=timeout)
+
+
+def quick_args(tmp_path, **overrides) -> ppo_transformer.Args:
+    """The defaults, with raw rewards (the probes' values are in reward units) and 4 envs."""
+    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    settings |= dict(num_envs=4, norm_reward=False)
+    return ppo_transformer.Args(**{**settings, **overrides})
+
+
+def sharp_transformer(seed: int = 0, observation_size: int = 4, **settings) -> ppo_transformer.Agent:
+    """An agent whose weights are far from their initial values, so that every attended step matters to its outputs;
+    3 actions."""
+    args = ppo_transformer.Args(**settings)
+    return sharp_agent(ppo_transformer.Agent, seed)(observation_size, gym.spaces.Discrete(3), args)
+
+
+def sequence_pass(agent, obs, starts):
+    """`Agent.forward` along sequences (B, T) from scratch: episode ids from `starts`, positions within episodes."""
+    starts = starts.clone()
+    starts[:, 0] = True
+    episodes = starts.cumsum(1)
+    index = torch.arange(starts.shape[1]).expand_as(starts)
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(1).values
+    positions = index - first
+    with torch.no_grad():
+        actor_out, value, _ = agent(obs, positions, ppo_transformer.window_mask(episodes, agent.config.context_len))
+    return actor_out, value, positions
+
+
+# --- the window ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gae_equals_the_reference_loop(seed):
+    rng = np.random.default_rng(seed)
+    rewards, values = rng.normal(size=(2, 13, 3))
+    next_value, final_values = rng.normal(size=3), rng.normal(size=(13, 3))
+    terminations, truncations = rng.random((2, 13, 3)) < 0.2
+    args = (rewards, values, next_value, terminations, truncations, final_values, 0.97, 0.9)
+    np.testing.assert_allclose(ppo_transformer.compute_gae(*args), reference_gae(*args), rtol=1e-10, atol=1e-10)
+
+
+def test_a_step_sees_its_episode_back_to_the_receptive_field_and_nothing_else():
+    agent = sharp_transformer(n_layers=2, context_len=4)  # receptive field L(K-1) = 6 steps back
+    obs = torch.randn(1, 20, 4, generator=torch.Generator().manual_seed(0))
+    starts = torch.zeros(1, 20, dtype=torch.bool)
+    starts[0, 8] = True  # the second episode starts at step 8; the output looked at is step 18's
+    actor_out, value, _ = sequence_pass(agent, obs, starts)
+
+    def changed_at(step: int) -> float:
+        edited = obs.clone()
+        edited[0, step] += 3.0
+        edited_out, edited_value, _ = sequence_pass(agent, edited, starts)
+        return max((edited_out[0, 18] - actor_out[0, 18]).abs().max().item(), abs(edited_value[0, 18] - value[0, 18]))
+
+    assert changed_at(5) == 0.0  # the earlier episode
+    assert changed_at(7) == 0.0  # the step before the episode start
+    assert changed_at(11) == 0.0  # 7 steps back: beyond L(K-1)
+    assert changed_at(12) > 1e-3  # 6 steps back: the receptive field's edge, through both layers
+    for step in (15, 16, 17, 18):  # within the last K - 1 steps, and the step itself
+        assert changed_at(step) > 1e-3
+
+
+def test_the_context_steps_give_the_pass_along_the_sequence_across_episode_starts_and_a_carried_prefix():
+    agent = sharp_transformer(seed=1, n_layers=2, context_len=5)
+    rng = np.random.default_rng(1)
+    num_envs, length = 3, 40
+    obs = torch.as_tensor(rng.normal(size=(num_envs, length, 4)), dtype=torch.float32)
+    starts = torch.as_tensor(rng.random((num_envs, length)) < 0.1)
+    actor_out, value, positions = sequence_pass(agent, obs, starts)
+    starts[:, 0] = True
+    # Stepped from an empty context, then (from step 20 on) from a context rebuilt from the last L(K-1) steps, as a
+    # new rollout starts: the same outputs as the pass along the whole sequence.
+    prefix, rebuilt_at = agent.receptive_field, 20
+    episodes = starts.cumsum(1)
+    with torch.no_grad():
+        context = ppo_transformer.Context.empty(agent, num_envs)
+        for t in range(length):
+            if t == rebuilt_at:
+                window = slice(t - prefix, t)
+                current = (episodes[:, window] == episodes[:, t - 1 : t]) & ~starts[:, t : t + 1]
+                context = ppo_transformer.Context.after(agent, obs[:, window], positions[:, window], current)
+            step_out, step_value = context.step(obs[:, t], positions[:, t], starts[:, t])
+            torch.testing.assert_close(step_out, actor_out[:, t], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(step_value, value[:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_without_an_episode_start_the_context_would_see_the_previous_episode():
+    # Guards the test above: a context step that ignores an episode start gives other outputs.
+    agent = sharp_transformer(seed=2, n_layers=1, context_len=4)
+    obs = torch.randn(1, 6, 4, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        context = ppo_transformer.Context.empty(agent, 1)
+        for t in range(5):
+            context.step(obs[:, t], torch.tensor([t]), torch.tensor([t == 0]))
+        started, _ = context.step(obs[:, 5], torch.tensor([0]), torch.tensor([True]), keep=False)
+        ignored, _ = context.step(obs[:, 5], torch.tensor([0]), torch.tensor([False]), keep=False)
+        fresh, _ = ppo_transformer.Context.empty(agent, 1).step(obs[:, 5], torch.tensor([0]), torch.tensor([True]))
+    torch.testing.assert_close(started, fresh, rtol=0, atol=0)
+    assert (ignored - fresh).abs().max() > 1e-3
+
+
+def test_the_previous_action_and_reward_are_appended_and_zero_at_an_episode_start():
+    env = ppo_transformer.make_env("Probe2-v0")()  # reward = the observation, episodes of one step
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (1 + 1 + 1,) and not obs[1:].any()
+    next_obs, reward, *_ = env.step(0)
+    np.testing.assert_array_equal(next_obs[1:], [1.0, reward])
+    continuous = ppo_transformer.make_env("Pendulum-v1")()
+    obs, _ = continuous.reset(seed=0)
+    assert obs.shape == (3 + 1 + 1,) and not obs[3:].any()
+    obs, reward, *_ = continuous.step(np.array([0.5], np.float32))
+    np.testing.assert_allclose(obs[3:], [0.5, reward], rtol=1e-6)
+    assert ppo_transformer.make_env("Pendulum-v1", prev_action_reward=False)().observation_space.shape == (3,)
+
+
+# --- the rollout against the update --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "ContinuousProbe3-v0"])
+def test_the_update_recomputes_the_rollouts_log_probs_and_values(tmp_path, monkeypatch, env_id):
+    # CartPole under a fresh policy ends episodes after about 20 steps: inside 16-step rollouts and across them.
+    comparisons = []
+
+    def recording_check(replayed, recorded, positions, why):
+        comparisons.append((why, replayed, recorded, positions))
+
+    monkeypatch.setattr(ppo_transformer, "check_outputs", recording_check)
+    args = quick_args(tmp_path, env_id=env_id, num_steps=16, num_minibatches=2, total_timesteps=12 * 64)
+    agent = ppo_transformer.train(args).agent
+    updates = [c for c in comparisons if c[0].startswith("before any gradient step")]
+    assert len(updates) == 12 and len(comparisons) == 24
+    starts_inside = continued_across = 0
+    for _, (actor_out, value), (acted_out, acted_value), positions in updates:
+        assert (value.detach() - acted_value).abs().max() < 1e-5
+        if agent.discrete:  # every action's log-probability
+            logprobs = torch.log_softmax(actor_out.detach(), -1)
+            assert (logprobs - torch.log_softmax(acted_out, -1)).abs().max() < 1e-5
+        else:
+            assert (actor_out.detach() - acted_out).abs().max() < 1e-5  # the mean; the std is a parameter
+        starts_inside += int((positions[:, 1:] == 0).sum())
+        continued_across += int((positions[:, 0] > 0).sum())
+    assert starts_inside > 0 and (continued_across > 0 or env_id != "CartPole-v1")
+
+
+def test_a_context_that_keeps_the_previous_episode_is_stopped_after_the_rollout(tmp_path, monkeypatch):
+    original = ppo_transformer.Context.step
+
+    def forgetful(self, obs, positions, starts, envs=None, keep=True):  # an edit that ignores episode starts
+        return original(self, obs, positions, torch.zeros_like(starts), envs, keep)
+
+    monkeypatch.setattr(ppo_transformer.Context, "step", forgetful)
+    args = quick_args(tmp_path, env_id="CartPole-v1", num_steps=64, num_minibatches=2, total_timesteps=512)
+    with pytest.raises(PolicyMismatch, match="key/value context"):
+        ppo_transformer.train(args)
+
+
+def test_an_update_pass_that_depends_on_the_batch_is_stopped_before_the_first_gradient_step(tmp_path, monkeypatch):
+    original = ppo_transformer.Agent.forward
+
+    def batch_dependent(self, obs, positions, mask, cached=None):  # as batch norm would
+        actor_out, value, keys_values = original(self, obs, positions, mask, cached)
+        return actor_out + 0.01 * obs.shape[0], value, keys_values
+
+    monkeypatch.setattr(ppo_transformer.Agent, "forward", batch_dependent)
+    args = quick_args(tmp_path, env_id="CartPole-v1", num_steps=32, num_minibatches=2, total_timesteps=256)
+    with pytest.raises(PolicyMismatch):
+        ppo_transformer.train(args)
+
+
+# --- learning on the probes ----------------------------------------------------------------------------------------
+
+
+def play_optimally(agent: ppo_transformer.Agent, args: ppo_transformer.Args, seeds=range(8)):
+    """Yield (probe, value, policy) at every state of episodes played with the optimal policy, through the env stack
+    the agent trained on (the previous action and reward appended) and a context carried along each episode."""
+    env = ppo_transformer.env_maker(args)(args.env_id)()
+    probe = env.unwrapped
+    for seed in seeds:
+        observation, _ = env.reset(seed=seed)
+        context, position, terminated = ppo_transformer.Context.empty(agent, 1), 0, False
+        while not terminated:
+            with torch.no_grad():
+                obs = torch.as_tensor(observation[None], dtype=torch.float32)
+                actor_out, value = context.step(obs, torch.tensor([position]), torch.tensor([position == 0]))
+            yield probe, value.item(), agent.distribution(actor_out)
+            observation, _, terminated, _, _ = env.step(probe.optimal_action())
+            position += 1
+
+
+@pytest.mark.parametrize(
+    ("env_id", "steps", "value_tolerance", "min_probability"),
+    [
+        ("Probe1-v0", 10_240, 0.05, None),
+        ("Probe2-v0", 10_240, 0.05, None),
+        ("Probe3-v0", 10_240, 0.05, None),
+        ("Probe4-v0", 10_240, 0.1, 0.95),
+        ("Probe5-v0", 20_480, 0.1, 0.95),
+        ("Probe6-v0", 40_960, 0.3, 0.9),
+        ("Probe7-v0", 81_920, 0.1, 0.9),  # at 40,960 the values of its later steps are 0.15-0.2 off
+    ],
+)
+def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probability):
+    args = quick_args(tmp_path, env_id=env_id, total_timesteps=steps)
+    result = ppo_transformer.train(args)
+    for env, value, policy in play_optimally(result.agent, args):
+        assert value == pytest.approx(env.optimal_value(args.gamma), abs=value_tolerance), (env.t, env.cue)
+        action_matters = env_id != "Probe7-v0" or env.t == env.horizon - 1  # Probe7: only the last action counts
+        if min_probability is not None and action_matters:
+            assert policy.probs[0, env.optimal_action()].item() >= min_probability, (env.t, env.cue)
+    if env_id == "Probe7-v0":  # memory: ppo_fc stays near 0.5 here (test_ppo_fc)
+        assert np.mean(result.episode_returns[-200:]) >= 0.95
+
+
+@pytest.mark.parametrize(
+    ("env_id", "steps"),
+    [
+        ("ContinuousProbe1-v0", 8_192),
+        ("ContinuousProbe2-v0", 8_192),
+        ("ContinuousProbe3-v0", 8_192),
+        ("ContinuousProbe4-v0", 24_576),
+        ("ContinuousProbe5-v0", 24_576),
+    ],
+)
+def test_continuous_probes(tmp_path, env_id, steps):
+    args = quick_args(tmp_path, env_id=env_id, total_timesteps=steps)
+    agent = ppo_transformer.train(args).agent
+    action_matters = env_id in ("ContinuousProbe4-v0", "ContinuousProbe5-v0")
+    for env, value, policy in play_optimally(agent, args):
+        if action_matters:
+            assert value == pytest.approx(on_policy_value(env, policy), abs=0.1), env.cue
+            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.25), env.cue
+        else:
+            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), (env.t, env.cue)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("async_envs", [False, True])
+def test_resume_continues_the_cut_episodes_with_their_context_as_an_uninterrupted_run(tmp_path, async_envs):
+    # CartPole's episodes start at random and outlast 16-step rollouts: the checkpoint after iteration 2 cuts them.
+    settings = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=6 * 32)
+    settings.update(checkpoint_every=2, save_model=True, norm_obs=True, norm_reward=True, async_envs=async_envs)
+    whole = ppo_transformer.train(quick_args(tmp_path / "whole", **settings))
+    middle = whole.run_dir / "checkpoints" / "step_64.pt"
+    carried = torch.load(middle, weights_only=True)["episodes"]
+    assert not carried["episode_starts"].any() and carried["context_valid"][:, -1].all()  # mid-episode
+    copy = tmp_path / "copy" / whole.run_dir.name
+    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_128.pt", "step_192.pt", "latest.pt"))
+    time.sleep(1.1)  # event files are named by the second (see test_ppo_lstm)
+    resumed = ppo_transformer.train(
+        ppo_transformer.Args(resume=str(copy / "checkpoints" / "step_64.pt"), progress=False)
+    )
+    assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 192
+    for (name, expected), actual in zip(
+        whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
+    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 64]
+    assert resumed.episode_returns == ended_after
+
+
+def test_checkpoints_of_another_script_are_refused(tmp_path):
+    lstm_args = dict(run_dir=str(tmp_path / "lstm"), progress=False, eval_episodes=0, env_id="Probe1-v0")
+    lstm_checkpoint = ppo_lstm.train(ppo_lstm.Args(total_timesteps=1024, **lstm_args)).checkpoint
+    own = ppo_transformer.train(quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True))
+    for script, path, other in [
+        ("ppo_transformer.py", lstm_checkpoint, "ppo_lstm"),
+        ("ppo_lstm.py", own.checkpoint, "ppo_transformer"),
+    ]:
+        for flag in ("--eval-checkpoint", "--resume"):
+            completed = run_script(script, flag, str(path), "--run-dir", str(tmp_path / "refused"))
+            assert completed.returncode == 2, completed.stderr
+            lines = completed.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], completed.stderr
+    assert not (tmp_path / "refused").exists()
+
+
+def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_positions(tmp_path):
+    args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_model=True, eval_episodes=3)
+    result = ppo_transformer.train(args)
+    path = tmp_path / "eval.npz"
+    flags = ("--eval-checkpoint", str(result.checkpoint), "--eval-episodes", "3", "--run-dir", str(tmp_path))
+    completed = run_cli(*flags, "--save-trajectories", str(path))
+    assert completed.returncode == 0, completed.stderr
+    assert f"return {np.mean(result.eval_returns):.2f} +- {np.std(result.eval_returns):.2f}" in completed.stdout
+    data = load_trajectories(path)
+    episode_starts = np.concatenate([[True], data["/masks"][0, :-1] == 0])
+    position = data["/agents/policy/position"][0]
+    assert (position[episode_starts] == 0).all() and (np.diff(position)[~episode_starts[1:]] == 1).all()
+    for method in ("basic", "temperature", "topk"):
+        returns = ppo_transformer.evaluate_checkpoint(
+            quick_args(tmp_path, eval_checkpoint=str(result.checkpoint), eval_episodes=2, sampling_method=method)
+        )
+        assert len(returns) == 2
+
+
+def test_training_trajectories_hold_what_reproduces_each_action(tmp_path):
+    path = tmp_path / "rollouts.npz"
+    args = quick_args(tmp_path, total_timesteps=1024, num_steps=128, save_trajectories=str(path))
+    result = ppo_transformer.train(args)
+    data = load_trajectories(path)
+    assert data["/agents/policy/logprobs"].shape == data["/agents/policy/position"].shape == (4, 256)
+    assert data["/observations"].shape == (4, 256, 4 + 2 + 1)  # CartPole's, the previous action and reward
+    assert json.loads(str(data["/meta/args"]))["context_len"] == args.context_len
+    finished = [episode for episode in split_episodes(data) if episode.finished]
+    assert sorted(episode.total_reward for episode in finished) == sorted(result.episode_returns)
+    starts = np.concatenate([np.ones((4, 1), bool), data["/masks"][:, :-1] == 0], axis=1)
+    position = data["/agents/policy/position"]
+    assert (position[starts] == 0).all() and (position[~starts] > 0).all()
+
+
+# --- the command line ----------------------------------------------------------------------------------------------
+
+
+def test_cli_run_writes_the_conventional_log_keys(tmp_path):
+    completed = run_cli(
+        "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--run-dir", str(tmp_path), "--eval-episodes", "1"
+    )
+    assert completed.returncode == 0, completed.stderr
+    (run,) = tmp_path.iterdir()
+    assert run.name.startswith("CartPole-v1__ppo_transformer__1__")
+    assert completed.stdout.startswith(f"{run}: 1024 steps, ") and "eval return" in completed.stdout
+    scalars = read_scalars(run)
+    expected = {"charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS"}
+    expected |= {f"losses/{key}" for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")}
+    expected |= {"losses/clipfrac", "losses/explained_variance", "perf/rollout_seconds"}
+    expected |= {"perf/update_seconds", "system/rss_mb", "eval/episodic_return"}
+    assert expected <= set(scalars)
+    assert (run / "checkpoints" / "latest.pt").is_file() and (run / "checkpoints" / "step_1024.pt").is_file()
+
+
+def test_help():
+    completed = run_cli("--help")
+    assert (
+        completed.returncode == 0 and "--context-len" in completed.stdout and "--prev-action-reward" in completed.stdout
+    )
+
+
+def test_track_with_wandb_offline_and_capture_video(tmp_path):
+    completed = run_cli(
+        "--env-id", "CartPole-v1", "--total-timesteps", "512", "--num-steps", "64", "--run-dir", str(tmp_path),
+        "--track", "--capture-video",
+        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true", "SDL_VIDEODRIVER": "dummy"},
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    (run,) = tmp_path.iterdir()
+    assert list(run.glob("wandb/offline-run-*"))
+    assert [video for video in run.glob("videos/*.mp4") if video.stat().st_size > 0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+        (["--num-minibatches", "3"], "must divide --num-envs 8"),
+        (["--n-heads", "3"], "--n-heads 3 must divide --d-model 64"),
+        (["--d-model", "36", "--n-heads", "4"], "even width"),
+        (["--d-model", "0"], "--d-model must be positive"),
+        (["--context-len", "0"], "--context-len must be positive"),
+        (["--n-layers", "-1"], "--n-layers must be positive"),
+        (["--num-envs", "-2"], "must be positive"),
+        (["--total-timesteps", "100"], "less than one batch"),
+        (["--gamma", "1.5"], "[0, 1]"),
+        (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
+        (["--env-id", "Pendulum-v1", "--sampling-method", "topk"], "needs a discrete action space"),
+    ],
+)
+def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, message):
+    completed = run_cli(*flags, "--run-dir", str(tmp_path / "runs"))
+    assert completed.returncode == 2
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], completed.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
+    if "NanReward-v0" not in gym.registry:
+        gym.register("NanReward-v0", entry_point=NanRewardEnv)
+    args = quick_args(tmp_path, env_id="NanReward-v0", total_timesteps=4 * 512, num_envs=1, num_minibatches=1)
+    with pytest.raises(TrainingDiverged, match=r"NaN|nan"):
+        ppo_transformer.train(ppo_transformer.Args(**{**vars(args), "checkpoint_every": 1}))
+    (run,) = (tmp_path / "runs").iterdir()
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert checkpoint["global_step"] == 512
+    assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
