@@ -65,22 +65,24 @@ def test_gae_equals_the_reference_loop(seed):
 def test_a_step_sees_its_episode_back_to_the_receptive_field_and_nothing_else():
     agent = sharp_transformer(n_layers=2, context_len=4)  # receptive field L(K-1) = 6 steps back
     obs = torch.randn(1, 20, 4, generator=torch.Generator().manual_seed(0))
-    starts = torch.zeros(1, 20, dtype=torch.bool)
-    starts[0, 8] = True  # the second episode starts at step 8; the output looked at is step 18's
-    actor_out, value, _ = sequence_pass(agent, obs, starts)
 
-    def changed_at(step: int) -> float:
+    def changed_at(step: int, episode_start: int) -> float:
+        """How much step 18's outputs move when the observation at `step` does, the episode starting there."""
+        starts = torch.zeros(1, 20, dtype=torch.bool)
+        starts[0, episode_start] = True
+        actor_out, value, _ = sequence_pass(agent, obs, starts)
         edited = obs.clone()
         edited[0, step] += 3.0
         edited_out, edited_value, _ = sequence_pass(agent, edited, starts)
         return max((edited_out[0, 18] - actor_out[0, 18]).abs().max().item(), abs(edited_value[0, 18] - value[0, 18]))
 
-    assert changed_at(5) == 0.0  # the earlier episode
-    assert changed_at(7) == 0.0  # the step before the episode start
-    assert changed_at(11) == 0.0  # 7 steps back: beyond L(K-1)
-    assert changed_at(12) > 1e-3  # 6 steps back: the receptive field's edge, through both layers
+    for step in (13, 15):  # the previous episode, within the window and the receptive field
+        assert changed_at(step, episode_start=16) == 0.0
+    assert changed_at(16, episode_start=16) > 1e-3
+    assert changed_at(11, episode_start=0) == 0.0  # 7 steps back: beyond L(K-1)
+    assert changed_at(12, episode_start=0) > 1e-3  # 6 steps back: the receptive field's edge, through both layers
     for step in (15, 16, 17, 18):  # within the last K - 1 steps, and the step itself
-        assert changed_at(step) > 1e-3
+        assert changed_at(step, episode_start=0) > 1e-3
 
 
 def test_the_context_steps_give_the_pass_along_the_sequence_across_episode_starts_and_a_carried_prefix():
