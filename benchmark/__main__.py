@@ -92,6 +92,8 @@ class Run:
             "bptt",
             "memory",
             "memory-speed",
+            "memory-transformer",
+            "transformer",
             "ddpg",
             "ddpg-envs",
             "ddpg-time",

@@ -128,6 +128,9 @@ CASES: tuple[Case, ...] = (
     DDPG_PENDULUM,
     DDPG_PENDULUM_TO_SOLVE,
     *DDPG_MUJOCO,
+    # ppo_transformer.py: the issue's bars with the defaults, its SPS against ppo_fc.py's with the same rollout.
+    Case("ppo_transformer", "CartPole-v1", 500_000, threshold=490.0, compare_with="ppo_fc"),
+    Case("ppo_transformer", "CartPoleNoVel-v1", 500_000, threshold=475.0, judged_on="reached"),
 )  # fmt: skip
 
 # Variants of a row that only a suite runs: a lookup by script, env and steps gives the row itself.
@@ -147,10 +150,9 @@ RECURRENT_PPO_RUNS = ReferenceRuns("sb3_recurrent_ppo_reference", seeds=(1, 2))
 
 
 def memory_case(env_id: str, total_timesteps: int, task_max: float, reference: Published | ReferenceRuns,
-                flags: tuple[str, ...] = ()) -> Case:  # fmt: skip
+                flags: tuple[str, ...] = (), script: str = "ppo_lstm") -> Case:  # fmt: skip
     return Case(
-        "ppo_lstm", env_id, total_timesteps, flags=flags, judged_on="reference", reference=reference,
-        task_max=task_max,
+        script, env_id, total_timesteps, flags=flags, judged_on="reference", reference=reference, task_max=task_max,
     )  # fmt: skip
 
 
@@ -166,6 +168,23 @@ MEMORY_CASES: tuple[Case, ...] = (
         "PendulumNoVel-v1", 500_000, 0.0, Published(-218.0, "RecurrentPPO, -218 ± 140 (issue 11)"), CONTINUOUS_FLAGS
     ),
     memory_case("popgym-PositionOnlyPendulumEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS, CONTINUOUS_FLAGS),
+)
+
+# ppo_transformer.py's continuous set (docs/ppo_transformer.md): ppo_lstm's rollout shape and horizon; its
+# minibatches are whole env rollouts, one env each.
+TRANSFORMER_CONTINUOUS_FLAGS: tuple[str, ...] = (
+    "--num-envs", "4", "--num-steps", "1024", "--num-minibatches", "4", "--gamma", "0.9",
+)  # fmt: skip
+CONTINUOUS_FLAGS_OF = {"ppo_lstm": CONTINUOUS_FLAGS, "ppo_transformer": TRANSFORMER_CONTINUOUS_FLAGS}
+"""each memory script's one set of flags for continuous actions"""
+# The memory suite's tasks for ppo_transformer.py, judged against the same references.
+TRANSFORMER_MEMORY_CASES: tuple[Case, ...] = tuple(
+    replace(
+        case,
+        script="ppo_transformer",
+        flags=TRANSFORMER_CONTINUOUS_FLAGS if case.flags == CONTINUOUS_FLAGS else case.flags,
+    )
+    for case in MEMORY_CASES
 )
 
 # The SPS ratio of ppo_lstm's defaults to the reference, from one short run of both on two popgym tasks: the memory
@@ -224,6 +243,12 @@ SUITES: dict[str, Suite] = {
     # ppo_lstm's defaults on memory tasks, against sb3-contrib's RecurrentPPO (docs/ppo_lstm.md).
     "memory": Suite(MEMORY_CASES, (1, 2, 3), eval_episodes=20),
     "memory-speed": Suite(MEMORY_SPEED_CASES, (1,), eval_episodes=0),
+    # ppo_transformer.py's defaults on the memory suite's tasks, against the same references (docs/ppo_transformer.md)
+    "memory-transformer": Suite(TRANSFORMER_MEMORY_CASES, (1, 2, 3), eval_episodes=20),
+    # ppo_transformer.py on CartPole-v1 (beside ppo_fc.py, for SPS) and CartPoleNoVel-v1
+    "transformer": Suite(
+        (("ppo_transformer", "CartPole-v1", 500_000), ("ppo_transformer", "CartPoleNoVel-v1", 500_000)), (1, 2, 3)
+    ),
 }
 
 # Steps of a (script, env) pair that has no row in CASES.

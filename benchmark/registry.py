@@ -50,7 +50,7 @@ def shared_sb3_settings(args: Any) -> dict[str, Any]:
         "torch_threads": args.torch_threads,
         "learning_rate": args.learning_rate,
         "end_learning_rate": args.end_learning_rate if args.anneal_lr else args.learning_rate,
-        "hidden_sizes": [args.hidden_size, args.hidden_size],
+        "hidden_sizes": [args.hidden_size, args.hidden_size] if hasattr(args, "hidden_size") else [],
     }
 
 
@@ -130,6 +130,31 @@ RECURRENT_PPO_UNMATCHED = {
 }
 
 
+def transformer_ppo_sb3_settings(args: Any) -> dict[str, Any]:
+    """A transformer PPO script's settings as sb3-contrib RecurrentPPO's (SB3 has no transformer policy): PPO's, with
+    the memory suite reference's memory in place of the transformer (an LSTM of 128 units for the actor and one for the
+    critic, linear heads on them)."""
+    settings = ppo_sb3_settings(args)
+    settings["policy_kwargs"] = {
+        "lstm_hidden_size": 128,
+        "n_lstm_layers": 1,
+        "shared_lstm": False,
+        "enable_critic_lstm": True,
+    }
+    return settings
+
+
+TRANSFORMER_PPO_UNMATCHED = {
+    **{name: reason for name, reason in PPO_UNMATCHED.items() if name != "numpy_rollout"},
+    **dict.fromkeys(
+        ("d_model", "n_heads", "n_layers", "context_len"),
+        "RecurrentPPO has an LSTM, not a transformer: the counterpart's memory is the memory suite reference's LSTM",
+    ),
+    "prev_action_reward": "RecurrentPPO's policy sees the observation only (a case with --no-prev-action-reward is its "
+    "exact counterpart in that respect)",
+}
+
+
 def ddpg_sb3_settings(args: Any) -> dict[str, Any]:
     """A DDPG script's settings as SB3 TD3's with one critic, no target policy smoothing and the script's policy delay:
     that is DDPG with a delayed actor, as CleanRL's and ddpg.py's (SB3's own DDPG updates the actor every step)."""
@@ -171,6 +196,13 @@ SCRIPTS: dict[str, Script] = {
         sb3_settings=recurrent_ppo_sb3_settings,
         vector_env=lambda module, args: training_envs(module.make_env, args, "", None)[0],
         unmatched=RECURRENT_PPO_UNMATCHED,
+    ),
+    "ppo_transformer": Script(
+        name="ppo_transformer",
+        sb3_algo="recurrent_ppo",
+        sb3_settings=transformer_ppo_sb3_settings,
+        vector_env=lambda module, args: training_envs(module.env_maker(args), args, "", None)[0],
+        unmatched=TRANSFORMER_PPO_UNMATCHED,
     ),
     "ddpg": Script(
         name="ddpg",

@@ -76,6 +76,13 @@ EVERY_SETTING_MOVED = {
         "--max-grad-norm", "0.8", "--target-kl", "0.03", "--no-norm-obs", "--norm-reward-clip", "5",
         "--torch-threads", "2", "--rnn-hidden-size", "32", "--rnn-layers", "2", "--shared-core",
     ),
+    "ppo_transformer": (
+        "--num-envs", "4", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "3",
+        "--learning-rate", "1e-3", "--end-learning-rate", "1e-4", "--gamma", "0.95", "--gae-lambda", "0.9",
+        "--clip-coef", "0.3", "--clip-vloss", "--no-norm-adv", "--ent-coef", "0.02", "--vf-coef", "0.7",
+        "--max-grad-norm", "0.8", "--target-kl", "0.03", "--no-norm-obs", "--norm-reward-clip", "5",
+        "--torch-threads", "2",
+    ),
     "ddpg": (
         "--num-envs", "2", "--learning-rate", "1e-3", "--anneal-lr", "--end-learning-rate", "1e-4",
         "--buffer-size", "5000", "--gamma", "0.95", "--tau", "0.01", "--batch-size", "64", "--noise", "ou",
@@ -83,14 +90,19 @@ EVERY_SETTING_MOVED = {
         "--policy-frequency", "3", "--hidden-size", "32", "--torch-threads", "2",
     ),
 }  # fmt: skip
-BASELINE_ENV = {"ppo_fc": "CartPole-v1", "ppo_lstm": "CartPole-v1", "ddpg": "Pendulum-v1"}
+BASELINE_ENV = {
+    "ppo_fc": "CartPole-v1",
+    "ppo_lstm": "CartPole-v1",
+    "ppo_transformer": "CartPole-v1",
+    "ddpg": "Pendulum-v1",
+}
 
 
 INERT_WITHOUT = {"norm_reward_clip": "norm_reward"}
 """settings that have no effect unless another one is on"""
 
 
-def ppo_read_back(model, envs, settings) -> dict:
+def ppo_read_back(model, envs, settings, args) -> dict:
     """The settings of a built SB3 PPO model, by the name of the script's `Args` field they stand for."""
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
@@ -100,7 +112,10 @@ def ppo_read_back(model, envs, settings) -> dict:
     }
     assert widths["pi"] == widths["vf"] and len(set(widths["pi"])) <= 1
     normalizer = envs if isinstance(envs, VecNormalize) else None
-    if hasattr(model.policy, "lstm_actor"):  # RecurrentPPO: linear heads on the LSTM, as the script's
+    if hasattr(model.policy, "lstm_actor") and not hasattr(args, "rnn_hidden_size"):  # a transformer's counterpart
+        assert widths["pi"] == [] and model.policy.lstm_actor.hidden_size == 128 and model.policy.lstm_critic
+        recurrent = {}
+    elif hasattr(model.policy, "lstm_actor"):  # RecurrentPPO: linear heads on the LSTM, as the script's
         assert widths["pi"] == []
         recurrent = {
             "rnn_hidden_size": model.policy.lstm_actor.hidden_size,
@@ -180,7 +195,11 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
         settings = json.loads(json.dumps(script.sb3_settings(args)))  # as the baseline's process receives them
         envs = make_sb3_envs(BASELINE_ENV[script_name], settings, seed=1)
         model = build_sb3_model(script.sb3_algo, settings, envs, seed=1)
-        read_back = (td3_read_back if script.sb3_algo == "td3" else ppo_read_back)(model, envs, settings)
+        read_back = (
+            td3_read_back(model, envs, settings)
+            if script.sb3_algo == "td3"
+            else ppo_read_back(model, envs, settings, args)
+        )
         for name, value in read_back.items():
             if value is None and name in INERT_WITHOUT and not getattr(args, INERT_WITHOUT[name]):
                 continue  # a setting that does nothing without another one
@@ -663,23 +682,28 @@ def test_the_speed_table_tells_apart_two_rows_of_one_script_by_their_flags():
     assert names[0] == "ppo_lstm" and names[1] == f"ppo_lstm `{' '.join(cases.DEFAULTS_BEFORE_MEMORY_SUITE)}`"
 
 
-@pytest.mark.parametrize("case", cases.SUITES["memory"].cases, ids=lambda case: case.env_id)
+@pytest.mark.parametrize(
+    "case", cases.SUITES["memory"].cases + cases.SUITES["memory-transformer"].cases, ids=lambda case: case.key
+)
 def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
     script = recurrent_floor.load_script(case.script)
     args = resolve_args(case.script, case.flags)
-    observation_space, action_space, _ = env_spaces(script.make_env(resolve_env_id(case.env_id)))
+    make_env = script.env_maker(args) if hasattr(script, "env_maker") else script.make_env
+    observation_space, action_space, _ = env_spaces(make_env(resolve_env_id(case.env_id)))
     assert case.task_max is not None and case.judged_on == "reference" and case.reference is not None
     if isinstance(case.reference, cases.ReferenceRuns):
         reference = REFERENCES[case.reference.name]
         settings = json.loads(json.dumps(reference.settings))
         envs = make_sb3_envs(case.env_id, settings, seed=1)
         model = build_sb3_model(reference.sb3_algo, settings, envs, seed=1)
-        assert model.observation_space == observation_space and model.action_space == action_space
+        assert model.action_space == action_space
+        if case.script == "ppo_lstm":  # ppo_transformer's observations also hold the previous action and reward
+            assert model.observation_space == observation_space
         assert model.policy.lstm_actor.hidden_size == 128 and model.policy.lstm_critic is not None
         assert (model.n_envs, model.n_steps, model.batch_size, model.n_epochs) == (8, 128, 128, 10)
         envs.close()
     continuous = isinstance(action_space, gym.spaces.Box)
-    assert case.flags == (cases.CONTINUOUS_FLAGS if continuous else ())  # no flags of a task's own
+    assert case.flags == (cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ())  # no flags of a task's own
     assert args.env_id == "CartPole-v1"  # the harness gives the env id
 
 
