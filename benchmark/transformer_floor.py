@@ -24,8 +24,7 @@ from common.envs import env_spaces, resolve_env_id
 
 def update_floor(flags: list[str], repeats: int = 30) -> dict[str, float]:
     """Seconds per iteration of the update's passes through the agent (from the median of `repeats` minibatches), the
-    steps an iteration collects, the shares of matrix products and attention in them, and the peak of the memory
-    the pass allocates (MB, torch's CPU allocator as seen by the profiler)."""
+    steps an iteration collects, and the shares of matrix products and attention in them."""
     script = load_script("ppo_transformer")
     args = resolve_args("ppo_transformer", flags)
     script.check_args(args)
@@ -48,7 +47,7 @@ def update_floor(flags: list[str], repeats: int = 30) -> dict[str, float]:
         optimizer.step()
 
     seconds = median_seconds(minibatch, repeats)
-    with profile(profile_memory=True) as profiled:
+    with profile() as profiled:
         for _ in range(5):
             minibatch()
     events = profiled.key_averages()
@@ -59,7 +58,6 @@ def update_floor(flags: list[str], repeats: int = 30) -> dict[str, float]:
         "steps": args.num_envs * args.num_steps,
         "matmul_share": share(("aten::mm", "aten::addmm", "aten::bmm")),
         "attention_share": share(("scaled_dot_product",)),
-        "peak_mb": max(event.cpu_memory_usage for event in events) / 2**20,
     }
 
 
