@@ -351,7 +351,11 @@ class Context:
     def after(cls, agent: Agent, obs: Tensor, positions: Tensor, valid: Tensor) -> Context:
         """The context after the steps `obs` (B, T, obs) at `positions`, of which those `valid` (B, T) belong to the
         current episode (they end the sequence): recomputed with the current parameters. T must be L(K-1)."""
-        episodes = (valid & ~torch.cat([torch.zeros_like(valid[:, :1]), valid[:, :-1]], 1)).cumsum(1)
+        if obs.shape[1] == 0:  # K = 1: a step attends to itself only
+            heads, width = agent.config.n_heads, agent.config.d_model // agent.config.n_heads
+            nothing = obs.new_zeros(obs.shape[0], heads, 0, width)
+            return cls(agent, [(nothing, nothing)] * agent.config.n_layers, valid)
+        episodes = first_of_each_run(valid).cumsum(1)
         _, _, keys_values = agent(obs, positions, window_mask(episodes, agent.config.context_len))
         kept = obs.shape[1] - (agent.config.context_len - 1)
         return cls(agent, [(k[:, :, kept:], v[:, :, kept:]) for k, v in keys_values], valid[:, kept:])
@@ -370,7 +374,7 @@ class Context:
         `positions` (B,) and starting an episode where `starts` (B,); with `keep`, the step joins the context."""
         keys_values = self.keys_values if envs is None else [(k[envs], v[envs]) for k, v in self.keys_values]
         valid = (self.valid if envs is None else self.valid[envs]) & ~starts[:, None]
-        mask = torch.cat([valid, torch.ones_like(valid[:, :1])], 1)[:, None, None, :]
+        mask = torch.cat([valid, valid.new_ones(len(valid), 1)], 1)[:, None, None, :]
         actor_out, value, keys_values = self.agent(obs[:, None], positions[:, None], mask, keys_values)
         if keep:
             self.keys_values = [(k[:, :, 1:], v[:, :, 1:]) for k, v in keys_values]

@@ -85,8 +85,11 @@ def test_a_step_sees_its_episode_back_to_the_receptive_field_and_nothing_else():
         assert changed_at(step, episode_start=0) > 1e-3
 
 
-def test_the_context_steps_give_the_pass_along_the_sequence_across_episode_starts_and_a_carried_prefix():
-    agent = sharp_transformer(seed=1, n_layers=2, context_len=5)
+@pytest.mark.parametrize(("n_layers", "context_len"), [(2, 5), (1, 1)])  # K = 1: no step before is attended to
+def test_the_context_steps_give_the_pass_along_the_sequence_across_episode_starts_and_a_carried_prefix(
+    n_layers, context_len
+):
+    agent = sharp_transformer(seed=1, n_layers=n_layers, context_len=context_len)
     rng = np.random.default_rng(1)
     num_envs, length = 3, 40
     obs = torch.as_tensor(rng.normal(size=(num_envs, length, 4)), dtype=torch.float32)
