@@ -184,7 +184,8 @@ def make_env(
         else:
             env = gym.make(env_id)
         env = flat_observations(env)  # per env: vector observation wrappers refuse SAME_STEP autoreset
-        return PreviousActionReward(env) if prev_action_reward else env
+        actions_known = isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))  # others: refused later
+        return PreviousActionReward(env) if prev_action_reward and actions_known else env
 
     return thunk
 
@@ -210,7 +211,7 @@ def rotary(positions: Tensor, head_size: int) -> tuple[Tensor, Tensor]:
     """RoPE's cosines and sines for tokens at `positions` (B, T), their steps within their episodes: rotating queries
     and keys by them makes attention see how far apart two steps are, and nothing of where they are."""
     frequencies = 10_000.0 ** -(torch.arange(0, head_size, 2, device=positions.device) / head_size)
-    angles = positions[:, None, :, None].float() * frequencies  # (B, 1, T, head_size / 2), one per head
+    angles = positions[:, None, :, None].float() * frequencies  # (B, 1, T, head_size / 2), shared by the heads
     return angles.cos(), angles.sin()
 
 
@@ -274,8 +275,8 @@ class Block(nn.Module):
 
 
 def window_mask(episodes: Tensor, context_len: int) -> Tensor:
-    """Who attends to whom along sequences whose tokens belong to `episodes` (B, T, ids): token i to token j of the
-    same episode with i - K < j <= i. (B, 1, T, T), for every layer."""
+    """Who attends to whom along sequences whose tokens belong to the `episodes` (B, T) of ids: token i to token j of
+    the same episode with i - K < j <= i. (B, 1, T, T), for every layer."""
     index = torch.arange(episodes.shape[1], device=episodes.device)
     back = index[:, None] - index[None, :]
     return (((back >= 0) & (back < context_len)) & (episodes[:, :, None] == episodes[:, None, :]))[:, None]
@@ -296,13 +297,13 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
-        for block in self.blocks:  # nanoGPT's initialisation, its residual projections scaled by depth
-            for name, parameter in block.named_parameters():
-                if name.endswith("weight") and parameter.dim() == 2:
-                    std = 0.02 / math.sqrt(2 * args.n_layers) if "proj" in name or "net.2" in name else 0.02
-                    nn.init.normal_(parameter, 0.0, std)
-                elif name.endswith("bias") and parameter.dim() == 1 and "ln" not in name:
-                    nn.init.zeros_(parameter)
+        for block in self.blocks:  # nanoGPT's initialisation, the projections into the residual stream scaled by depth
+            for layer in block.modules():
+                if isinstance(layer, nn.Linear):
+                    nn.init.normal_(layer.weight, 0.0, 0.02)
+                    nn.init.zeros_(layer.bias)
+            for layer in (block.attn.proj, block.mlp.net[-1]):
+                nn.init.normal_(layer.weight, 0.0, 0.02 / math.sqrt(2 * args.n_layers))
 
     @property
     def receptive_field(self) -> int:
@@ -352,9 +353,7 @@ class Context:
         """The context after the steps `obs` (B, T, obs) at `positions`, of which those `valid` (B, T) belong to the
         current episode (they end the sequence): recomputed with the current parameters. T must be L(K-1)."""
         if obs.shape[1] == 0:  # K = 1: a step attends to itself only
-            heads, width = agent.config.n_heads, agent.config.d_model // agent.config.n_heads
-            nothing = obs.new_zeros(obs.shape[0], heads, 0, width)
-            return cls(agent, [(nothing, nothing)] * agent.config.n_layers, valid)
+            return cls.empty(agent, len(obs))
         episodes = first_of_each_run(valid).cumsum(1)
         _, _, keys_values = agent(obs, positions, window_mask(episodes, agent.config.context_len))
         kept = obs.shape[1] - (agent.config.context_len - 1)
@@ -363,15 +362,17 @@ class Context:
     @classmethod
     def empty(cls, agent: Agent, batch_size: int) -> Context:
         """The context of `batch_size` envs before their first steps: nothing in it belongs to their episodes."""
-        device, prefix = next(agent.parameters()).device, agent.receptive_field
-        nothing = torch.zeros(batch_size, prefix, dtype=torch.long, device=device)
-        return cls.after(
-            agent, torch.zeros(*nothing.shape, agent.embed.in_features, device=device), nothing, nothing.bool()
-        )
+        device, config = next(agent.parameters()).device, agent.config
+        shape = (batch_size, config.n_heads, config.context_len - 1, config.d_model // config.n_heads)
+        nothing = torch.zeros(shape, device=device)
+        valid = torch.zeros(batch_size, config.context_len - 1, dtype=torch.bool, device=device)
+        return cls(agent, [(nothing, nothing)] * config.n_layers, valid)
 
     def step(self, obs: Tensor, positions: Tensor, starts: Tensor, envs: Tensor | None = None, keep: bool = True):
         """The actor's output and value of the next step of each env (or of `envs`), observing `obs` (B, obs) at
         `positions` (B,) and starting an episode where `starts` (B,); with `keep`, the step joins the context."""
+        if envs is not None and keep:
+            raise ValueError("a step of some envs only cannot join the context of all")
         keys_values = self.keys_values if envs is None else [(k[envs], v[envs]) for k, v in self.keys_values]
         valid = (self.valid if envs is None else self.valid[envs]) & ~starts[:, None]
         mask = torch.cat([valid, valid.new_ones(len(valid), 1)], 1)[:, None, None, :]
@@ -512,7 +513,6 @@ def train(args: Args) -> TrainResult:
 
             # The rollout acts through the key/value context; after it, one pass along each env's sequence gives
             # the log-probs and values, and must give what the rollout acted on.
-            # (float32 observations, as stored: integer ones, one-hot or MiniGrid's, would not normalise.)
             t_context_obs, t_context_positions = as_tensor(context_obs), as_tensor(context_positions)
             t_context_valid = as_tensor(context_valid)
             with torch.no_grad():
@@ -520,7 +520,7 @@ def train(args: Args) -> TrainResult:
             for step in range(args.num_steps):
                 global_step += num_envs
                 obs[step], episode_starts[step] = next_obs_np, next_starts
-                positions[step] = np.where(next_starts, 0, next_positions)
+                positions[step] = next_positions
                 with torch.no_grad():
                     actor_out, value = context.step(
                         as_tensor(obs[step]), as_tensor(positions[step]), as_tensor(next_starts)
@@ -542,10 +542,15 @@ def train(args: Args) -> TrainResult:
                     where = as_tensor(truncated_only)
                     with torch.no_grad():
                         _, last_value = context.step(
-                            last_obs, as_tensor(positions[step])[where] + 1, where[where] & False, where, keep=False
+                            last_obs,
+                            as_tensor(positions[step])[where] + 1,
+                            torch.zeros_like(where[where]),
+                            where,
+                            keep=False,
                         )
                     final_values[step, truncated_only] = last_value.cpu().numpy()
-                next_starts, next_positions = terminated | truncated, positions[step] + 1
+                next_starts = terminated | truncated
+                next_positions = np.where(next_starts, 0, positions[step] + 1)
                 log.episodes.record(infos, global_step)
 
             # Each env's sequence: its carried context, then its rollout; one episode id per step.
@@ -559,7 +564,7 @@ def train(args: Args) -> TrainResult:
                 actor_outs, values, _ = agent(s_obs, s_positions, s_mask)
                 actor_outs, values = actor_outs[:, prefix:], values[:, prefix:]  # (num_envs, num_steps, ...)
                 check_outputs(
-                    (acted_outs.transpose(0, 1), acted_values.T), (actor_outs, values), s_positions[:, prefix:],
+                    (actor_outs, values), (acted_outs.transpose(0, 1), acted_values.T), s_positions[:, prefix:],
                     "the rollout's key/value context (Context.step) acted otherwise than Agent.forward along each "
                     "env's sequence: it must attend to the K - 1 steps before each step in its episode, as "
                     "window_mask does",
@@ -567,7 +572,7 @@ def train(args: Args) -> TrainResult:
                 t_actions = as_tensor(actions).transpose(0, 1)
                 logprobs = check_draws(agent, actor_outs, t_actions)
                 next_starts_t = as_tensor(next_starts)
-                next_positions_t = as_tensor(np.where(next_starts, 0, next_positions))
+                next_positions_t = as_tensor(next_positions)
                 _, next_value = context.step(
                     as_tensor(next_obs_np, dtype=torch.float32), next_positions_t, next_starts_t, keep=False
                 )

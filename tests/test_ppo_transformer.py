@@ -14,7 +14,7 @@ from helpers import NanRewardEnv, on_policy_value, read_scalars, reference_gae, 
 
 import ppo_lstm
 import ppo_transformer
-from common.errors import PolicyMismatch, TrainingDiverged
+from common.errors import PolicyMismatch, TrainingDiverged, UsageError
 from common.trajectories import load_trajectories, split_episodes
 
 
@@ -139,6 +139,18 @@ def test_the_previous_action_and_reward_are_appended_and_zero_at_an_episode_star
     obs, reward, *_ = continuous.step(np.array([0.5], np.float32))
     np.testing.assert_allclose(obs[3:], [0.5, reward], rtol=1e-6)
     assert ppo_transformer.make_env("Pendulum-v1", prev_action_reward=False)().observation_space.shape == (3,)
+
+
+class TupleActionEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Tuple([gym.spaces.Discrete(2)])
+
+
+def test_an_action_space_the_script_cannot_take_is_refused_as_such_with_the_wrapper_on(tmp_path):
+    if "TupleAction-v0" not in gym.registry:
+        gym.register("TupleAction-v0", entry_point=TupleActionEnv)
+    with pytest.raises(UsageError, match="has a Tuple action space; use Discrete or Box"):
+        ppo_transformer.build_agent(quick_args(tmp_path, env_id="TupleAction-v0"), None, torch.device("cpu"))
 
 
 # --- the rollout against the update --------------------------------------------------------------------------------
