@@ -17,21 +17,15 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from benchmark.recurrent_floor import median_seconds
-from benchmark.registry import load_script, resolve_args
+from benchmark.recurrent_floor import floor_agent, median_seconds
+from benchmark.registry import resolve_args
 from common.cli import exit_status
 
 
 def update_floor_seconds(flags: list[str], repeats: int = 200) -> tuple[float, float]:
     """Seconds of the critic's update and of the actor's (with the targets' move), each the median of `repeats`, for
     ddpg.py run with `flags`."""
-    script = load_script("ddpg")
-    args = resolve_args("ddpg", flags)
-    script.check_args(args)
-    torch.manual_seed(args.seed)
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    agent = script.build_agent(args, None, torch.device("cpu"))
+    script, args, agent = floor_agent("ddpg", flags)
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate, fused=True)  # as ddpg.py's
     q_optimizer = torch.optim.Adam(agent.qf1.parameters(), lr=args.learning_rate, fused=True)
     observation_size = agent.qf1.net[0].in_features - agent.actor.action_scale.numel()

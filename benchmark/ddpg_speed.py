@@ -19,8 +19,8 @@ import torch
 
 from benchmark.ddpg_floor import update_floor_seconds
 from benchmark.events import SPS_TAG, find_run_dirs, load_sessions, steps_per_second
-from benchmark.recurrent_floor import median_seconds
-from benchmark.registry import REPO, load_script, resolve_args
+from benchmark.recurrent_floor import floor_agent, median_seconds
+from benchmark.registry import REPO, resolve_args
 from common.cli import exit_status
 from common.envs import training_envs
 
@@ -41,11 +41,7 @@ def sps_after(sessions: list, step: int) -> float:
 def loop_seconds(flags: list[str]) -> dict[str, float]:
     """Seconds per transition of each part of the loop besides the updates, each the median of REPEATS calls with
     the script's own objects: its envs, actor, noise and replay buffer (filled with random transitions)."""
-    script, args = load_script("ddpg"), resolve_args("ddpg", flags)
-    torch.manual_seed(args.seed)
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    agent = script.build_agent(args, None, torch.device("cpu"))
+    script, args, agent = floor_agent("ddpg", flags)
     envs, _ = training_envs(script.make_env, args, "", None)
     observations, _ = envs.reset(seed=args.seed)
     space = envs.single_action_space

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,18 +34,23 @@ def median_seconds(step: Callable[[], None], repeats: int) -> float:
     return sorted(times[5:])[repeats // 2]
 
 
-def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]:
-    """Seconds per iteration of the update's passes through the agent without padding (from the median of `repeats`
-    minibatches), and the steps an iteration collects, for ppo_lstm.py run with `flags`."""
-    script = load_script("ppo_lstm")
-    args = resolve_args("ppo_lstm", flags)
+def floor_agent(name: str, flags: list[str]) -> tuple[ModuleType, Any, torch.nn.Module]:
+    """Script `name`, its `Args` for `flags` (checked as the script checks them) and its agent on the CPU, built as
+    the script builds it, with the script's seed and torch threads set: what every floor times."""
+    script, args = load_script(name), resolve_args(name, flags)
     script.check_args(args)
     torch.manual_seed(args.seed)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    return script, args, script.build_agent(args, None, torch.device("cpu"))
+
+
+def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]:
+    """Seconds per iteration of the update's passes through the agent without padding (from the median of `repeats`
+    minibatches), and the steps an iteration collects, for ppo_lstm.py run with `flags`."""
+    script, args, agent = floor_agent("ppo_lstm", flags)
     sequence_len = args.bptt_len or args.num_steps
     sequences = args.num_envs * args.num_steps // sequence_len // args.num_minibatches
-    agent = script.build_agent(args, None, torch.device("cpu"))
     observation_space, _, _ = env_spaces(script.make_env(resolve_env_id(args.env_id)))
     x = torch.randn(sequence_len, sequences, int(np.prod(observation_space.shape)))
     state = agent.initial_state(sequences)

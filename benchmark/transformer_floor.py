@@ -16,8 +16,7 @@ import numpy as np
 import torch
 from torch.profiler import profile
 
-from benchmark.recurrent_floor import median_seconds
-from benchmark.registry import load_script, resolve_args
+from benchmark.recurrent_floor import floor_agent, median_seconds
 from common.cli import exit_status
 from common.envs import env_spaces, resolve_env_id
 
@@ -25,13 +24,7 @@ from common.envs import env_spaces, resolve_env_id
 def update_floor(flags: list[str], repeats: int = 30) -> dict[str, float]:
     """Seconds per iteration of the update's passes through the agent (from the median of `repeats` minibatches), the
     steps an iteration collects, and the shares of matrix products and attention in them."""
-    script = load_script("ppo_transformer")
-    args = resolve_args("ppo_transformer", flags)
-    script.check_args(args)
-    torch.manual_seed(args.seed)
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-    agent = script.build_agent(args, None, torch.device("cpu"))
+    script, args, agent = floor_agent("ppo_transformer", flags)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     observation_space, _, _ = env_spaces(script.env_maker(args)(resolve_env_id(args.env_id)))
     envs = args.num_envs // args.num_minibatches

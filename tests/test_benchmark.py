@@ -19,7 +19,7 @@ import benchmark.__main__ as harness
 from benchmark import cases, ddpg_floor, ddpg_speed, recurrent_floor
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
-from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, resolve_args, same_settings_flags
+from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, load_script, resolve_args, same_settings_flags
 from benchmark.report import Row, SpeedNumbers, results_table, row_numbers, speed_numbers, speed_table
 from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
 from common.envs import env_spaces, resolve_env_id
@@ -513,9 +513,25 @@ def test_recurrent_floor_times_the_scripts_own_agent_over_an_iterations_minibatc
     assert calls == [(32, 4, 4)] * 2 * (1 + 5)
 
 
+def test_transformer_floor_times_the_scripts_own_agent_over_whole_sequences(monkeypatch):
+    from benchmark import transformer_floor
+
+    calls = []
+    script = load_script("ppo_transformer")
+    forward = script.Agent.forward
+    monkeypatch.setattr(
+        script.Agent, "forward", lambda self, obs, *rest: calls.append(tuple(obs.shape)) or forward(self, obs, *rest)
+    )
+    flags = ["--num-envs", "4", "--num-steps", "16", "--context-len", "5", "--n-layers", "2"]
+    floor = transformer_floor.update_floor(flags, 1)
+    assert floor["steps"] == 4 * 16 and floor["seconds"] > 0 and 0 < floor["attention_share"] < 1
+    # 2 envs per minibatch, each its 2 x 4 carried steps and its 16; CartPole's 4 observations, action and reward 3.
+    assert calls == [(2, 8 + 16, 4 + 3)] * (1 + 5 + 5)
+
+
 def test_ddpg_floor_times_the_scripts_own_networks_over_a_critic_and_an_actor_update(monkeypatch):
     calls = []
-    script = ddpg_floor.load_script("ddpg")
+    script = load_script("ddpg")
 
     def counted(forward):
         return lambda self, x, *rest: calls.append((type(self).__name__, len(x))) or forward(self, x, *rest)

@@ -203,7 +203,7 @@ def test_an_update_pass_that_depends_on_the_batch_is_stopped_before_the_first_gr
 
     monkeypatch.setattr(ppo_transformer.Agent, "forward", batch_dependent)
     args = quick_args(tmp_path, env_id="CartPole-v1", num_steps=32, num_minibatches=2, total_timesteps=256)
-    with pytest.raises(PolicyMismatch):
+    with pytest.raises(PolicyMismatch, match="before any gradient step"):  # the rollout and its pass: both 4 envs
         ppo_transformer.train(args)
 
 
