@@ -94,6 +94,7 @@ class Run:
             "memory-speed",
             "memory-transformer",
             "transformer",
+            "memory-length",
             "ddpg",
             "ddpg-envs",
             "ddpg-time",

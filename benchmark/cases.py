@@ -187,6 +187,21 @@ TRANSFORMER_MEMORY_CASES: tuple[Case, ...] = tuple(
     for case in MEMORY_CASES
 )
 
+# The memory-length study (docs/ppo_transformer.md): RepeatFirstMedium deals 416 cards, so its last steps need a cue
+# 415 steps back, beyond ppo_transformer's default receptive field L(K-1) = 62. Without --prev-action-reward the
+# transformer can only see the first card within that field; with it, repeating the last rewarded action carries it
+# along; a window of 256 (field 510) reaches the whole episode. ppo_lstm has no such input.
+MEMORY_LENGTH_ENV = "popgym-RepeatFirstMedium-v0"
+MEMORY_LENGTH_CASES: tuple[Case, ...] = tuple(
+    Case(script, MEMORY_LENGTH_ENV, 300_000, flags=flags)
+    for script, flags in (
+        ("ppo_lstm", ()),
+        ("ppo_transformer", ("--no-prev-action-reward",)),
+        ("ppo_transformer", ("--no-prev-action-reward", "--context-len", "256")),
+        ("ppo_transformer", ()),
+    )
+)
+
 # The SPS ratio of ppo_lstm's defaults to the reference, from one short run of both on two popgym tasks: the memory
 # suite's seconds of stored reference runs come from another session. The defaults before the memory suite run beside
 # them, for the new defaults' cost in SPS. Run with --workers 1.
@@ -249,6 +264,8 @@ SUITES: dict[str, Suite] = {
     "transformer": Suite(
         (("ppo_transformer", "CartPole-v1", 500_000), ("ppo_transformer", "CartPoleNoVel-v1", 500_000)), (1, 2, 3)
     ),
+    # a cue beyond ppo_transformer.py's receptive field, with and without --prev-action-reward, beside ppo_lstm.py
+    "memory-length": Suite(MEMORY_LENGTH_CASES, (1, 2), eval_episodes=20),
 }
 
 # Steps of a (script, env) pair that has no row in CASES.

@@ -723,6 +723,25 @@ def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
     assert args.env_id == "CartPole-v1"  # the harness gives the env id
 
 
+def test_the_memory_length_study_places_its_cue_beyond_the_default_receptive_field_and_within_the_longer_one():
+    env = gym.make(resolve_env_id(cases.MEMORY_LENGTH_ENV))
+    env.reset(seed=1)
+    steps = 1
+    while not any(env.step(0)[2:4]):
+        steps += 1
+    env.close()
+    fields = {}
+    for case in cases.SUITES["memory-length"].cases:
+        args = resolve_args(case.script, case.flags)
+        assert case.env_id == cases.MEMORY_LENGTH_ENV and case.threshold is None
+        if case.script == "ppo_transformer":
+            fields[case.flags] = (args.n_layers * (args.context_len - 1), args.prev_action_reward)
+    # the first card is seen at step 0 and needed at every step up to the last, steps - 1 later
+    assert fields[()] == (fields[("--no-prev-action-reward",)][0], True) and fields[()][0] < steps - 1
+    longer = fields[("--no-prev-action-reward", "--context-len", "256")]
+    assert longer[0] >= steps - 1 and not longer[1]
+
+
 def test_random_policy_return_is_measured_on_the_scripts_env():
     command = [sys.executable, "-m", "benchmark.baselines", "random-policy", "--env-id", "Probe2-v0"]
     process = subprocess.run([*command, "--episodes", "40"], cwd=REPO, capture_output=True, text=True)
