@@ -16,13 +16,14 @@ from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import ScalarEvent
 
 import benchmark.__main__ as harness
-from benchmark import cases, ddpg_floor, ddpg_speed, recurrent_floor
+from benchmark import cases, count_recall, ddpg_floor, ddpg_speed, recurrent_floor
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
 from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, load_script, resolve_args, same_settings_flags
 from benchmark.report import Row, SpeedNumbers, results_table, row_numbers, speed_numbers, speed_table
 from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
 from common.envs import env_spaces, resolve_env_id
+from common.trajectories import TrajectoryFileError
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -760,3 +761,26 @@ def test_the_memory_speed_suite_runs_the_old_defaults_beside_the_new_against_one
     old, new = resolve_args("ppo_lstm", cases.DEFAULTS_BEFORE_MEMORY_SUITE), resolve_args("ppo_lstm", ())
     moved = {name for name in vars(new) if vars(old)[name] != vars(new)[name]}
     assert moved == {"update_epochs", "num_minibatches", "learning_rate"}
+
+
+def count_recall_episode(dealt: list[int], queried: list[int], answers: list[int], rewards: list[float]) -> dict:
+    one_hot = np.eye(2, dtype=np.float32)
+    observations = np.concatenate([one_hot[dealt], one_hot[queried]], axis=1)[None]
+    ends = np.zeros((1, len(dealt)), dtype=bool)
+    ends[0, -1] = True
+    return {
+        "/observations": observations,
+        "/actions": np.array([answers]),
+        "/rewards": np.array([rewards], dtype=np.float32),
+        "/terminations": ends,
+        "/truncations": np.zeros_like(ends),
+    }
+
+
+def test_count_recall_errors_count_the_queried_colour_among_the_cards_dealt_so_far_this_one_included():
+    # dealt 0 1 0 0, asked 0 0 1 0: the right answers are 1 1 1 3
+    data = count_recall_episode([0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 1, 0], [1, -1, 1, -1])
+    right, error = count_recall.errors_by_step(data)
+    assert right.tolist() == [1, 0, 1, 0] and error.tolist() == [0, 1, 0, 3]
+    with pytest.raises(TrajectoryFileError, match="do not match"):  # another env's rewards
+        count_recall.errors_by_step(count_recall_episode([0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 1, 0], [1, 1, 1, 1]))
