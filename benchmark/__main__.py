@@ -93,6 +93,7 @@ class Run:
             "memory",
             "memory-speed",
             "memory-transformer",
+            "memory-transformer-no-par",
             "transformer",
             "memory-length",
             "ddpg",

@@ -187,6 +187,11 @@ TRANSFORMER_MEMORY_CASES: tuple[Case, ...] = tuple(
     for case in MEMORY_CASES
 )
 
+# The same without --prev-action-reward: ppo_lstm has no such input (docs/ppo_transformer.md).
+TRANSFORMER_MEMORY_CASES_WITHOUT_PREVIOUS: tuple[Case, ...] = tuple(
+    replace(case, flags=(*case.flags, "--no-prev-action-reward")) for case in TRANSFORMER_MEMORY_CASES
+)
+
 # The memory-length study (docs/ppo_transformer.md): RepeatFirstMedium deals 416 cards, so its last steps need a cue
 # 415 steps back, beyond ppo_transformer's default receptive field L(K-1) = 62. Without --prev-action-reward the
 # transformer can only see the first card within that field; with it, repeating the last rewarded action carries it
@@ -260,6 +265,7 @@ SUITES: dict[str, Suite] = {
     "memory-speed": Suite(MEMORY_SPEED_CASES, (1,), eval_episodes=0),
     # ppo_transformer.py's defaults on the memory suite's tasks, against the same references (docs/ppo_transformer.md)
     "memory-transformer": Suite(TRANSFORMER_MEMORY_CASES, (1, 2, 3), eval_episodes=20),
+    "memory-transformer-no-par": Suite(TRANSFORMER_MEMORY_CASES_WITHOUT_PREVIOUS, (1, 2, 3), eval_episodes=20),
     # ppo_transformer.py on CartPole-v1 (beside ppo_fc.py, for SPS) and CartPoleNoVel-v1
     "transformer": Suite(
         (("ppo_transformer", "CartPole-v1", 500_000), ("ppo_transformer", "CartPoleNoVel-v1", 500_000)), (1, 2, 3)

@@ -700,7 +700,13 @@ def test_the_speed_table_tells_apart_two_rows_of_one_script_by_their_flags():
 
 
 @pytest.mark.parametrize(
-    "case", cases.SUITES["memory"].cases + cases.SUITES["memory-transformer"].cases, ids=lambda case: case.key
+    "case",
+    [
+        case
+        for name in ("memory", "memory-transformer", "memory-transformer-no-par")
+        for case in cases.SUITES[name].cases
+    ],
+    ids=lambda case: case.key,
 )
 def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
     script = recurrent_floor.load_script(case.script)
@@ -714,13 +720,15 @@ def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
         envs = make_sb3_envs(case.env_id, settings, seed=1)
         model = build_sb3_model(reference.sb3_algo, settings, envs, seed=1)
         assert model.action_space == action_space
-        if case.script == "ppo_lstm":  # ppo_transformer's observations also hold the previous action and reward
+        # ppo_transformer's observations also hold the previous action and reward, unless turned off
+        if case.script == "ppo_lstm" or not args.prev_action_reward:
             assert model.observation_space == observation_space
         assert model.policy.lstm_actor.hidden_size == 128 and model.policy.lstm_critic is not None
         assert (model.n_envs, model.n_steps, model.batch_size, model.n_epochs) == (8, 128, 128, 10)
         envs.close()
     continuous = isinstance(action_space, gym.spaces.Box)
-    assert case.flags == (cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ())  # no flags of a task's own
+    own_flags = [flag for flag in case.flags if flag != "--no-prev-action-reward"]  # that suite's one difference
+    assert own_flags == list(cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ())  # no flags of a task's own
     assert args.env_id == "CartPole-v1"  # the harness gives the env id
 
 
