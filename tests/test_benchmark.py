@@ -16,7 +16,7 @@ from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import ScalarEvent
 
 import benchmark.__main__ as harness
-from benchmark import cases, count_recall, ddpg_floor, ddpg_speed, recurrent_floor
+from benchmark import answers_by_step, cases, ddpg_floor, ddpg_speed, recurrent_floor
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
 from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, load_script, resolve_args, same_settings_flags
@@ -788,7 +788,21 @@ def count_recall_episode(dealt: list[int], queried: list[int], answers: list[int
 def test_count_recall_errors_count_the_queried_colour_among_the_cards_dealt_so_far_this_one_included():
     # dealt 0 1 0 0, asked 0 0 1 0: the right answers are 1 1 1 3
     data = count_recall_episode([0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 1, 0], [1, -1, 1, -1])
-    right, error = count_recall.errors_by_step(data)
+    right, error = answers_by_step.answers_by_step(data, count_recall=True)
     assert right.tolist() == [1, 0, 1, 0] and error.tolist() == [0, 1, 0, 3]
+    assert answers_by_step.answers_by_step(data)[1] is None
     with pytest.raises(TrajectoryFileError, match="do not match"):  # another env's rewards
-        count_recall.errors_by_step(count_recall_episode([0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 1, 0], [1, 1, 1, 1]))
+        answers_by_step.answers_by_step(
+            count_recall_episode([0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 1, 0], [1, 1, 1, 1]), count_recall=True
+        )
+
+
+def test_answers_by_step_prints_the_share_of_right_answers_in_each_range_of_steps(tmp_path, capsys):
+    data = count_recall_episode([0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 1, 0], [1, -1, 1, 1])
+    data |= {"/masks": np.ones_like(data["/rewards"])}
+    np.savez(tmp_path / "a.npz", **data)
+    assert answers_by_step.main([str(tmp_path / "a.npz"), "--steps", "0", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"| {tmp_path / 'a.npz'} | 0.50 | 1.00 |"
+    assert answers_by_step.main([str(tmp_path / "a.npz"), "--steps", "9"]) == 2
+    assert answers_by_step.main([str(tmp_path / "none.npz")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
