@@ -192,17 +192,18 @@ TRANSFORMER_MEMORY_CASES_WITHOUT_PREVIOUS: tuple[Case, ...] = tuple(
     replace(case, flags=(*case.flags, "--no-prev-action-reward")) for case in TRANSFORMER_MEMORY_CASES
 )
 
-# The memory-length study (docs/ppo_transformer.md): RepeatFirstMedium deals 416 cards, so its last steps need a cue
-# 415 steps back, beyond ppo_transformer's default receptive field L(K-1) = 62. Without --prev-action-reward the
-# transformer can only see the first card within that field; with it, repeating the last rewarded action carries it
-# along; a window of 256 (field 510) reaches the whole episode. ppo_lstm has no such input.
-MEMORY_LENGTH_ENV = "popgym-RepeatFirstMedium-v0"
+# The memory-length study (docs/ppo_transformer.md): RepeatCue-v0 (probe_envs) shows a cue at its first step and
+# pays for repeating it at each of 128 steps, so its last steps need the cue 127 steps back, beyond
+# ppo_transformer's default receptive field L(K-1) = 62. Without --prev-action-reward the transformer can only see the
+# cue within that field; with it, repeating the last rewarded action carries the cue along; a window of 128 (field
+# 254) reaches the whole episode. ppo_lstm has no such input.
+MEMORY_LENGTH_ENV = "RepeatCue-v0"
 MEMORY_LENGTH_CASES: tuple[Case, ...] = tuple(
     Case(script, MEMORY_LENGTH_ENV, 300_000, flags=flags)
     for script, flags in (
         ("ppo_lstm", ()),
         ("ppo_transformer", ("--no-prev-action-reward",)),
-        ("ppo_transformer", ("--no-prev-action-reward", "--context-len", "256")),
+        ("ppo_transformer", ("--no-prev-action-reward", "--context-len", "128")),
         ("ppo_transformer", ()),
     )
 )

@@ -4,6 +4,7 @@ Importing this package registers the ids below with gymnasium:
 
 - ``Probe1-v0`` ... ``Probe7-v0``: Andy Jones' probes (1-5), a longer-horizon observation-following probe (6) and a
   memory probe (7); discrete actions.
+- ``RepeatCue-v0``: a memory-length probe, a cue needed up to 127 steps after it was shown.
 - ``ContinuousProbe1-v0`` ... ``ContinuousProbe5-v0``: the same ideas with a Box(-1, 1, (1,)) action.
 - ``CartPoleNoVel-v1``, ``PendulumNoVel-v1``: classic control with velocities hidden (partially observed).
 
@@ -27,6 +28,7 @@ from probe_envs.probes import (
     Probe6,
     Probe7,
     ProbeEnv,
+    RepeatCue,
 )
 
 PROBES = {
@@ -37,6 +39,7 @@ PROBES = {
     "Probe5-v0": Probe5,
     "Probe6-v0": Probe6,
     "Probe7-v0": Probe7,
+    "RepeatCue-v0": RepeatCue,
     "ContinuousProbe1-v0": ContinuousProbe1,
     "ContinuousProbe2-v0": ContinuousProbe2,
     "ContinuousProbe3-v0": ContinuousProbe3,
@@ -78,4 +81,5 @@ __all__ = [
     "Probe6",
     "Probe7",
     "ProbeEnv",
+    "RepeatCue",
 ]

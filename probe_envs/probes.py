@@ -1,9 +1,10 @@
 """Andy Jones' probe environments, plus a memory probe and continuous-action versions.
 
 Each probe isolates one way an agent can be broken: value learning, observation-dependent values, reward
-discounting, advantage and policy learning, and (Probe7) memory. Every docstring states the optimal policy and the
-true values for any discount ``gamma``; ``optimal_value(gamma)`` and ``optimal_action()`` give them for the env's
-current state (the state the last observation came from), so tests can check an agent for any gamma.
+discounting, advantage and policy learning, and memory (Probe7; RepeatCue, how far back). Every docstring states the
+optimal policy and the true values for any discount ``gamma``; ``optimal_value(gamma)`` and ``optimal_action()`` give
+them for the env's current state (the state the last observation came from), so tests can check an agent for any
+gamma.
 
 Observations are float32 ``Box`` arrays. Episodes end by termination, never truncation, so a correct agent never
 bootstraps from their last state. Randomness comes only from ``self.np_random``, seeded by ``reset(seed=...)``.
@@ -226,6 +227,34 @@ class Probe7(ProbeEnv):
 
     def optimal_value(self, gamma):
         return gamma ** (self.horizon - 1 - self.t)
+
+
+class RepeatCue(ProbeEnv):
+    """The memory-length probe: two actions, 128 steps; a cue [-1] or [+1] at random is shown at the first step, then
+    [0] to the end. Every step pays +1/128 if the action equals the cue (0 for [-1], 1 for [+1]), else -1/128.
+
+    Breaks: memory that reaches back far enough. The last step needs the cue from 127 steps before. An agent whose
+    memory reaches m < 127 steps back can be right at steps 0..m and at chance after, an expected return of
+    (m + 1) / 128; a memoryless one gets 1/128. Optimal policy: action = cue at every step, return 1; true values
+    V(t) = (sum of gamma^k for k = 0..127-t) / 128.
+    """
+
+    horizon = 128
+    observation_bounds = ([-1.0], [1.0])
+    num_actions = 2
+
+    def _observation(self):
+        return np.array([2 * self.cue - 1 if self.t == 0 else 0], dtype=np.float32)
+
+    def _reward(self, action):
+        return (1.0 if int(action) == self.cue else -1.0) / self.horizon
+
+    def optimal_action(self):
+        return self.cue
+
+    def optimal_value(self, gamma):
+        remaining = self.horizon - self.t
+        return (float(remaining) if gamma == 1 else (1 - gamma**remaining) / (1 - gamma)) / self.horizon
 
 
 class ContinuousProbe1(Probe1):

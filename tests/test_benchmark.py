@@ -747,7 +747,7 @@ def test_the_memory_length_study_places_its_cue_beyond_the_default_receptive_fie
             fields[case.flags] = (args.n_layers * (args.context_len - 1), args.prev_action_reward)
     # the first card is seen at step 0 and needed at every step up to the last, steps - 1 later
     assert fields[()] == (fields[("--no-prev-action-reward",)][0], True) and fields[()][0] < steps - 1
-    longer = fields[("--no-prev-action-reward", "--context-len", "256")]
+    longer = fields[("--no-prev-action-reward", "--context-len", "128")]
     assert longer[0] >= steps - 1 and not longer[1]
 
 

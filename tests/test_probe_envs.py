@@ -109,6 +109,24 @@ def test_probe6_follows_parity_for_ten_steps():
     assert rewards.tolist() == [0.0, 1.0] * 5
 
 
+def test_repeat_cue_shows_its_cue_once_and_pays_for_repeating_it_at_every_one_of_128_steps():
+    cues = set()
+    for seed in range(12):
+        env = gym.make("RepeatCue-v0")
+        observation, _ = env.reset(seed=seed)
+        cue = int(observation[0] > 0)
+        cues.add(cue)
+        remembered = 40  # an agent whose memory reaches 40 steps back, then a wrong guess
+        rewards = []
+        for t in range(128):
+            observation, reward, terminated, _, _ = env.step(cue if t <= remembered else 1 - cue)
+            np.testing.assert_array_equal(observation, [0.0])
+            rewards.append(reward)
+            assert terminated == (t == 127)
+        assert rewards == [1 / 128] * (remembered + 1) + [-1 / 128] * (127 - remembered)
+    assert cues == {0, 1}
+
+
 def test_probe7_rewards_remembering_the_cue():
     cues = set()
     for seed in range(12):
