@@ -258,7 +258,7 @@ def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probabili
         ("ContinuousProbe2-v0", 8_192),
         ("ContinuousProbe3-v0", 8_192),
         ("ContinuousProbe4-v0", 24_576),
-        ("ContinuousProbe5-v0", 24_576),
+        ("ContinuousProbe5-v0", 40_960),
     ],
 )
 def test_continuous_probes(tmp_path, env_id, steps):
