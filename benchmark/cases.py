@@ -196,10 +196,11 @@ TRANSFORMER_MEMORY_CASES_WITHOUT_PREVIOUS: tuple[Case, ...] = tuple(
 # pays for repeating it at each of 128 steps, so its last steps need the cue 127 steps back, beyond
 # ppo_transformer's default receptive field L(K-1) = 62. Without --prev-action-reward the transformer can only see the
 # cue within that field; with it, repeating the last rewarded action carries the cue along; a window of 128 (field
-# 254) reaches the whole episode. ppo_lstm has no such input.
+# 254) reaches the whole episode. ppo_lstm has no such input. A run passes when its evaluation shows the cue
+# remembered to the end (0.9 or more; a memory that stops at step m scores about (m + 1) / 128).
 MEMORY_LENGTH_ENV = "RepeatCue-v0"
 MEMORY_LENGTH_CASES: tuple[Case, ...] = tuple(
-    Case(script, MEMORY_LENGTH_ENV, 300_000, flags=flags)
+    Case(script, MEMORY_LENGTH_ENV, 300_000, threshold=0.9, flags=flags, judged_on="eval")
     for script, flags in (
         ("ppo_lstm", ()),
         ("ppo_transformer", ("--no-prev-action-reward",)),

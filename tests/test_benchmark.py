@@ -742,7 +742,7 @@ def test_the_memory_length_study_places_its_cue_beyond_the_default_receptive_fie
     fields = {}
     for case in cases.SUITES["memory-length"].cases:
         args = resolve_args(case.script, case.flags)
-        assert case.env_id == cases.MEMORY_LENGTH_ENV and case.threshold is None
+        assert case.env_id == cases.MEMORY_LENGTH_ENV and case.threshold == 0.9 and case.judged_on == "eval"
         if case.script == "ppo_transformer":
             fields[case.flags] = (args.n_layers * (args.context_len - 1), args.prev_action_reward)
     # the first card is seen at step 0 and needed at every step up to the last, steps - 1 later
