@@ -150,9 +150,9 @@ RECURRENT_PPO_RUNS = ReferenceRuns("sb3_recurrent_ppo_reference", seeds=(1, 2))
 
 
 def memory_case(env_id: str, total_timesteps: int, task_max: float, reference: Published | ReferenceRuns,
-                flags: tuple[str, ...] = (), script: str = "ppo_lstm") -> Case:  # fmt: skip
+                flags: tuple[str, ...] = ()) -> Case:  # fmt: skip
     return Case(
-        script, env_id, total_timesteps, flags=flags, judged_on="reference", reference=reference, task_max=task_max,
+        "ppo_lstm", env_id, total_timesteps, flags=flags, judged_on="reference", reference=reference, task_max=task_max,
     )  # fmt: skip
 
 

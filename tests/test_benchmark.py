@@ -739,15 +739,18 @@ def test_the_memory_length_study_places_its_cue_beyond_the_default_receptive_fie
     while not any(env.step(0)[2:4]):
         steps += 1
     env.close()
-    fields = {}
+    receptive_fields = {}
     for case in cases.SUITES["memory-length"].cases:
         args = resolve_args(case.script, case.flags)
         assert case.env_id == cases.MEMORY_LENGTH_ENV and case.threshold == 0.9 and case.judged_on == "eval"
         if case.script == "ppo_transformer":
-            fields[case.flags] = (args.n_layers * (args.context_len - 1), args.prev_action_reward)
-    # the first card is seen at step 0 and needed at every step up to the last, steps - 1 later
-    assert fields[()] == (fields[("--no-prev-action-reward",)][0], True) and fields[()][0] < steps - 1
-    longer = fields[("--no-prev-action-reward", "--context-len", "128")]
+            receptive_fields[case.flags] = (args.n_layers * (args.context_len - 1), args.prev_action_reward)
+    # the cue is shown at step 0 and needed at every step up to the last, steps - 1 later
+    assert (
+        receptive_fields[()] == (receptive_fields[("--no-prev-action-reward",)][0], True)
+        and receptive_fields[()][0] < steps - 1
+    )
+    longer = receptive_fields[("--no-prev-action-reward", "--context-len", "128")]
     assert longer[0] >= steps - 1 and not longer[1]
 
 
