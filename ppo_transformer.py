@@ -94,7 +94,7 @@ class Args:
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
-    learning_rate: float = 1e-4
+    learning_rate: float = 3e-4
     """the learning rate of the optimizer (docs/ppo_transformer.md)"""
     end_learning_rate: float = 0.0
     """with --anneal-lr, the learning rate falls linearly towards this value"""
