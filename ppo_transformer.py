@@ -108,8 +108,8 @@ class Args:
     """the number of minibatches (docs/ppo_transformer.md)"""
     update_epochs: int = 10
     """the K epochs to update the policy (docs/ppo_transformer.md)"""
-    norm_adv: bool = True
-    """toggles advantages normalization (per minibatch)"""
+    norm_adv: bool = False
+    """toggles advantages normalization (per minibatch) (docs/ppo_transformer.md)"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient (docs/ppo_transformer.md)"""
     clip_vloss: bool = False
