@@ -109,7 +109,7 @@ class Args:
     update_epochs: int = 10
     """the K epochs to update the policy (docs/ppo_transformer.md)"""
     norm_adv: bool = False
-    """toggles advantages normalization (per minibatch) (docs/ppo_transformer.md)"""
+    """toggles advantages normalization per minibatch (off here: docs/ppo_transformer.md)"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient (docs/ppo_transformer.md)"""
     clip_vloss: bool = False

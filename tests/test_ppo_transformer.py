@@ -251,6 +251,13 @@ def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probabili
         assert np.mean(result.episode_returns[-200:]) >= 0.95
 
 
+def test_with_norm_adv_on_probe4_still_learns_its_action(tmp_path):
+    """--norm-adv is off by default here (docs/ppo_transformer.md), so the probes above no longer take its branch."""
+    args = quick_args(tmp_path, env_id="Probe4-v0", total_timesteps=10_240, norm_adv=True)
+    for env, _, policy in play_optimally(ppo_transformer.train(args).agent, args):
+        assert policy.probs[0, env.optimal_action()].item() >= 0.95, env.t
+
+
 @pytest.mark.parametrize(
     ("env_id", "steps"),
     [
