@@ -16,13 +16,14 @@ from typing import Any, TypeVar
 
 import torch
 
+from common import distributed
 from common.errors import UsageError
 from common.seeding import rng_state
 
 Config = TypeVar("Config")
 
 # The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
-RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout")
+RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout", "dist_backend")
 EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
 EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories")
 
@@ -30,7 +31,13 @@ EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories")
 def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int, **state) -> Path:
     """Write `state` with the script's name, the format, `args` (a dataclass), `global_step` and the generators'
     states to `step_{global_step}.pt` and `latest.pt` in `folder`, each atomically (a temporary file in the same
-    folder, then a rename). Returns the path of `latest.pt`."""
+    folder, then a rename). Returns the path of `latest.pt`.
+
+    Under torchrun every rank calls this: rank 0 writes, with every rank's generators and `state["episodes"]` (the
+    envs' places) under `ranks`, in rank order (see `common.env_state.start`)."""
+    ranks = distributed.gather({"rng": rng_state(), "episodes": state.get("episodes")})
+    if not distributed.is_main():
+        return folder / "latest.pt"
     state = {
         "script": script,
         "format": checkpoint_format,
@@ -38,6 +45,7 @@ def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_st
         "global_step": global_step,
         "rng": rng_state(),
         **state,
+        **({"ranks": ranks} if len(ranks) > 1 else {}),
     }
     folder.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()

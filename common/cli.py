@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import tyro
 
+from common import distributed
 from common.errors import RunStopped, UsageError
 
 Config = TypeVar("Config")
@@ -89,12 +90,15 @@ def check_ranges(
                 raise UsageError(f"--{name.replace('_', '-')} must {rule}, got {value}")
 
 
-def notice(message: str) -> None:
-    """Print `notice: message` on stderr once per process, and only in the main process (not in env workers)."""
+def notice(message: str, every_rank: bool = False) -> None:
+    """Print `notice: message` on stderr once per process, and only in the main process (not in env workers); under
+    torchrun only on rank 0, unless the notice is about this rank's own state (`every_rank`)."""
     if message in _printed_notices or multiprocessing.parent_process() is not None:
         return
+    if distributed.rank() and not every_rank:
+        return
     _printed_notices.add(message)
-    print(f"notice: {message}", file=sys.stderr)
+    print(f"notice: {f'rank {distributed.rank()}: ' * (distributed.world_size() > 1)}{message}", file=sys.stderr)
 
 
 def exit_status(run: Callable[[], object]) -> int:
@@ -110,4 +114,10 @@ def exit_status(run: Callable[[], object]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not distributed.collective_failed(exc):
+            raise
+        stopped = f"rank {distributed.rank()}: another process of the run stopped"
+        print(f"error: {stopped} ({one_line(str(exc))})", file=sys.stderr)
+        return 1
     return 0

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorEnv, VectorWrapper
 
+from common import distributed
 from common.cli import notice
-from common.seeding import restore_rng_state
+from common.seeding import restore_rng_state, seed_generators
 
 # The per-env arrays of gymnasium's vector wrappers that carry an episode (or a return) from step to step.
 WRAPPER_ARRAYS = {
@@ -114,7 +115,10 @@ def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarr
                 if key in state["wrappers"]:
                     setattr(wrapper, name, state["wrappers"][key])
             return state.pop("observations"), {key: state[key] for key in state if key not in ("envs", "wrappers")}
-    notice("the envs cannot be brought back to where the checkpoint left them (see common/env_state.py): new episodes")
+    notice(
+        "the envs cannot be brought back to where the checkpoint left them (see common/env_state.py): new episodes",
+        every_rank=True,
+    )
     observations, _ = envs.reset(seed=seed)
     return observations, {}
 
@@ -122,11 +126,32 @@ def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarr
 def start(envs: VectorEnv, checkpoint: dict | None, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
     """The observations a run acts on first, and what its loop carried (nothing for a new run). A new run resets
     `envs` with `seed`; a resumed one first restores the checkpoint's generators (call this after everything is
-    built: building draws random numbers), then continues the episodes the checkpoint cut (see `restore`)."""
-    if checkpoint is not None:
-        restore_rng_state(checkpoint["rng"])
+    built: building draws random numbers), then continues the episodes the checkpoint cut (see `restore`).
+
+    Under torchrun rank r's env i is seeded as env r x num_envs + i of one process would be, and a checkpoint of as
+    many processes gives each rank its own generators and episodes; one of another number starts new episodes."""
+    seed += distributed.rank() * envs.num_envs
+    own = _own_state(checkpoint, seed)
+    if own is not None:
+        restore_rng_state(own["rng"])
     observations, _ = envs.reset(seed=seed)
-    return restore(envs, checkpoint["episodes"], seed) if checkpoint is not None else (observations, {})
+    return restore(envs, own["episodes"], seed) if own is not None else (observations, {})
+
+
+def _own_state(checkpoint: dict | None, seed: int) -> dict | None:
+    """This rank's generators and env places in `checkpoint` (None: a new run, or a checkpoint of another number of
+    processes, after which the generators are seeded with `seed`)."""
+    if checkpoint is None:
+        return None
+    ranks = checkpoint.get("ranks", [checkpoint])
+    if len(ranks) == distributed.world_size():
+        return ranks[distributed.rank()]
+    notice(
+        f"the checkpoint was written by {len(ranks)} process(es), this run has {distributed.world_size()}: its "
+        "weights, optimizer and statistics go on; the envs start new episodes and the generators are seeded anew"
+    )
+    seed_generators(seed)
+    return None
 
 
 def _equal(a: Any, b: Any) -> bool:

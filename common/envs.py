@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.spaces import Box, Dict, Discrete, Space, Text, Tuple
 
+from common import distributed
 from common.checkpoints import restore_reward_normalizer
 from common.cli import notice, one_line
 from common.env_state import EpisodeRecorder
@@ -193,7 +194,8 @@ def training_envs(
     with episode statistics and, with --norm-reward, gymnasium's NormalizeReward on top (its statistics from the
     `checkpoint` a run resumes); that wrapper is also returned on its own (None without it)."""
     env_id = resolve_env_id(args.env_id)
-    env_fns = [make_env(env_id, i, args.capture_video, video_folder, args.video_every) for i in range(args.num_envs)]
+    indices = distributed.rank() * args.num_envs + np.arange(args.num_envs)  # over all ranks: one env records videos
+    env_fns = [make_env(env_id, int(i), args.capture_video, video_folder, args.video_every) for i in indices]
     envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(env_fns, args.async_envs))
     if not getattr(args, "norm_reward", False):  # a script without the flag has no normalisation
         return envs, None

@@ -9,6 +9,7 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from common import distributed
 from common.checkpoints import resume_folder
 from common.cli import notice
 from common.errors import UsageError
@@ -19,7 +20,8 @@ from common.tracking import start_tracking
 @dataclass
 class RunStart:
     path: Path
-    writer: SummaryWriter
+    writer: SummaryWriter | None
+    """None on every rank but 0 under torchrun: rank 0 alone writes the run's files"""
     video_folder: Path
     """a resumed run's videos go to a folder of their own: file names never clash with the first part's"""
     global_step: int
@@ -28,14 +30,16 @@ class RunStart:
 
 def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_size: int) -> RunStart:
     """A new run (`checkpoint` None), or the continuation of the checkpoint's run, whose TensorBoard curves go on
-    from the step after the checkpoint's. `args` is the script's dataclass."""
+    from the step after the checkpoint's. `args` is the script's dataclass; `batch_size` counts every rank's steps."""
     if args.total_timesteps % batch_size:
         notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
+    main = distributed.is_main()
     if checkpoint is None:
-        path = create_run_folder(args.run_dir, run_name(args.env_id, args.exp_name, args.seed))
-        return RunStart(path, start_tracking(path, args), path / "videos", 0, 0)
+        path = create_run_folder(args.run_dir, run_name(args.env_id, args.exp_name, args.seed)) if main else None
+        path = distributed.broadcast_object(path)
+        return RunStart(path, start_tracking(path, args) if main else None, path / "videos", 0, 0)
     path, global_step, iterations_done = resume_folder(args.resume), checkpoint["global_step"], checkpoint["iteration"]
     if iterations_done >= num_iterations:
         raise UsageError(f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)")
-    writer = start_tracking(path, args, purge_step=global_step + 1)
+    writer = start_tracking(path, args, purge_step=global_step + 1) if main else None
     return RunStart(path, writer, path / "videos" / f"from_step_{global_step}", int(global_step), int(iterations_done))

@@ -25,9 +25,13 @@ class RunningNorm(nn.Module):
         self.clip, self.epsilon = clip, epsilon
 
     def update(self, batch: torch.Tensor) -> None:
-        """Merge the statistics of `batch` (rows are samples) into the running ones (Chan et al.'s parallel update)."""
+        """Merge the statistics of `batch` (rows are samples) into the running ones."""
         batch = batch.reshape(-1, batch.shape[-1]).to(torch.float64)
-        batch_mean, batch_var, batch_count = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+        self.merge(batch.mean(0), batch.var(0, unbiased=False), batch.shape[0])
+
+    def merge(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, batch_count: int) -> None:
+        """Merge a batch's mean, (biased) variance and count into the running statistics (Chan et al.'s parallel
+        update), such as `common.distributed.moments` gives for all ranks' batches."""
         delta, total = batch_mean - self.mean, self.count + batch_count
         self.mean += delta * batch_count / total
         self.var.copy_(

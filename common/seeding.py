@@ -8,21 +8,28 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
+from common import distributed
+
 
 def seed_and_pick_device(seed: int, torch_deterministic: bool, torch_threads: int, cuda: bool) -> torch.device:
     """Seed python, NumPy and torch, set the CPU threads of torch and of NumPy's BLAS (0 keeps their defaults), and
-    return the device: a GPU when `cuda` and one is available, else the CPU.
+    return the device: a GPU when `cuda` and one is available (under torchrun, the local rank's), else the CPU.
 
     NumPy's BLAS counts too: the rollouts' NumPy stand-ins multiply a few rows at a time, and OpenBLAS's own threads
     made an 8-row product 12 times slower (790 against 64 µs) when the cores were shared with other runs."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    seed_generators(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
     if torch_threads:
         torch.set_num_threads(torch_threads)
         threadpool_limits(torch_threads, user_api="blas")
-    return torch.device("cuda" if torch.cuda.is_available() and cuda else "cpu")
+    return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() and cuda else torch.device("cpu")
+
+
+def seed_generators(seed: int) -> None:
+    """Seed python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def rng_state() -> dict:

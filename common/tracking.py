@@ -15,6 +15,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from common import distributed
 from common.resident_memory import rss_mb
 
 
@@ -48,10 +49,12 @@ def start_tracking(run_path: Path, args: Any, purge_step: int | None = None) -> 
 
 
 def log_episodes(
-    writer: SummaryWriter, returns: Sequence[float], lengths: Sequence[int], step: int, prefix: str = "charts"
+    writer: SummaryWriter | None, returns: Sequence[float], lengths: Sequence[int], step: int, prefix: str = "charts"
 ) -> None:
     """Log every episode that ended at `step` (`{prefix}/episodic_return` and `{prefix}/episodic_length`) in one
     event: each event costs the writer thread about 0.1 ms, which dominates runs where many short episodes end."""
+    if writer is None:  # a rank other than 0 under torchrun
+        return
     values = [Summary.Value(tag=f"{prefix}/episodic_return", simple_value=value) for value in returns]
     values += [Summary.Value(tag=f"{prefix}/episodic_length", simple_value=value) for value in lengths]
     writer.file_writer.add_summary(Summary(value=values), step)
@@ -67,8 +70,12 @@ def upload_videos(video_folder: str | Path, uploaded: set[str]) -> None:
             uploaded.add(str(path))
 
 
-def finish_tracking(writer: SummaryWriter, track: bool, video_folder: str | Path | None, uploaded: set[str]) -> None:
-    """Close the writer; with `track`, upload the last videos and finish the wandb run."""
+def finish_tracking(
+    writer: SummaryWriter | None, track: bool, video_folder: str | Path | None, uploaded: set[str]
+) -> None:
+    """Close the writer; with `track`, upload the last videos and finish the wandb run (None: nothing to close)."""
+    if writer is None:
+        return
     writer.close()
     atexit.unregister(writer.close)
     if track:
@@ -81,12 +88,14 @@ def finish_tracking(writer: SummaryWriter, track: bool, video_folder: str | Path
 
 class EpisodeLog:
     """The finished episodes of a vector env with gymnasium's RecordEpisodeStatistics: kept in order, and logged at
-    the step they end (`{prefix}/episodic_return`, `{prefix}/episodic_length`)."""
+    the step they end (`{prefix}/episodic_return`, `{prefix}/episodic_length`). Under torchrun every rank's episodes
+    are gathered at `gather_ranks` (once per iteration), kept by every rank, and logged by rank 0."""
 
-    def __init__(self, writer: SummaryWriter, prefix: str = "charts"):
+    def __init__(self, writer: SummaryWriter | None, prefix: str = "charts"):
         self.writer, self.prefix = writer, prefix
         self.returns: list[float] = []
         self.lengths: list[int] = []
+        self.pending: list[tuple[int, list[float], list[int]]] = []  # this rank's, until `gather_ranks`
 
     def record(self, infos: dict, step: int) -> None:
         """Keep and log the episodes that `infos` (of one vector step) reports as finished."""
@@ -94,9 +103,23 @@ class EpisodeLog:
             return
         finished = infos["_episode"]
         returns, lengths = infos["episode"]["r"][finished].tolist(), infos["episode"]["l"][finished].tolist()
+        if distributed.world_size() > 1:
+            self.pending.append((step, returns, lengths))
+        else:
+            self._add(step, returns, lengths)
+
+    def _add(self, step: int, returns: list[float], lengths: list[int]) -> None:
         log_episodes(self.writer, returns, lengths, step, self.prefix)
         self.returns += returns
         self.lengths += lengths
+
+    def gather_ranks(self) -> None:
+        """Every rank's episodes since the last call, in the order of their steps (then ranks): a collective."""
+        if distributed.world_size() == 1:
+            return
+        ranks, self.pending = distributed.gather(self.pending), []
+        for step, returns, lengths in sorted((episodes for rank in ranks for episodes in rank), key=lambda e: e[0]):
+            self._add(step, returns, lengths)
 
     def recent_mean(self, episodes: int = 20) -> float | None:
         """The mean return of the last `episodes` episodes to 2 decimals (for a progress bar), None before the first."""
@@ -108,18 +131,24 @@ class TrainingLog:
     `charts/SPS` and `system/rss_mb` added, the progress bar, and (with --track) the videos uploaded as they appear.
     A context manager: the progress bar closes on leaving it."""
 
-    def __init__(self, writer: SummaryWriter, args: Any, video_folder: Path, total_steps: int, global_step: int):
-        self.writer, self.track = writer, args.track
+    def __init__(self, writer: SummaryWriter | None, args: Any, video_folder: Path, total_steps: int, global_step: int):
+        self.writer, self.track = writer, args.track and writer is not None
         self.video_folder = video_folder if args.capture_video else None
         self.episodes = EpisodeLog(writer)
-        self.progress = tqdm(total=total_steps, initial=global_step, disable=not args.progress, unit="step")
+        progress = args.progress and distributed.is_main()
+        self.progress = tqdm(total=total_steps, initial=global_step, disable=not progress, unit="step")
         self.start_time, self.start_step = time.time(), global_step
         self.uploaded_videos: set[str] = set()
 
     def iteration(self, global_step: int, scalars: dict[str, float]) -> None:
-        """Log an iteration's `scalars` at `global_step`, with the SPS since this process started training."""
+        """Log an iteration's `scalars` at `global_step`, with the SPS since this process started training (and under
+        torchrun the seconds in collectives, `perf/collective_seconds`, after gathering every rank's episodes)."""
+        self.episodes.gather_ranks()
         sps = int((global_step - self.start_step) / (time.time() - self.start_time))
-        for key, value in {**scalars, "charts/SPS": sps, "system/rss_mb": rss_mb()}.items():
+        scalars = {**scalars, "charts/SPS": sps, "system/rss_mb": rss_mb()}
+        if distributed.world_size() > 1:
+            scalars["perf/collective_seconds"] = distributed.take_collective_seconds()
+        for key, value in scalars.items() if self.writer is not None else ():
             self.writer.add_scalar(key, value, global_step)
         self.progress.update(global_step - self.progress.n)
         self.progress.set_postfix(SPS=sps, ret=self.episodes.recent_mean(), refresh=False)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from common import distributed
 from common.cli import notice
 from common.data_helpers import (
     convert_time_to_batch_major,
@@ -177,9 +178,12 @@ class TrajectoryWriter:
 class RolloutRecorder:
     """Training rollouts to a trajectory file (`path` None: records nothing). The env's side is recorded step by
     step; the agent's fields, known once the rollout's log-probabilities and values are, at the end of each rollout.
-    The file goes to `unused_npz_path(path)`: an existing file is never overwritten."""
+    The file goes to `unused_npz_path(path)`: an existing file is never overwritten. Under torchrun each rank records
+    its own envs, rank r > 0 to `{stem}.rank{r}.npz`."""
 
     def __init__(self, path: str | Path | None, num_envs: int, meta: Mapping[str, Any], reward_normalizer: Any = None):
+        if path is not None and distributed.rank() > 0:
+            path = npz_path(path).with_suffix(f".rank{distributed.rank()}.npz")
         self.path, self.reward_normalizer = unused_npz_path(path), reward_normalizer
         self.writer = TrajectoryWriter(num_envs, meta) if path is not None else None
         self.rollout: list[tuple[tuple[Any, ...], Mapping[str, Any]]] = []

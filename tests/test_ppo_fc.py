@@ -444,13 +444,13 @@ def test_eval_checkpoint_reproduces_the_evaluation_after_training(tmp_path):
 
 def test_evaluation_reads_but_never_updates_the_observation_statistics(tmp_path, monkeypatch):
     updates = []
-    update = ppo_fc.RunningNorm.update
+    merge = ppo_fc.RunningNorm.merge
 
-    def counted_update(self, batch):
-        updates.append(len(batch))
-        update(self, batch)
+    def counted_merge(self, mean, var, count):
+        updates.append(count)
+        merge(self, mean, var, count)
 
-    monkeypatch.setattr(ppo_fc.RunningNorm, "update", counted_update)
+    monkeypatch.setattr(ppo_fc.RunningNorm, "merge", counted_merge)
     args = quick_args(
         tmp_path, env_id="CartPole-v1", total_timesteps=2048, norm_obs=True, save_model=True, eval_episodes=3
     )

@@ -1,0 +1,223 @@
+"""Data parallelism under torchrun: the process group, this process's rank, and the reductions the PPO scripts call.
+
+Started with plain `python` (no `WORLD_SIZE`, or 1) every function here is the single-process identity and no process
+group exists. Under `torchrun`, `setup` joins the group; `RANK` is the global rank (several machines), `LOCAL_RANK`
+picks the GPU. Rank 0 alone writes the run's folder, logs and checkpoints (see docs/distributed.md).
+
+Each collective here is called by every rank, in the same order: whatever decides whether to call one must be the
+same on every rank (the parameters, after averaged gradients, are).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from common.errors import UsageError
+
+TIMEOUT = timedelta(minutes=10)
+"""How long a collective waits for the other ranks before failing (a rank stuck in a long checkpoint write or eval
+must not be cut off; a dead rank is noticed at once, by its closed connection)."""
+
+collective_seconds = 0.0
+"""Seconds this process spent in collectives since the last `take_collective_seconds` (logged as
+`perf/collective_seconds`)."""
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """The global rank (0 to world size - 1, over all machines)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    """Whether this process writes the run's files (rank 0, or the only process)."""
+    return rank() == 0
+
+
+def local_rank() -> int:
+    """This process's index on its machine: it picks the GPU."""
+    return int(os.environ.get("LOCAL_RANK", 0)) if dist.is_initialized() else 0
+
+
+def launched_size() -> int:
+    """The number of processes torchrun started (`WORLD_SIZE`; 1 without torchrun)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        raise UsageError(f"WORLD_SIZE must be an integer, got {os.environ['WORLD_SIZE']!r}") from None
+
+
+def setup(backend: str | None, cuda: bool) -> None:
+    """Join torchrun's process group when it started more than one process: `backend`, or nccl when this process
+    trains on a GPU and gloo otherwise. Does nothing for a single process, or if the group exists already."""
+    if launched_size() <= 1 or dist.is_initialized():
+        return
+    missing = [name for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise UsageError(f"WORLD_SIZE is set but {', '.join(missing)} not: start the script with torchrun")
+    on_gpu = cuda and torch.cuda.is_available()
+    backend = backend or ("nccl" if on_gpu else "gloo")
+    if backend not in dist.Backend.backend_list:
+        raise UsageError(f"--dist-backend {backend!r}: this torch knows {', '.join(dist.Backend.backend_list)}")
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    device_id = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if backend == "nccl" else None
+    dist.init_process_group(backend, timeout=TIMEOUT, device_id=device_id)
+    atexit.register(_leave)
+
+
+def _leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def single_process(what: str) -> None:
+    """Refuse `what` (a script or a mode without data parallelism) under torchrun with more than one process."""
+    if launched_size() > 1:
+        raise UsageError(f"{what} runs in one process: start it with python, or torchrun --nproc-per-node 1")
+
+
+def _timed_all_reduce(tensor: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
+    global collective_seconds
+    start = time.perf_counter()
+    dist.all_reduce(tensor, op=op)
+    collective_seconds += time.perf_counter() - start
+    return tensor
+
+
+def take_collective_seconds() -> float:
+    """The seconds spent in collectives since the last call (0 for a single process)."""
+    global collective_seconds
+    seconds, collective_seconds = collective_seconds, 0.0
+    return seconds
+
+
+def average_gradients(parameters: Iterable[Tensor]) -> None:
+    """Replace each gradient by its mean over the ranks, in one all-reduce of a flat buffer: each rank's loss is a
+    mean over its share of the minibatch, so this is the gradient of the global minibatch's loss."""
+    if world_size() == 1:
+        return
+    parameters = list(parameters)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+    flat = _timed_all_reduce(torch.cat([grad.reshape(-1) for grad in grads])).div_(world_size())
+    for parameter, grad, averaged in zip(parameters, grads, flat.split([g.numel() for g in grads]), strict=True):
+        parameter.grad = averaged.view_as(grad)
+
+
+def mean(values: Tensor) -> Tensor:
+    """`values` averaged over the ranks (elementwise); each rank's values are means over equal shares."""
+    if world_size() == 1:
+        return values
+    return _timed_all_reduce(values.detach().clone()).div_(world_size())
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on any rank: a decision every rank then takes together."""
+    if world_size() == 1:
+        return flag
+    return bool(_timed_all_reduce(torch.tensor([float(flag)]), dist.ReduceOp.MAX).item())
+
+
+def mean_std(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The mean and (unbiased) std of `x`'s elements over all ranks' `x` together, as `x.mean(), x.std()` of one."""
+    if world_size() == 1:
+        return x.mean(), x.std()
+    x64 = x.detach().to(torch.float64)
+    sums = _timed_all_reduce(torch.stack([torch.tensor(x.numel(), dtype=torch.float64), x64.sum(), x64.square().sum()]))
+    count, total, squares = sums.tolist()
+    average = total / count
+    variance = max(squares - count * average**2, 0.0) / max(count - 1, 1)
+    return x.new_tensor(average), x.new_tensor(variance**0.5)
+
+
+def moments(batch: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Per column of `batch` (rows are samples), over all ranks' rows: the mean, the variance (biased) and the count."""
+    batch = batch.reshape(-1, batch.shape[-1]).to(torch.float64)
+    if world_size() == 1:
+        return batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+    count = torch.tensor([batch.shape[0]], dtype=torch.float64, device=batch.device)
+    sums = _timed_all_reduce(torch.cat([count, batch.sum(0), batch.square().sum(0)]))
+    count = sums[0]
+    average = sums[1 : 1 + batch.shape[1]] / count
+    variance = (sums[1 + batch.shape[1] :] / count - average**2).clamp_(min=0.0)
+    return average, variance, int(count.item())
+
+
+class CombinedReturnStats:
+    """Keeps the running return statistics of gymnasium's NormalizeReward (None: none) the same on every rank. Each
+    rank's rollout adds its own envs' returns; calling this after the rollout adds up what every rank added since
+    the last call (counts, sums and sums of squares add exactly), so all ranks go on from the statistics of all
+    envs. Within a rollout a rank scales by its own statistics (a step-by-step exchange would cost a collective per
+    env step)."""
+
+    def __init__(self, normalizer: Any):
+        self.rms = normalizer.return_rms if normalizer is not None and world_size() > 1 else None
+        self.start = self._sums() if self.rms is not None else None
+
+    def _sums(self) -> np.ndarray:
+        count, mean, var = float(self.rms.count), np.asarray(self.rms.mean, np.float64), np.asarray(self.rms.var)
+        return np.stack([np.full_like(mean, count), count * mean, count * (var + mean**2)])
+
+    def __call__(self) -> None:
+        if self.rms is None:
+            return
+        added = torch.from_numpy(self._sums() - self.start)
+        total = self.start + _timed_all_reduce(added).numpy()
+        count = float(total[0].flat[0])
+        mean = total[1] / count
+        self.rms.count, self.rms.mean, self.rms.var = count, mean, np.maximum(total[2] / count - mean**2, 0.0)
+        self.start = self._sums()
+
+
+def broadcast_module(module: torch.nn.Module) -> None:
+    """Rank 0's parameters and buffers, copied into every rank's `module`."""
+    if world_size() == 1:
+        return
+    for tensor in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(tensor.data, src=0)
+
+
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's `value` on every rank (a path, a name: small values, pickled between this run's processes only)."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather(value: Any) -> list[Any]:
+    """Every rank's `value`, in rank order, on every rank (pickled between this run's processes only)."""
+    if world_size() == 1:
+        return [value]
+    global collective_seconds
+    start = time.perf_counter()
+    values: list[Any] = [None] * world_size()
+    dist.all_gather_object(values, value)
+    collective_seconds += time.perf_counter() - start
+    return values
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """Whether `exc` is a collective that failed: another rank is gone (its connection closed) or timed out. The
+    process group is then broken; it is left to the exit, as destroying it can abort."""
+    failed = dist.is_initialized() and (
+        isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and re.search(r"gloo|NCCL", str(exc)))
+    )
+    if failed:
+        atexit.unregister(_leave)
+    return bool(failed)

@@ -1,0 +1,122 @@
+"""Data parallelism under torchrun (CPU, gloo, 2 processes): the same maths as one process, ranks that agree, one
+writer, resume, errors and learning. Each test starts torchrun in a subprocess."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import REPO, read_scalars
+
+from common.trajectories import load_trajectories, split_episodes
+
+SMALL = dict(num_steps=16, num_minibatches=4, update_epochs=2, progress=False, eval_episodes=0)
+
+
+def torchrun(out, script: str, settings: dict, *options: str, nproc: int = 2, timeout: int = 180):
+    """`tests/distributed_run.py` under `torchrun --standalone --nproc-per-node nproc`."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    command += ["tests/distributed_run.py", str(out), script, json.dumps(settings), *options]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def plain(out, script: str, settings: dict, *options: str, timeout: int = 180):
+    """`tests/distributed_run.py` in one process, without torchrun."""
+    command = [sys.executable, "tests/distributed_run.py", str(out), script, json.dumps(settings), *options]
+    env = {key: value for key, value in os.environ.items() if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def ended(out, rank: int) -> dict:
+    return torch.load(out / f"rank{rank}.pt", weights_only=True)
+
+
+def assert_ok(process: subprocess.CompletedProcess) -> None:
+    assert process.returncode == 0, process.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "env_id, extra",
+    [("CartPole-v1", dict(norm_obs=True)), ("Pendulum-v1", dict(norm_obs=True, clip_vloss=False))],
+)
+def test_two_ranks_compute_the_update_of_one_process_with_the_whole_batch(tmp_path, env_id, extra):
+    # One iteration: 2 ranks x 4 envs and 1 process x 8 envs act on the same noise and take the same minibatches.
+    settings = dict(SMALL, env_id=env_id, run_dir=str(tmp_path / "runs"), save_model=False, **extra)
+    assert_ok(torchrun(tmp_path / "two", "ppo_fc", dict(settings, num_envs=4, total_timesteps=128), "--same-data=2"))
+    assert_ok(plain(tmp_path / "one", "ppo_fc", dict(settings, num_envs=8, total_timesteps=128), "--same-data=2"))
+    one, rank0, rank1 = ended(tmp_path / "one", 0), ended(tmp_path / "two", 0), ended(tmp_path / "two", 1)
+    assert rank0["global_step"] == one["global_step"] == 128
+    for name, expected in one["state"].items():
+        torch.testing.assert_close(rank0["state"][name], expected, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(rank1["state"][name], rank0["state"][name], rtol=0, atol=0, msg=name)
+
+
+def test_after_training_both_ranks_hold_the_same_parameters(tmp_path):
+    settings = dict(SMALL, env_id="CartPole-v1", num_envs=4, total_timesteps=8 * 128, run_dir=str(tmp_path / "runs"))
+    assert_ok(torchrun(tmp_path, "ppo_fc", dict(settings, norm_obs=True, norm_reward=True, save_model=False)))
+    rank0, rank1 = ended(tmp_path, 0), ended(tmp_path, 1)
+    assert rank0["global_step"] == rank1["global_step"] == 8 * 128
+    for name, value in rank0["state"].items():
+        torch.testing.assert_close(rank1["state"][name], value, rtol=0, atol=0, msg=name)
+
+
+def test_rank_0_logs_the_episodes_of_every_rank(tmp_path):
+    path = tmp_path / "rollouts.npz"
+    settings = dict(SMALL, env_id="CartPole-v1", num_envs=2, total_timesteps=16 * 64, save_model=False)
+    assert_ok(torchrun(tmp_path, "ppo_fc", dict(settings, run_dir=str(tmp_path / "runs"), save_trajectories=str(path))))
+    finished = {
+        rank: [episode.total_reward for episode in split_episodes(load_trajectories(file)) if episode.finished]
+        for rank, file in ((0, path), (1, tmp_path / "rollouts.rank1.npz"))
+    }
+    assert len(finished[0]) > 5 and len(finished[1]) > 5
+    (run,) = (tmp_path / "runs").iterdir()
+    logged = [value for _, value in read_scalars(run)["charts/episodic_return"]]
+    assert sorted(logged) == sorted(finished[0] + finished[1])
+    assert ended(tmp_path, 0)["returns"] == ended(tmp_path, 1)["returns"] and len(ended(tmp_path, 0)["returns"]) == len(
+        logged
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def two_machines(out, script: str, settings: list[dict], timeout: int = 180) -> list[subprocess.CompletedProcess]:
+    """Two torchrun launches of one process each, met at a localhost endpoint as two machines would: rank 1's
+    LOCAL_RANK is 0. `settings[i]` goes to the launch i."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    launches = [
+        subprocess.Popen(
+            [
+                sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=test", "--max-restarts=0",
+                "tests/distributed_run.py", str(out), script, json.dumps(launch_settings),
+            ],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for launch_settings in settings
+    ]  # fmt: skip
+    outputs = [launch.communicate(timeout=timeout) for launch in launches]
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, *output) for p, output in zip(launches, outputs, strict=True)
+    ]
+
+
+def test_two_machines_make_one_run_folder_written_by_global_rank_0(tmp_path):
+    settings = dict(SMALL, env_id="CartPole-v1", num_envs=2, total_timesteps=4 * 64, run_dir=str(tmp_path / "runs"))
+    for launch in two_machines(tmp_path, "ppo_fc", [dict(settings, checkpoint_every=2)] * 2):
+        assert_ok(launch)
+    environs = [ended(tmp_path, rank)["environ"] for rank in (0, 1)]
+    assert environs == [
+        {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
+        {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
+    ]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert len(list(run.glob("events.*"))) == 1
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["latest.pt", "step_128.pt", "step_256.pt"]
+    assert [step for step, _ in read_scalars(run)["charts/learning_rate"]] == [64, 128, 192, 256]
