@@ -3,14 +3,18 @@ writer, resume, errors and learning. Each test starts torchrun in a subprocess."
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, read_scalars
+from helpers import REPO, read_scalars, visit_states
 
+import ppo_fc
 from common.trajectories import load_trajectories, split_episodes
 
 SMALL = dict(num_steps=16, num_minibatches=4, update_epochs=2, progress=False, eval_episodes=0)
@@ -120,3 +124,69 @@ def test_two_machines_make_one_run_folder_written_by_global_rank_0(tmp_path):
     assert len(list(run.glob("events.*"))) == 1
     assert sorted(path.name for path in (run / "checkpoints").iterdir()) == ["latest.pt", "step_128.pt", "step_256.pt"]
     assert [step for step, _ in read_scalars(run)["charts/learning_rate"]] == [64, 128, 192, 256]
+
+
+def test_resume_under_torchrun_continues_as_the_uninterrupted_run(tmp_path):
+    settings = dict(SMALL, env_id="CartPole-v1", num_envs=2, total_timesteps=6 * 64, checkpoint_every=3)
+    settings.update(save_model=True, norm_obs=True, norm_reward=True, run_dir=str(tmp_path / "runs"))
+    assert_ok(torchrun(tmp_path / "whole", "ppo_fc", settings))
+    whole = ended(tmp_path / "whole", 0)
+    middle = Path(whole["run_dir"]) / "checkpoints" / "step_192.pt"
+    checkpoint = torch.load(middle, weights_only=True)
+    assert len(checkpoint["ranks"]) == 2 and all(len(rank["episodes"]["envs"]) == 2 for rank in checkpoint["ranks"])
+    copy = tmp_path / "copy" / middle.parents[1].name
+    shutil.copytree(middle.parents[1], copy, ignore=shutil.ignore_patterns("step_384.pt", "latest.pt"))
+    resume = dict(resume=str(copy / "checkpoints" / "step_192.pt"), progress=False)
+    assert_ok(torchrun(tmp_path / "resumed", "ppo_fc", resume))
+    for rank in (0, 1):
+        resumed = ended(tmp_path / "resumed", rank)
+        assert resumed["global_step"] == 384 and resumed["run_dir"] == str(copy)
+        for name, value in whole["state"].items():
+            torch.testing.assert_close(resumed["state"][name], value, rtol=0, atol=0, msg=name)
+    # Another number of processes goes on, with new episodes, and says so.
+    process = plain(tmp_path / "one", "ppo_fc", resume)
+    assert_ok(process)
+    assert "the checkpoint was written by 2 process(es), this run has 1" in process.stderr
+
+
+def test_bad_input_on_one_rank_ends_both_within_seconds(tmp_path):
+    settings = dict(SMALL, env_id="CartPole-v1", num_envs=2, total_timesteps=100 * 64, run_dir=str(tmp_path / "runs"))
+    start = time.time()
+    good, bad = two_machines(tmp_path, "ppo_fc", [settings, dict(settings, env_id="NoSuchEnv-v0")], timeout=120)
+    assert time.time() - start < 60  # torchrun's start-up included; the run itself would take far longer
+    assert bad.returncode != 0 and "error: unknown env id 'NoSuchEnv-v0'" in bad.stderr
+    assert good.returncode != 0 and "error: rank 0: another process of the run stopped" in good.stderr
+    for launch in (good, bad):  # the workers' own output, before torchrun's summary (which is torchrun's own)
+        assert "Traceback" not in launch.stderr.split("elastic/multiprocessing/api.py")[0]
+
+
+def test_a_target_kl_break_on_one_ranks_data_stops_both_ranks_epochs(tmp_path):
+    settings = dict(SMALL, env_id="CartPole-v1", num_envs=4, num_steps=32, total_timesteps=6 * 256, update_epochs=8)
+    settings.update(target_kl=0.002, run_dir=str(tmp_path / "runs"), save_model=False, learning_rate=1e-3)
+    assert_ok(torchrun(tmp_path, "ppo_fc", settings, timeout=120))
+    rank0, rank1 = ended(tmp_path, 0), ended(tmp_path, 1)
+    # Each record: ([old_approx_kl, approx_kl] of this rank's data, the same averaged over both ranks).
+    local_kls = [
+        (mine[1], theirs[1], averaged[1])
+        for (mine, averaged), (theirs, _) in zip(rank0["means"], rank1["means"], strict=True)
+    ]
+    # Some epoch's data crossed the target on one rank only: a rank deciding alone would have left the other waiting.
+    assert any((a > 0.002) != (b > 0.002) for a, b, _ in local_kls)
+    assert any(average > 0.002 for _, _, average in local_kls) and len(local_kls) < 6 * 8  # some epochs stopped
+    for name, value in rank0["state"].items():
+        torch.testing.assert_close(rank1["state"][name], value, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("env_id", ["Probe4-v0", "Probe5-v0"])
+def test_two_ranks_learn_the_probes(tmp_path, env_id):
+    # 2 ranks x 2 envs: the global batch of the one-process probe tests (4 envs x 128 steps), over as many steps.
+    settings = dict(env_id=env_id, num_envs=2, total_timesteps=20_480, save_model=False, eval_episodes=0)
+    assert_ok(torchrun(tmp_path, "ppo_fc", dict(settings, progress=False, run_dir=str(tmp_path / "runs"))))
+    args = ppo_fc.Args(env_id=env_id)
+    agent = ppo_fc.build_agent(args, {"model": ended(tmp_path, 1)["state"]}, torch.device("cpu"))
+    for env, observation in visit_states(env_id):
+        x = torch.as_tensor(observation[None], dtype=torch.float32)
+        with torch.no_grad():
+            value, policy = agent.get_value(x).item(), agent.distribution(x)
+        assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
+        assert policy.probs[0, env.optimal_action()].item() >= 0.95, observation
