@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, cli, env_state, evaluation, run_start, tracking
+from common import checkpoints, cli, distributed, env_state, evaluation, run_start, tracking
 from common.envs import checked_spaces, flat_observations, training_envs
 from common.errors import UsageError, check_finite
 from common.interrupt import GracefulInterrupt
@@ -244,6 +244,7 @@ def exploration_noise(args: Args, noise_state: np.ndarray, episode_starts: np.nd
 
 def check_args(args: Args) -> None:
     """Reject bad settings before anything is built or written."""
+    distributed.single_process("ddpg.py")  # no data parallelism here (docs/ddpg.md)
     positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "hidden_size")
     positive += ("video_every", "learning_rate", "updates_per_step")
     non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate", "eval_every")

@@ -24,7 +24,7 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, cli, env_state, evaluation, run_start, stand_in, tracking
+from common import checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
 from common.envs import checked_spaces, env_action, flat_observations, training_envs
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
@@ -50,6 +50,8 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, use a GPU when one is available"""
+    dist_backend: str | None = None
+    """under torchrun: the process group's backend (default: nccl on a GPU, gloo on the CPU)"""
     torch_threads: int = 1
     """CPU threads for torch and NumPy's BLAS (0 keeps their defaults; 1 is fastest for small networks)"""
     track: bool = False
@@ -422,7 +424,7 @@ def check_args(args: Args) -> None:
             f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs} (minibatches are whole "
             "env rollouts)"
         )
-    batch_size = args.num_envs * args.num_steps
+    batch_size = args.num_envs * args.num_steps * distributed.launched_size()
     if args.total_timesteps < batch_size:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)")
 
@@ -454,19 +456,25 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
 
 def train(args: Args) -> TrainResult:
     check_args(args)
+    distributed.setup(args.dist_backend, args.cuda)  # under torchrun: join its processes (docs/distributed.md)
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
-    batch_size = args.num_envs * args.num_steps
+    world_size = distributed.world_size()
+    batch_size = args.num_envs * args.num_steps * world_size  # the global batch, over all processes
     num_iterations = args.total_timesteps // batch_size
     reward_clip = args.norm_reward_clip
 
-    device = seed_and_pick_device(args.seed, args.torch_deterministic, args.torch_threads, args.cuda)
+    # Each rank draws its own sampling noise and minibatches, from the same parameters (rank 0's).
+    seed = args.seed + distributed.rank()
+    device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
     agent = build_agent(args, checkpoint, device)
+    distributed.broadcast_module(agent)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
     run = run_start.start_run(args, checkpoint, num_iterations, batch_size)
     global_step = run.global_step
     envs, reward_normalizer = training_envs(env_maker(args), args, str(run.video_folder), checkpoint)
+    combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
 
     # Rollout storage, (num_steps, num_envs, ...).
     num_envs, prefix = args.num_envs, agent.receptive_field
@@ -518,7 +526,7 @@ def train(args: Args) -> TrainResult:
             with torch.no_grad():
                 context = Context.after(agent, t_context_obs, t_context_positions, t_context_valid)
             for step in range(args.num_steps):
-                global_step += num_envs
+                global_step += num_envs * world_size
                 obs[step], episode_starts[step] = next_obs_np, next_starts
                 positions[step] = next_positions
                 with torch.no_grad():
@@ -552,6 +560,7 @@ def train(args: Args) -> TrainResult:
                 next_starts = terminated | truncated
                 next_positions = np.where(next_starts, 0, positions[step] + 1)
                 log.episodes.record(infos, global_step)
+            combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             # Each env's sequence: its carried context, then its rollout; one episode id per step.
             s_obs = torch.cat([t_context_obs, as_tensor(obs).transpose(0, 1)], 1)
@@ -614,8 +623,9 @@ def train(args: Args) -> TrainResult:
                     ratios.append(ratio.detach())
 
                     mb_advantages, mb_returns, mb_values = advantages[mb], returns[mb], values[mb]
-                    if args.norm_adv and mb_advantages.numel() > 1:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    if args.norm_adv and mb_advantages.numel() * world_size > 1:
+                        adv_mean, adv_std = distributed.mean_std(mb_advantages)  # of the global minibatch
+                        mb_advantages = (mb_advantages - adv_mean) / (adv_std + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
                     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
@@ -634,18 +644,20 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
+                    distributed.average_gradients(agent.parameters())  # the global minibatch's gradient
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
-                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
+                with torch.no_grad():  # of the epoch's last (global) minibatch, as CleanRL logs them
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
+                    old_approx_kl, approx_kl = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
                 if args.target_kl is not None and approx_kl > args.target_kl:
                     break
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
             if args.norm_obs:
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
-                agent.obs_norm.update(as_tensor(obs).reshape(-1, *obs_shape))
+                agent.obs_norm.merge(*distributed.moments(as_tensor(obs).reshape(-1, *obs_shape)))  # all ranks'
             update_seconds = time.time() - update_start
 
             var_y = np.var(returns.cpu().numpy())
@@ -660,11 +672,12 @@ def train(args: Args) -> TrainResult:
                 "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
+            interrupt.requested = distributed.any_rank(interrupt.requested)  # a Ctrl-C on one rank stops all
             if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
                 break
         saving.run_ended(iteration, interrupt.requested)
         recorder.save()
-    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
+    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes and run.writer else []
     log.finish()
     episodes = log.episodes
     return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)
@@ -724,6 +737,7 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     check_args(args)
+    distributed.single_process("--eval-checkpoint")
     trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False)
     device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
     agent = build_agent(trained, checkpoint, device)
@@ -739,7 +753,9 @@ def main() -> int:
         if args.eval_checkpoint:
             evaluate_checkpoint(args)
         else:
-            print(train(args).summary())
+            result = train(args)
+            if distributed.is_main():
+                print(result.summary())
 
     return cli.exit_status(run)
 

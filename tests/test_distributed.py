@@ -190,3 +190,32 @@ def test_two_ranks_learn_the_probes(tmp_path, env_id):
             value, policy = agent.get_value(x).item(), agent.distribution(x)
         assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
         assert policy.probs[0, env.optimal_action()].item() >= 0.95, observation
+
+
+@pytest.mark.parametrize("script", ["ppo_lstm", "ppo_transformer"])
+def test_recurrent_scripts_train_under_torchrun_with_ranks_that_agree(tmp_path, script):
+    settings = dict(env_id="CartPole-v1", num_envs=4, num_steps=32, num_minibatches=2, total_timesteps=4 * 256)
+    settings.update(norm_obs=True, norm_adv=True, progress=False, eval_episodes=0, run_dir=str(tmp_path / "runs"))
+    assert_ok(torchrun(tmp_path, script, dict(settings, checkpoint_every=2, save_model=True)))
+    rank0, rank1 = ended(tmp_path, 0), ended(tmp_path, 1)
+    assert rank0["global_step"] == rank1["global_step"] == 4 * 256
+    for name, value in rank0["state"].items():
+        torch.testing.assert_close(rank1["state"][name], value, rtol=0, atol=0, msg=name)
+    (run,) = (tmp_path / "runs").iterdir()
+    assert rank0["returns"] == rank1["returns"]
+    assert len(read_scalars(run)["charts/episodic_return"]) == len(rank0["returns"]) > 0
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert len(checkpoint["ranks"]) == 2 and checkpoint["global_step"] == 4 * 256
+    carried = [rank["episodes"] for rank in checkpoint["ranks"]]  # each rank's memory or context, not rank 0's twice
+    assert not all(
+        torch.equal(carried[0][key], carried[1][key]) for key in carried[0] if key not in ("envs", "wrappers")
+    )
+
+
+def test_ddpg_refuses_more_than_one_process(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "ddpg.py"]
+    process = subprocess.run(
+        [*command, "--run-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert process.returncode != 0 and process.stderr.count("error: ddpg.py runs in one process") == 2
+    assert not list(tmp_path.iterdir())
