@@ -297,6 +297,7 @@ def train(args: Args) -> TrainResult:
     world_size = distributed.world_size()
     batch_size = args.num_envs * args.num_steps  # this process's; the global batch is world_size times it
     minibatch_size = batch_size // args.num_minibatches  # this process's share of each global minibatch
+    norm_adv = args.norm_adv and minibatch_size * world_size > 1
     num_iterations = args.total_timesteps // (batch_size * world_size)
     reward_clip = args.norm_reward_clip
 
@@ -391,18 +392,18 @@ def train(args: Args) -> TrainResult:
             update_start = time.time()
             ratios = []
             for _epoch in range(args.update_epochs):
-                permutation = torch.randperm(batch_size, device=device)
-                for start in range(0, batch_size, minibatch_size):
-                    mb_inds = permutation[start : start + minibatch_size]
+                minibatches = torch.randperm(batch_size, device=device).view(args.num_minibatches, minibatch_size)
+                if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
+                    adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
+                for i, mb_inds in enumerate(minibatches):
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())
 
                     mb_advantages, mb_returns, mb_values = b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds]
-                    if args.norm_adv and minibatch_size * world_size > 1:
-                        adv_mean, adv_std = distributed.mean_std(mb_advantages)  # of the global minibatch
-                        mb_advantages = (mb_advantages - adv_mean) / (adv_std + 1e-8)
+                    if norm_adv:
+                        mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
                     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
@@ -425,12 +426,13 @@ def train(args: Args) -> TrainResult:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
-                with torch.no_grad():  # of the epoch's last (global) minibatch, as CleanRL logs them
+                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
+                if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
                     old_approx_kl, approx_kl = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
-                if args.target_kl is not None and approx_kl > args.target_kl:
-                    break
+                    if approx_kl > args.target_kl:
+                        break
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
             if args.norm_obs:
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.

@@ -426,6 +426,7 @@ def train(args: Args) -> TrainResult:
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     world_size = distributed.world_size()
     batch_size = args.num_envs * args.num_steps * world_size  # the global batch, over all processes
+    norm_adv = args.norm_adv and batch_size > args.num_minibatches  # (a minibatch of one has no std)
     num_iterations = args.total_timesteps // batch_size
     reward_clip = args.norm_reward_clip
 
@@ -456,7 +457,6 @@ def train(args: Args) -> TrainResult:
     recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)}, reward_normalizer)
 
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
-    sequences_per_minibatch = sequences.count // args.num_minibatches
 
     # Last, after everything is built. A resumed run continues its episodes with the memory they had.
     next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
@@ -529,11 +529,12 @@ def train(args: Args) -> TrainResult:
 
             ratios = []
             for epoch in range(args.update_epochs):
-                permutation = torch.randperm(sequences.count, device=device)
-                for start in range(0, sequences.count, sequences_per_minibatch):
-                    mb = permutation[start : start + sequences_per_minibatch]
+                minibatches = torch.randperm(sequences.count, device=device).view(args.num_minibatches, -1)
+                if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
+                    adv_means, adv_stds = distributed.mean_std(s_advantages[:, minibatches].transpose(0, 1))
+                for i, mb in enumerate(minibatches):
                     actor_out, newvalue, _ = agent(s_obs[:, mb], s_states[:, mb], s_starts[:, mb])
-                    if epoch == 0 and start == 0:  # no step yet: this pass replays the rollout's on these sequences
+                    if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's on these sequences
                         recorded = (s_actor_outs[:, mb], s_values[:, mb])
                         check_replay(s_states[:, mb], s_starts[:, mb], (actor_out, newvalue), recorded)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, s_actions[:, mb])
@@ -542,9 +543,8 @@ def train(args: Args) -> TrainResult:
                     ratios.append(ratio.detach())
 
                     mb_advantages, mb_returns, mb_values = s_advantages[:, mb], s_returns[:, mb], s_values[:, mb]
-                    if args.norm_adv and mb_advantages.numel() * world_size > 1:
-                        adv_mean, adv_std = distributed.mean_std(mb_advantages)  # of the global minibatch
-                        mb_advantages = (mb_advantages - adv_mean) / (adv_std + 1e-8)
+                    if norm_adv:
+                        mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
                     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
@@ -567,12 +567,13 @@ def train(args: Args) -> TrainResult:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
-                with torch.no_grad():  # of the epoch's last (global) minibatch, as CleanRL logs them
+                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
+                if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
                     old_approx_kl, approx_kl = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
-                if args.target_kl is not None and approx_kl > args.target_kl:
-                    break
+                    if approx_kl > args.target_kl:
+                        break
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
             if args.norm_obs:
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.

@@ -460,6 +460,7 @@ def train(args: Args) -> TrainResult:
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     world_size = distributed.world_size()
     batch_size = args.num_envs * args.num_steps * world_size  # the global batch, over all processes
+    norm_adv = args.norm_adv and batch_size > args.num_minibatches  # (a minibatch of one has no std)
     num_iterations = args.total_timesteps // batch_size
     reward_clip = args.norm_reward_clip
 
@@ -489,7 +490,6 @@ def train(args: Args) -> TrainResult:
     acted_outs = torch.zeros((args.num_steps, num_envs, agent.action_size), device=device)  # what the rollout saw
     acted_values = torch.zeros((args.num_steps, num_envs), device=device)
     recorder = RolloutRecorder(args.save_trajectories, num_envs, {"args": asdict(args)}, reward_normalizer)
-    envs_per_minibatch = num_envs // args.num_minibatches
 
     # Last, after everything is built. Each env carries its last L(K-1) steps across rollouts (and checkpoints):
     # the rollout's context is recomputed from them with the current parameters, and training prefixes them.
@@ -604,12 +604,13 @@ def train(args: Args) -> TrainResult:
             update_start = time.time()
             ratios = []
             for epoch in range(args.update_epochs):
-                permutation = torch.randperm(num_envs, device=device)
-                for start in range(0, num_envs, envs_per_minibatch):
-                    mb = permutation[start : start + envs_per_minibatch]
+                minibatches = torch.randperm(num_envs, device=device).view(args.num_minibatches, -1)
+                if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
+                    adv_means, adv_stds = distributed.mean_std(advantages[minibatches])
+                for i, mb in enumerate(minibatches):
                     actor_out, newvalue, _ = agent(s_obs[mb], s_positions[mb], s_mask[mb])
                     actor_out, newvalue = actor_out[:, prefix:], newvalue[:, prefix:]  # only the rollout's steps
-                    if epoch == 0 and start == 0:  # no step yet: this pass replays the rollout's
+                    if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         check_outputs(
                             (actor_out, newvalue), (acted_outs[:, mb].transpose(0, 1), acted_values[:, mb].T),
                             s_positions[mb, prefix:],
@@ -623,9 +624,8 @@ def train(args: Args) -> TrainResult:
                     ratios.append(ratio.detach())
 
                     mb_advantages, mb_returns, mb_values = advantages[mb], returns[mb], values[mb]
-                    if args.norm_adv and mb_advantages.numel() * world_size > 1:
-                        adv_mean, adv_std = distributed.mean_std(mb_advantages)  # of the global minibatch
-                        mb_advantages = (mb_advantages - adv_mean) / (adv_std + 1e-8)
+                    if norm_adv:
+                        mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
                     pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
@@ -648,12 +648,13 @@ def train(args: Args) -> TrainResult:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
-                with torch.no_grad():  # of the epoch's last (global) minibatch, as CleanRL logs them
+                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
+                if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
                     old_approx_kl, approx_kl = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
-                if args.target_kl is not None and approx_kl > args.target_kl:
-                    break
+                    if approx_kl > args.target_kl:
+                        break
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
             if args.norm_obs:
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.

@@ -133,15 +133,17 @@ def any_rank(flag: bool) -> bool:
 
 
 def mean_std(x: Tensor) -> tuple[Tensor, Tensor]:
-    """The mean and (unbiased) std of `x`'s elements over all ranks' `x` together, as `x.mean(), x.std()` of one."""
+    """For each `x[i]` (one minibatch's values), the mean and (unbiased) std of its elements over all ranks' `x[i]`
+    together: `x[i].mean()` and `x[i].std()` of the global minibatch, for every i in one all-reduce."""
+    rows = x.detach().flatten(1)
     if world_size() == 1:
-        return x.mean(), x.std()
-    x64 = x.detach().to(torch.float64)
-    sums = _timed_all_reduce(torch.stack([torch.tensor(x.numel(), dtype=torch.float64), x64.sum(), x64.square().sum()]))
-    count, total, squares = sums.tolist()
+        return rows.mean(1), rows.std(1)
+    rows = rows.to(torch.float64)
+    counts = torch.full((len(rows),), rows.shape[1], dtype=torch.float64, device=rows.device)
+    count, total, squares = _timed_all_reduce(torch.stack([counts, rows.sum(1), rows.square().sum(1)]))
     average = total / count
-    variance = max(squares - count * average**2, 0.0) / max(count - 1, 1)
-    return x.new_tensor(average), x.new_tensor(variance**0.5)
+    variance = ((squares - count * average**2) / (count - 1).clamp(min=1)).clamp(min=0.0)
+    return average.to(x.dtype), variance.sqrt().to(x.dtype)
 
 
 def moments(batch: Tensor) -> tuple[Tensor, Tensor, int]:

@@ -4,6 +4,7 @@ writer, resume, errors and learning. Each test starts torchrun in a subprocess."
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from helpers import REPO, read_scalars, visit_states
 import ppo_fc
 from common.trajectories import load_trajectories, split_episodes
 
+# torchrun's own traceback, as it reports its workers' failure or a Ctrl-C: what comes before it is the workers'.
+TORCHRUN_TRACEBACK = 'Traceback (most recent call last):\n  File "<frozen runpy>"'
 SMALL = dict(num_steps=16, num_minibatches=4, update_epochs=2, progress=False, eval_episodes=0)
 
 
@@ -56,6 +59,20 @@ def test_two_ranks_compute_the_update_of_one_process_with_the_whole_batch(tmp_pa
     for name, expected in one["state"].items():
         torch.testing.assert_close(rank0["state"][name], expected, rtol=1e-4, atol=1e-5, msg=name)
         torch.testing.assert_close(rank1["state"][name], rank0["state"][name], rtol=0, atol=0, msg=name)
+
+
+def test_the_return_statistics_after_a_rollout_are_those_of_all_envs(tmp_path):
+    # Within the rollout each rank scales by its own statistics; after it, by those of every rank's envs together.
+    settings = dict(SMALL, env_id="CartPole-v1", run_dir=str(tmp_path / "runs"), save_model=True, norm_reward=True)
+    assert_ok(torchrun(tmp_path / "two", "ppo_fc", dict(settings, num_envs=4, total_timesteps=128), "--same-data=2"))
+    assert_ok(plain(tmp_path / "one", "ppo_fc", dict(settings, num_envs=8, total_timesteps=128), "--same-data=2"))
+    one, two = (
+        torch.load(Path(ended(tmp_path / r, 0)["run_dir"]) / "checkpoints" / "latest.pt", weights_only=True)
+        for r in ("one", "two")
+    )
+    assert one["reward_rms"]["count"] == pytest.approx(two["reward_rms"]["count"]) and one["reward_rms"]["count"] > 128
+    for key in ("mean", "var"):
+        torch.testing.assert_close(two["reward_rms"][key], one["reward_rms"][key], rtol=1e-6, atol=1e-9)
 
 
 def test_after_training_both_ranks_hold_the_same_parameters(tmp_path):
@@ -157,7 +174,7 @@ def test_bad_input_on_one_rank_ends_both_within_seconds(tmp_path):
     assert bad.returncode != 0 and "error: unknown env id 'NoSuchEnv-v0'" in bad.stderr
     assert good.returncode != 0 and "error: rank 0: another process of the run stopped" in good.stderr
     for launch in (good, bad):  # the workers' own output, before torchrun's summary (which is torchrun's own)
-        assert "Traceback" not in launch.stderr.split("elastic/multiprocessing/api.py")[0]
+        assert "Traceback" not in launch.stderr.split(TORCHRUN_TRACEBACK)[0]
 
 
 def test_a_target_kl_break_on_one_ranks_data_stops_both_ranks_epochs(tmp_path):
@@ -219,3 +236,25 @@ def test_ddpg_refuses_more_than_one_process(tmp_path):
     )
     assert process.returncode != 0 and process.stderr.count("error: ddpg.py runs in one process") == 2
     assert not list(tmp_path.iterdir())
+
+
+def test_ctrl_c_under_torchrun_stops_every_rank_after_the_same_iteration_with_a_checkpoint(tmp_path):
+    flags = ["--total-timesteps", "10000000", "--no-progress", "--run-dir", str(tmp_path), "--checkpoint-every", "1"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "ppo_fc.py", *flags],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group, which the test interrupts as a terminal's Ctrl-C does
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("*/checkpoints/latest.pt")) and time.time() < deadline:
+        time.sleep(0.2)  # until the first iteration is done: every rank is in the training loop
+    time.sleep(1)  # a few iterations
+    os.killpg(process.pid, signal.SIGINT)  # torchrun passes it on to its workers as well: each sees two
+    _, stderr = process.communicate(timeout=120)
+    workers = stderr.split(TORCHRUN_TRACEBACK)[0]  # before torchrun's own report
+    assert workers.count("interrupted: stopped after the iteration") == 2 and "Traceback" not in workers, stderr
+    (run,) = tmp_path.iterdir()
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert checkpoint["global_step"] == checkpoint["iteration"] * 1024 > 0 and len(checkpoint["ranks"]) == 2
+    logged = read_scalars(run)["charts/learning_rate"]
+    assert logged[-1][0] == checkpoint["global_step"]  # the checkpoint is the state after the last logged iteration
