@@ -100,6 +100,7 @@ PPO_UNMATCHED = {
     **SHARED_UNMATCHED,
     **dict.fromkeys(("sampling_method", "temperature", "sampling_k"), RUN_PLUMBING),
     "numpy_rollout": "how the rollout computes the same policy (checked against torch every iteration), not what",
+    "dist_backend": "the process group's backend under torchrun: how ranks exchange values, not what is computed",
     "bootstrap_truncation": "SB3's PPO always bootstraps truncated episodes from their last observation's value, as "
     "the script's default does (a case with --no-bootstrap-truncation has no SB3 equivalent)",
 }  # fmt: skip

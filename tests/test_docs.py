@@ -81,14 +81,17 @@ def tokens(line: str) -> list[str]:
 
 
 def commands(line: str) -> list[tuple[tuple[str, ...], list[str]]]:
-    """(program, flags) of every `python SCRIPT.py ...` and `python -m benchmark SUBCOMMAND ...` in a shell line.
+    """(program, flags) of every `python SCRIPT.py ...`, `torchrun ... SCRIPT.py ...` and `python -m benchmark
+    SUBCOMMAND ...` in a shell line.
     The program is what its `--help` is asked of; the flags are the `--name` parts of the options it is given."""
     found = []
     words = tokens(line)
     for start, word in enumerate(words):
-        if Path(word).name not in ("python", "python3") or start + 1 >= len(words):
+        if Path(word).name not in ("python", "python3", "torchrun") or start + 1 >= len(words):
             continue
         rest = words[start + 1 :]
+        if word == "torchrun":  # torchrun's own options, then the script and its flags
+            rest = next((rest[i:] for i, part in enumerate(rest) if part.endswith(".py")), [""])
         if rest[0].endswith(".py"):
             program, arguments = (rest[0],), rest[1:]
         elif rest[:2] == ["-m", "benchmark"] and len(rest) > 2 and not rest[2].startswith("-"):
@@ -157,6 +160,7 @@ def test_the_commands_are_found():
     assert commands(command_lines(f"```bash\n{continued}```\n", inline=False)[0]) == [
         (("ppo_fc.py",), ["--env-id", "--num-envs", "--learning-rate", "--norm-obs"])
     ]
+    assert commands("torchrun --standalone --nproc-per-node 2 ppo_fc.py --env-id X") == [(("ppo_fc.py",), ["--env-id"])]
     assert commands("pip install -e . && python ppo_lstm.py --env-id=CartPole-v1 && python -m pytest -n 2") == [
         (("ppo_lstm.py",), ["--env-id"])
     ]
