@@ -5,9 +5,8 @@ of every `common.distributed.mean` call.
     python tests/distributed_run.py OUT SCRIPT '{"env_id": "Probe4-v0", ...}' [--same-data RANKS]
 
 `--same-data RANKS` makes RANKS ranks (under torchrun) and one process with RANKS x num_envs envs (plain python) act
-on the same data: the sampling noise is drawn for all envs at once and each rank takes its envs' columns, and each
-rank's minibatch indices are drawn for all ranks, the one process taking their union as its minibatch (ppo_fc's
-batch order: step-major, then env)."""
+on the same data: the sampling noise is drawn for all envs at once and each rank takes its envs' part, and each rank's
+minibatch indices are drawn for all ranks, the one process taking their union as its minibatch."""
 
 from __future__ import annotations
 
@@ -26,36 +25,48 @@ from common import cli, distributed
 
 
 def same_data(module, ranks: int, num_envs: int, num_minibatches: int) -> None:
-    """Patch `module.Agent.sampling_noise` and `torch.randperm` as the docstring says; `num_envs` is per rank."""
-    original_noise, original_randperm = module.Agent.sampling_noise, torch.randperm
-    draws = {"noise": 0, "perm": 0}
+    """Patch the script's sampling and `torch.randperm` as the module's docstring says; `num_envs` is per rank."""
+    original_randperm, draws = torch.randperm, {"noise": 0, "perm": 0}
 
-    def sampling_noise(self, batch_shape):
-        steps, envs = batch_shape
+    def rank_rows(draw_all, dim: int):
+        """`draw_all()` (every rank's envs along `dim`, from a generator of its own) and this rank's part of it."""
         draws["noise"] += 1
         with torch.random.fork_rng():
             torch.manual_seed(1000 + draws["noise"])
-            noise = original_noise(self, (steps, ranks * num_envs))
+            drawn = draw_all()
         if distributed.world_size() == 1:
-            return noise
-        rank = distributed.rank()
-        return noise[:, rank * envs : (rank + 1) * envs].contiguous()
+            return drawn
+        return drawn.narrow(dim, distributed.rank() * num_envs, num_envs).contiguous()
+
+    if hasattr(module.Agent, "sampling_noise"):  # ppo_fc, ppo_lstm: the rollout's noise, (steps, envs, ...)
+        original_noise = module.Agent.sampling_noise
+        module.Agent.sampling_noise = lambda self, shape: rank_rows(
+            lambda: original_noise(self, (shape[0], ranks * num_envs)), dim=1
+        )
+    else:  # ppo_transformer draws each step's actions from a Categorical over its envs: the Gumbel-max trick
+        module.Categorical.sample = lambda policy: (policy.logits + rank_rows(
+            lambda: torch.empty(ranks * num_envs, policy.logits.shape[-1]).exponential_().log_().neg_(), dim=0
+        )).argmax(-1)  # fmt: skip
+    env_major = module.__name__ != "ppo_fc"  # ppo_fc's batch is step-major; the others' sequences are env-major
 
     def randperm(size, *, device=None):
         draws["perm"] += 1
         local = size if distributed.world_size() > 1 else size // ranks
         with torch.random.fork_rng():
             torch.manual_seed(2000 + draws["perm"])
-            perms = [original_randperm(local) for _ in range(ranks)]
+            perms = torch.stack([original_randperm(local) for _ in range(ranks)])
         if distributed.world_size() > 1:
             return perms[distributed.rank()].to(device)
+        ranks_first = torch.arange(ranks)[:, None]
+        if env_major:  # rank r's sequence (or env) i is the one process's r x local + i
+            global_index = ranks_first * local + perms
+        else:  # rank r's step t of env e is the one process's step t of env r x num_envs + e
+            step, env = torch.div(perms, num_envs, rounding_mode="floor"), perms % num_envs
+            global_index = step * ranks * num_envs + ranks_first * num_envs + env
         minibatch = local // num_minibatches
-        step, env = torch.div(torch.stack(perms), num_envs, rounding_mode="floor"), torch.stack(perms) % num_envs
-        global_index = step * ranks * num_envs + torch.arange(ranks)[:, None] * num_envs + env
         blocks = [global_index[:, k * minibatch : (k + 1) * minibatch].reshape(-1) for k in range(num_minibatches)]
         return torch.cat(blocks).to(device)
 
-    module.Agent.sampling_noise = sampling_noise
     torch.randperm = randperm
 
 

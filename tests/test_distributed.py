@@ -51,7 +51,7 @@ def assert_ok(process: subprocess.CompletedProcess) -> None:
 )
 def test_two_ranks_compute_the_update_of_one_process_with_the_whole_batch(tmp_path, env_id, extra):
     # One iteration: 2 ranks x 4 envs and 1 process x 8 envs act on the same noise and take the same minibatches.
-    settings = dict(SMALL, env_id=env_id, run_dir=str(tmp_path / "runs"), save_model=False, **extra)
+    settings = dict(SMALL, env_id=env_id, run_dir=str(tmp_path / "runs"), save_model=False, norm_reward=False, **extra)
     assert_ok(torchrun(tmp_path / "two", "ppo_fc", dict(settings, num_envs=4, total_timesteps=128), "--same-data=2"))
     assert_ok(plain(tmp_path / "one", "ppo_fc", dict(settings, num_envs=8, total_timesteps=128), "--same-data=2"))
     one, rank0, rank1 = ended(tmp_path / "one", 0), ended(tmp_path / "two", 0), ended(tmp_path / "two", 1)
@@ -258,3 +258,15 @@ def test_ctrl_c_under_torchrun_stops_every_rank_after_the_same_iteration_with_a_
     assert checkpoint["global_step"] == checkpoint["iteration"] * 1024 > 0 and len(checkpoint["ranks"]) == 2
     logged = read_scalars(run)["charts/learning_rate"]
     assert logged[-1][0] == checkpoint["global_step"]  # the checkpoint is the state after the last logged iteration
+
+
+@pytest.mark.parametrize("script", ["ppo_lstm", "ppo_transformer"])
+def test_recurrent_scripts_on_two_ranks_compute_the_update_of_one_process(tmp_path, script):
+    # Minibatches of whole sequences (envs) from both ranks; the recurrent state and context of each env its own.
+    settings = dict(SMALL, env_id="CartPole-v1", num_minibatches=2, run_dir=str(tmp_path / "runs"), save_model=False)
+    settings.update(norm_obs=True, norm_adv=True, norm_reward=False)  # (within a rollout each rank scales its own)
+    assert_ok(torchrun(tmp_path / "two", script, dict(settings, num_envs=4, total_timesteps=128), "--same-data=2"))
+    assert_ok(plain(tmp_path / "one", script, dict(settings, num_envs=8, total_timesteps=128), "--same-data=2"))
+    one, rank0 = ended(tmp_path / "one", 0), ended(tmp_path / "two", 0)
+    for name, expected in one["state"].items():
+        torch.testing.assert_close(rank0["state"][name], expected, rtol=1e-4, atol=1e-5, msg=name)
