@@ -1,11 +1,11 @@
 """The benchmark harness: ``python -m benchmark run ...`` trains, ``python -m benchmark plot RUN_DIR ...`` draws.
 
-``run`` starts every job (a script's run, a baseline's run, a raw-env measurement) as its own process, ``--workers``
-at a time, each in a folder named by its job id; a crashed run is reported and the others go on. With
-``--baselines`` it also measures each script's env stack under random actions and its Stable-Baselines3
-counterpart, with settings derived from the script's own (`benchmark.registry`). It then writes ``results.md``,
-``results.json`` (every number results.md shows) and PNG figures to the output folder. ``plot`` makes the same
-table and figures from any run folders.
+``run`` starts every job (a script's run, a baseline's run, a raw-env measurement) as its own process (a case's
+``nproc`` processes under torchrun), ``--workers`` processes at a time, each in a folder named by its job id; a crashed
+run is reported and the others go on. With ``--baselines`` it also measures each script's env stack under random
+actions and its Stable-Baselines3 counterpart, with settings derived from the script's own (`benchmark.registry`). It
+then writes ``results.md``, ``results.json`` (every number results.md shows) and PNG figures to the output folder.
+``plot`` makes the same table and figures from any run folders.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
@@ -50,6 +50,7 @@ from benchmark.report import (
     aggregates,
     fmt,
     median_to_reach,
+    plain_name,
     plot_aggregate,
     plot_learning_curves,
     plot_sps,
@@ -100,12 +101,18 @@ class Run:
             "ddpg-envs",
             "ddpg-time",
             "ddpg-mujoco",
+            "distributed",
+            "distributed-speed",
         ]
         | None
     ) = None
-    """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs and --total-timesteps"""
+    """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs, --total-timesteps
+    and --nproc"""
+    nproc: int | None = None
+    """processes under torchrun for every script run (default 1: plain python; a suite sets its cases' own)"""
     workers: int = 1
-    """processes at a time (more than one distorts SPS: the runs share the CPU)"""
+    """processes at a time: a job under torchrun counts as its processes, and one of more processes than this runs
+    alone (more than one distorts SPS: the runs share the CPU)"""
     baselines: bool = False
     """also measure each script's env stack under random actions and its Stable-Baselines3 counterpart"""
     eval_episodes: int | None = None
@@ -157,6 +164,8 @@ class Job:
     """the commit the process started at (a background benchmark can outlive a commit)"""
     window: int = LAST_EPISODES
     """the case's window of training episodes (`Case.window`)"""
+    nproc: int = 1
+    """the processes the job starts: a script's case's `Case.nproc` under torchrun, 1 for the rest"""
 
 
 @dataclass
@@ -179,6 +188,8 @@ def cases_to_run(args: Run) -> tuple[list[Case], tuple[int, ...]]:
         return suite_cases(args.suite), args.seeds or SUITES[args.suite].seeds
     scripts, envs = args.scripts or DEFAULT_SCRIPTS, args.envs or DEFAULT_ENVS
     cases = [find_case(script, env_id, args.total_timesteps) for script in scripts for env_id in envs]
+    if args.nproc is not None:
+        cases = [replace(case, nproc=args.nproc) for case in cases]
     return cases, args.seeds or DEFAULT_SEEDS
 
 
@@ -199,15 +210,17 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
     """Bad input: one `error:` line and exit status 2, before anything runs."""
     problems = []
     if args.suite is not None:
-        given = [flag for flag, value in (("--scripts", args.scripts), ("--envs", args.envs)) if value is not None]
-        given += ["--total-timesteps"] if args.total_timesteps is not None else []
+        named = [("--scripts", args.scripts), ("--envs", args.envs), ("--total-timesteps", args.total_timesteps)]
+        given = [flag for flag, value in [*named, ("--nproc", args.nproc)] if value is not None]
         if given:
             problems.append(
-                f"--suite {args.suite} sets the scripts, envs and steps: drop {', '.join(given)} (--seeds replaces "
-                "the suite's seeds)"
+                f"--suite {args.suite} sets the scripts, envs, steps and processes: drop {', '.join(given)} (--seeds "
+                "replaces the suite's seeds)"
             )
     if args.total_timesteps is not None and args.total_timesteps <= 0:
         problems.append("--total-timesteps must be positive")
+    if any(case.nproc < 1 for case in cases):
+        problems.append("--nproc must be at least 1")
     if not seeds or len(set(seeds)) != len(seeds):
         problems.append("--seeds needs one or more distinct seeds")
     if args.workers < 1 or (args.eval_episodes is not None and args.eval_episodes < 0):
@@ -246,6 +259,7 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
         if kind in ("script", "sb3"):
             command = [*command, "--run-dir", str(run_dir)]
         job = Job(kind, job_id, group, label, case.env_id, seed, command, run_dir, window=case.window)
+        job.nproc = case.nproc if kind == "script" else 1  # baselines and measurements run in one process
         jobs.setdefault(job_id, job)
 
     baselines_module = [sys.executable, "-m", "benchmark.baselines"]
@@ -257,7 +271,8 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
         scripts = [case]
         if case.compare_with is not None:
             flags = same_settings_flags(case.script, case.flags, case.compare_with)
-            plan.reference = Case(case.compare_with, case.env_id, case.total_timesteps, flags=flags)
+            # under as many processes: the ratio of SPS is of the scripts, not of their numbers of processes
+            plan.reference = Case(case.compare_with, case.env_id, case.total_timesteps, flags=flags, nproc=case.nproc)
             scripts.append(plan.reference)
         if isinstance(case.reference, ReferenceRuns):
             reference = REFERENCES[case.reference.name]
@@ -273,8 +288,11 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
             command += ["--episodes", str(RANDOM_POLICY_EPISODES)]
             add("random-policy", plan.random_policy_job, "random policy", case, None, command)
         for script_case in [] if args.only_baselines else scripts:
+            launcher = [sys.executable]
+            if script_case.nproc > 1:  # torchrun on this machine alone, as docs/distributed.md starts the scripts
+                launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={script_case.nproc}"]
             for seed in seeds:
-                command = [sys.executable, str(REPO / f"{script_case.script}.py"), *run_flags, "--seed", str(seed)]
+                command = [*launcher, str(REPO / f"{script_case.script}.py"), *run_flags, "--seed", str(seed)]
                 command += ["--no-progress", *script_case.flags]
                 add("script", script_case.key, script_case.script, script_case, seed, command)
         if args.baselines:
@@ -350,29 +368,49 @@ def take_stored(jobs: list[Job], store: Path | None) -> list[Job]:
     return to_run
 
 
+def workers_taken(job: Job, workers: int) -> int:
+    """The workers a job takes: one per process, so that `workers` bounds the processes at a time; a job of more
+    processes than `workers` takes them all (it runs alone)."""
+    return min(job.nproc, workers)
+
+
 def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = None) -> None:
-    """Run the jobs, `workers` at a time (every seed's first: a partial benchmark then covers every case), printing
-    a line as each ends. With a `store`, each reference run is stored there as it ends."""
-    to_run = sorted(jobs, key=lambda job: -1 if job.seed is None else job.seed)
+    """Run the jobs, `workers` processes at a time (every seed's first: a partial benchmark then covers every case),
+    printing a line as each ends. Jobs start in that order, each once enough workers are free for its processes. With
+    a `store`, each reference run is stored there as it ends."""
+    waiting = sorted(jobs, key=lambda job: -1 if job.seed is None else job.seed)
+    running: dict[Future[Job], int] = {}
+    done = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_job, job, logs) for job in to_run]
-        for done, future in enumerate(as_completed(futures), start=1):
-            job = future.result()
-            if job.error is not None:
-                status = f"FAILED: {job.error.splitlines()[-1]}"
-            elif job.summary is not None:
-                run = job.summary
-                status = f"last-{run.window} return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS "
-                status += fmt(run.sps, 0)
-                if store is not None and job.label in REFERENCES:
-                    made = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "git": job.revision}
-                    made |= {"machine": machine(), "command": shlex.join(job.command), "wall_seconds": job.wall_seconds}
-                    status += f"; stored in {store_run(store, job.id, run, made)}"
-            elif job.kind == "random-policy":
-                status = f"return {fmt(job.output.get('mean'), 3)} over {job.output.get('episodes')} episodes"
-            else:
-                status = f"SPS {fmt(job.output.get('sps'), 0)}"
-            print(f"[{done}/{len(to_run)}] {job.id} ({job.label}): {job.wall_seconds:.0f} s, {status}", flush=True)
+        while waiting or running:
+            # In order, none skipping ahead: single processes started past a torchrun job could keep it waiting.
+            while waiting and sum(running.values()) + workers_taken(waiting[0], workers) <= workers:
+                job = waiting.pop(0)
+                running[pool.submit(run_job, job, logs)] = workers_taken(job, workers)
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                del running[future]
+                done += 1
+                job = future.result()
+                status = job_status(job, store)
+                print(f"[{done}/{len(jobs)}] {job.id} ({job.label}): {job.wall_seconds:.0f} s, {status}", flush=True)
+
+
+def job_status(job: Job, store: Path | None) -> str:
+    """How a job ended, for its line as it ends; a reference run is stored in `store` here."""
+    if job.error is not None:
+        return f"FAILED: {job.error.splitlines()[-1]}"
+    if job.summary is not None:
+        run = job.summary
+        status = f"last-{run.window} return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS {fmt(run.sps, 0)}"
+        if store is not None and job.label in REFERENCES:
+            made = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "git": job.revision}
+            made |= {"machine": machine(), "command": shlex.join(job.command), "wall_seconds": job.wall_seconds}
+            status += f"; stored in {store_run(store, job.id, run, made)}"
+        return status
+    if job.kind == "random-policy":
+        return f"return {fmt(job.output.get('mean'), 3)} over {job.output.get('episodes')} episodes"
+    return f"SPS {fmt(job.output.get('sps'), 0)}"
 
 
 def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
@@ -383,10 +421,14 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
     rows, seen = [], set()
     for plan in plans:
         case = plan.case
-        groups = [(case.key, case.flags, True), (plan.reference_group, (), False), (plan.baseline_group, (), False)]
+        groups = [
+            (case.key, case.flags, case.nproc, True),
+            (plan.reference_group, (), 1, False),  # baselines run in one process
+            (plan.baseline_group, (), 1, False),
+        ]
         if plan.reference is not None:
-            groups.insert(1, (plan.reference.key, plan.reference.flags, False))
-        for group, flags, judged in groups:
+            groups.insert(1, (plan.reference.key, plan.reference.flags, plan.reference.nproc, False))
+        for group, flags, nproc, judged in groups:
             if group is None or group in seen or not by_group[group]:  # none: --only-baselines left the script out
                 continue
             seen.add(group)
@@ -398,6 +440,7 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                     key=group,
                     total_timesteps=case.total_timesteps,
                     flags=flags,
+                    nproc=nproc,
                     threshold=(
                         reference_bound(*task_and_reference(plan, jobs), case.task_max)
                         if case.judged_on == "reference"
@@ -490,7 +533,7 @@ def speed_rows(jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNum
 
 
 def draw(rows: list[Row], raw_bars: list[tuple[str, list[float]]], out: Path) -> list[Path]:
-    bars = [(f"{row.label}\n{row.env_id}", [run.sps for run in row.runs if run.sps is not None]) for row in rows]
+    bars = [(f"{plain_name(row)}\n{row.env_id}", [run.sps for run in row.runs if run.sps is not None]) for row in rows]
     figures = [*plot_learning_curves(rows, out), plot_sps([*bars, *raw_bars], out / "sps.png")]
     values = aggregates(rows)
     if values:
@@ -552,7 +595,11 @@ def run(args: Run) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    print(f"benchmark: {len(to_run)} processes, {args.workers} at a time; results in {out}", flush=True)
+    print(
+        f"benchmark: {len(to_run)} jobs of {sum(job.nproc for job in to_run)} processes, {args.workers} processes at a "
+        f"time; results in {out}",
+        flush=True,
+    )
     run_jobs(to_run, args.workers, out / "logs", store)
 
     rows = rows_of(jobs, plans)
@@ -591,6 +638,7 @@ def run(args: Run) -> int:
                 "kind": job.kind,
                 "group": job.group,
                 "seed": job.seed,
+                "nproc": job.nproc,
                 "command": job.command,
                 "returncode": job.returncode,
                 "wall_seconds": job.wall_seconds,

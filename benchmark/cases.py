@@ -66,16 +66,22 @@ class Case:
     """the highest return the task can give: with the random policy's return (measured by the harness), its range"""
     window: int = LAST_EPISODES
     """the training return is the mean of the last this many episodes (fewer where a run holds few episodes)"""
+    nproc: int = 1
+    """processes under torchrun for the script's runs (1: plain python)"""
 
     @property
     def key(self) -> str:
-        """The case's identity in folders, logs and tables: script, env, steps and a hash of the flags."""
-        return f"{self.script}__{safe_name(self.env_id)}__{self.total_timesteps}__{settings_hash(self.flags)}"
+        """The case's identity in folders, logs and tables: script, env, steps, a hash of the flags, and the number
+        of processes when more than one (one process adds nothing: stored runs and tables name the older keys)."""
+        key = f"{self.script}__{safe_name(self.env_id)}__{self.total_timesteps}__{settings_hash(self.flags)}"
+        return key + (f"__np{self.nproc}" if self.nproc > 1 else "")
 
     @property
     def name(self) -> str:
-        return f"{self.script} {self.env_id} {self.total_timesteps:,} steps" + (
-            f" {' '.join(self.flags)}" if self.flags else ""
+        return (
+            f"{self.script} {self.env_id} {self.total_timesteps:,} steps"
+            + (f" {' '.join(self.flags)}" if self.flags else "")
+            + (f", {self.nproc} processes" if self.nproc > 1 else "")
         )
 
 
@@ -107,9 +113,11 @@ DDPG_MUJOCO: tuple[Case, ...] = (
 # Thresholds sit under what the reference implementations reach (CleanRL publishes 490.04 ± 6.12 for ppo.py on
 # CartPole-v1 at 500k steps), so that a PASS means the algorithm works, not that a seed was lucky. The 100k-step row
 # is the quick suite's check that learning happens at all.
+PPO_FC_CARTPOLE_500K = Case("ppo_fc", "CartPole-v1", 500_000, threshold=490.0)
+PPO_FC_CARTPOLE_100K = Case("ppo_fc", "CartPole-v1", 100_000, threshold=150.0)
 CASES: tuple[Case, ...] = (
-    Case("ppo_fc", "CartPole-v1", 500_000, threshold=490.0),
-    Case("ppo_fc", "CartPole-v1", 100_000, threshold=150.0),
+    PPO_FC_CARTPOLE_500K,
+    PPO_FC_CARTPOLE_100K,
     Case("ppo_lstm", "CartPole-v1", 500_000, threshold=490.0, compare_with="ppo_fc"),
     CARTPOLE_NOVEL_500K,
     # Sample efficiency: RecurrentPPO with the RL Zoo's settings evaluates at 498 ± 7 after 100k steps. These are
@@ -221,6 +229,22 @@ MEMORY_SPEED_CASES: tuple[Case, ...] = tuple(
     for flags in ((), DEFAULTS_BEFORE_MEMORY_SUITE)
 )
 
+
+# Data parallelism under torchrun (docs/distributed.md): a case in one process, in two with the same settings per rank
+# (twice the envs, so twice the global batch), and in two with the same global batch (half the envs each: ppo_fc's
+# default is 4). The one-process variant is the case itself, its key that of its row.
+def distributed_variants(case: Case) -> tuple[Case, ...]:
+    return case, replace(case, nproc=2), replace(case, nproc=2, flags=(*case.flags, "--num-envs", "2"))
+
+
+# The issue's comparison of learning, every variant judged on the 500k row's threshold (490 on training).
+DISTRIBUTED_CASES: tuple[Case, ...] = distributed_variants(PPO_FC_CARTPOLE_500K)
+# SPS only, in shorter runs: a discrete task with a cheap env, and a continuous one with a costlier (MuJoCo) env.
+DISTRIBUTED_SPEED_CASES: tuple[Case, ...] = (
+    *distributed_variants(PPO_FC_CARTPOLE_100K),
+    *distributed_variants(Case("ppo_fc", "Hopper-v5", 100_000)),
+)
+
 REFERENCE_MARGIN = 0.05
 """a "reference" case passes when its mean evaluation reaches the reference's less this share of the task's range
 (maximum less the random policy's return)"""
@@ -274,6 +298,9 @@ SUITES: dict[str, Suite] = {
     ),
     # a cue beyond ppo_transformer.py's receptive field, with and without --prev-action-reward, beside ppo_lstm.py
     "memory-length": Suite(MEMORY_LENGTH_CASES, (1, 2), eval_episodes=20),
+    # ppo_fc.py in one and two processes under torchrun (docs/distributed.md); run with --workers 1 for their SPS.
+    "distributed": Suite(DISTRIBUTED_CASES, (1, 2, 3)),
+    "distributed-speed": Suite(DISTRIBUTED_SPEED_CASES, (1,), eval_episodes=0),
 }
 
 # Steps of a (script, env) pair that has no row in CASES.

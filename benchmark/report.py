@@ -30,6 +30,8 @@ class Row:
     """the group's identity (its job ids without the seed)"""
     total_timesteps: int | None = None
     flags: tuple[str, ...] = ()
+    nproc: int = 1
+    """processes of each run (under torchrun when more than 1; 1 for baselines and runs read back from folders)"""
     threshold: float | None = None
     """the case's threshold"""
     judged: bool = False
@@ -75,6 +77,8 @@ class RowNumbers:
     """the largest resident memory any seed's run logged"""
     verdict: str
     """PASS, FAIL, or - (no threshold, or a baseline)"""
+    nproc: int = 1
+    """processes of each run (`Row.nproc`)"""
     window: int = LAST_EPISODES
     """the training return's window of episodes"""
     seconds_to_threshold: list[float | None] = field(default_factory=list)
@@ -115,6 +119,7 @@ def row_numbers(row: Row) -> RowNumbers:
         key=row.key,
         total_timesteps=row.total_timesteps,
         flags=list(row.flags),
+        nproc=row.nproc,
         seeds=[run.seed for run in runs],
         failed_seeds=list(row.failed_seeds),
         steps=float(np.mean([run.steps for run in runs])) if runs else None,
@@ -154,6 +159,8 @@ class SpeedNumbers:
     baseline: str | None
     baseline_sps: float | None
     script_over_baseline: float | None
+    nproc: int = 1
+    """processes of each of the script's runs (`Row.nproc`); the raw env and the baseline run in one"""
     reference: str | None = None
     """another script with the same settings (the case's `compare_with`)"""
     reference_sps: float | None = None
@@ -175,6 +182,7 @@ def speed_numbers(
         env_id=row.env_id,
         key=row.key,
         flags=row.flags,
+        nproc=row.nproc,
         sps=row.sps_mean,
         raw_env_sps=raw_env_sps,
         script_over_raw_env=ratio(row.sps_mean, raw_env_sps),
@@ -197,6 +205,13 @@ def fmt(value: float | None, digits: int = 1) -> str:
 def with_flags(label: str, flags: Sequence[str]) -> str:
     """A row's name in a table: the script and the flags it ran with, which tell apart two rows of one script."""
     return label + (f" `{' '.join(flags)}`" if flags else "")
+
+
+def plain_name(row: Row) -> str:
+    """A row's name in a figure: the script, its flags and its processes (when more than one), which tell apart two
+    rows of one script on one env."""
+    flags = f" {' '.join(row.flags)}" if row.flags else ""
+    return row.label + flags + (f", {row.nproc} processes" if row.nproc > 1 else "")
 
 
 def spread(mean: float | None, std: float | None, digits: int = 1) -> str:
@@ -232,6 +247,7 @@ def results_table(rows: Sequence[RowNumbers]) -> list[str]:
         "script",
         "env",
         "steps",
+        "processes",
         "seeds",
         "last-100 training return (or as marked)",
         "IQM [95% CI]",
@@ -253,6 +269,7 @@ def results_table(rows: Sequence[RowNumbers]) -> list[str]:
                 with_flags(numbers.label, numbers.flags),
                 numbers.env_id,
                 fmt(numbers.steps, 0),
+                str(numbers.nproc),
                 " ".join(seeds),
                 spread(numbers.last_return_mean, numbers.last_return_std)
                 + (f" (last {numbers.window})" if numbers.window != LAST_EPISODES else ""),
@@ -271,6 +288,7 @@ def speed_table(rows: Sequence[SpeedNumbers]) -> list[str]:
     header = [
         "script",
         "env",
+        "processes",
         "SPS",
         "raw env SPS",
         "script / raw env",
@@ -285,6 +303,7 @@ def speed_table(rows: Sequence[SpeedNumbers]) -> list[str]:
         [
             with_flags(numbers.label, numbers.flags),
             numbers.env_id,
+            str(numbers.nproc),
             fmt(numbers.sps, 0),
             fmt(numbers.raw_env_sps, 0),
             fmt(numbers.script_over_raw_env, 2),
@@ -425,7 +444,7 @@ def plot_learning_curves(rows: Sequence[Row], out: Path) -> list[Path]:
                 if curve is None:
                     continue
                 grid, curves = curve
-                name = row.label + (f" ({row.total_timesteps:,} steps)" if row.total_timesteps else "")
+                name = plain_name(row) + (f" ({row.total_timesteps:,} steps)" if row.total_timesteps else "")
                 line = axes.plot(grid, curves.mean(0), label=f"{name}, {len(curves)} seeds")[0]
                 axes.fill_between(grid, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.2)
             axes.set(title=env_id, xlabel=label, ylabel=f"episodic return (mean of {SMOOTHING_EPISODES} episodes)")

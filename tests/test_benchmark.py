@@ -4,8 +4,10 @@ to end (results.json, figures, failures)."""
 import json
 import subprocess
 import sys
+import threading
+import time
 import typing
-from dataclasses import fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,9 +40,9 @@ def test_case_table_lookup():
     unlisted = cases.find_case("ppo_fc", "Acrobot-v1")
     assert unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS and unlisted.threshold is None and not unlisted.flags
     for name, suite in cases.SUITES.items():  # every case is judged (on a threshold or against a reference), or its
-        # suite is run beside baselines of its own
+        # suite is run beside baselines of its own, or measures speed only (no evaluation)
         judged = [case.threshold is not None or case.reference is not None for case in cases.suite_cases(name)]
-        assert suite.seeds and (all(judged) or suite.baseline_seeds is not None)
+        assert suite.seeds and (all(judged) or suite.baseline_seeds is not None or suite.eval_episodes == 0)
     assert [case.flags for case in cases.suite_cases("bptt")] == [(), ("--bptt-len", "32"), ("--bptt-len", "8")]
     assert cases.find_case("ppo_lstm", "CartPoleNoVel-v1", 500_000) == cases.CARTPOLE_NOVEL_500K  # not a variant
     compared = [case for case in cases.CASES if case.compare_with is not None]
@@ -284,6 +286,80 @@ def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tm
     assert speed.baseline is None and speed.script_over_baseline is None
 
 
+def test_a_case_under_torchrun_starts_its_processes_and_has_a_key_of_its_own(tmp_path):
+    one = cases.Case("ppo_fc", "CartPole-v1", 1024)
+    two = replace(one, nproc=2)
+    assert one.key == "ppo_fc__CartPole-v1__1024__4f53cda1"  # as before nproc: stored runs and tables name it
+    assert two.key == one.key + "__np2" and "2 processes" in two.name and "processes" not in one.name
+    jobs, plans = harness.make_jobs(harness.Run(baselines=True), [one, two], (1,), tmp_path)
+    [plain, torchrun] = [job for job in jobs if job.kind == "script"]
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert torchrun.command[: 1 + len(launcher)] == [sys.executable, *launcher] and torchrun.nproc == 2
+    assert plain.command[1] == str(REPO / "ppo_fc.py") and plain.nproc == 1
+    assert harness.portable(torchrun.command)[len(launcher) :] == harness.portable(plain.command)  # the same flags
+    others = [job for job in jobs if job.kind != "script"]
+    assert {job.kind for job in others} == {"sb3", "raw-env"} and len(others) == 2  # shared by both cases
+    assert all(job.nproc == 1 and job.command[1:3] == ["-m", "benchmark.baselines"] for job in others)
+    for job in jobs:
+        job.summary = summary(job.seed, [1.0], 100.0)
+    rows = harness.rows_of(jobs, plans)
+    assert [(row.label, row.nproc) for row in rows] == [("ppo_fc", 1), ("sb3_ppo", 1), ("ppo_fc", 2)]
+    assert [case.nproc for case in harness.cases_to_run(harness.Run(nproc=3))[0]] == [3]
+
+
+def test_the_distributed_suites_run_ppo_fc_in_one_and_two_processes_with_the_same_per_rank_or_global_batch():
+    num_envs = resolve_args("ppo_fc", ()).num_envs
+    expected = {
+        "distributed": [("CartPole-v1", 500_000)],
+        "distributed-speed": [("CartPole-v1", 100_000), ("Hopper-v5", 100_000)],
+    }
+    for name, tasks in expected.items():
+        suite_cases = cases.suite_cases(name)
+        assert [(case.env_id, case.total_timesteps) for case in suite_cases] == [task for task in tasks for _ in "123"]
+        assert [case.nproc for case in suite_cases] == [1, 2, 2] * len(tasks)
+        assert len({case.key for case in suite_cases}) == len(suite_cases)
+        for one, same_per_rank, same_global in zip(*[iter(suite_cases)] * 3, strict=True):
+            assert one == cases.find_case("ppo_fc", one.env_id, one.total_timesteps)  # the row itself, its key too
+            assert same_per_rank.flags == one.flags and same_per_rank.threshold == one.threshold
+            assert same_global.nproc * resolve_args("ppo_fc", same_global.flags).num_envs == num_envs
+    assert {case.threshold for case in cases.suite_cases("distributed")} == {490.0}  # a verdict for 2 processes too
+    assert cases.SUITES["distributed-speed"].seeds == (1,) and cases.SUITES["distributed-speed"].eval_episodes == 0
+
+
+def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_processes(tmp_path, monkeypatch):
+    lock, running, started, peaks = threading.Lock(), [], [], []
+
+    def run_job(job, logs):  # stands in for the process: who runs beside whom
+        with lock:
+            running.append(job)
+            started.append(job.id)
+            peaks.append((len(running), sum(other.nproc for other in running)))
+        time.sleep(0.1)
+        with lock:
+            running.remove(job)
+        job.output = {"sps": 1.0}
+        return job
+
+    monkeypatch.setattr(harness, "run_job", run_job)
+    for workers in (1, 2, 3):
+        jobs = []
+        for number, nproc in enumerate((1, 2, 1, 1, 2, 1)):
+            job = harness.Job("raw-env", f"job{number}", "g", "l", "E", 1, [], tmp_path)
+            job.nproc = nproc
+            jobs.append(job)
+        started.clear()
+        peaks.clear()
+        scheduler = threading.Thread(target=harness.run_jobs, args=(jobs, workers, tmp_path), daemon=True)
+        scheduler.start()
+        scheduler.join(timeout=10)
+        assert not scheduler.is_alive(), f"a job of 2 processes never started with --workers {workers}"
+        assert started == [job.id for job in jobs]  # in their order
+        if workers == 1:  # a job of 2 processes runs alone, and so does every other
+            assert max(count for count, _ in peaks) == 1
+        else:
+            assert max(processes for _, processes in peaks) == workers  # never more, and the workers are used
+
+
 def summary(seed, last_returns, sps=None, episode_steps=None, rss=None) -> RunSummary:
     returns = np.asarray(last_returns, dtype=float)
     steps = np.arange(1, len(returns) + 1) * 10 if episode_steps is None else np.asarray(episode_steps)
@@ -369,6 +445,37 @@ def test_speed_ratios_divide_by_the_raw_env_and_the_baseline():
     assert unknown.script_over_raw_env is None and unknown.script_over_baseline is None
 
 
+def column(table: list[str], name: str) -> list[str]:
+    """The cells of a Markdown table's column `name`, row by row."""
+    cells = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table]
+    at = cells[0].index(name)
+    return [row[at] for row in cells[2:]]
+
+
+def test_the_tables_and_results_json_show_each_row_s_processes():
+    ours = row_numbers(Row("ppo_fc", "E", "a", 100, nproc=2, runs=[summary(1, [1.0], 2000.0)]))
+    baseline = row_numbers(Row("sb3_ppo", "E", "b", 100, runs=[summary(1, [1.0], 500.0)]))
+    assert column(results_table([ours, baseline]), "processes") == ["2", "1"]
+    assert column(speed_table([speed_numbers(ours, None, baseline)]), "processes") == ["2"]
+    assert asdict(ours)["nproc"] == 2 and asdict(speed_numbers(ours, None, baseline))["nproc"] == 2
+
+
+def test_a_two_process_case_runs_under_torchrun_end_to_end(tmp_path, monkeypatch):
+    # Probe1 pays 1 per episode; 2 processes of 4 envs and 128 steps: 1,024 steps an iteration, 3 iterations.
+    case = cases.Case("ppo_fc", "Probe1-v0", 3072, threshold=0.5, nproc=2)
+    monkeypatch.setitem(cases.SUITES, "distributed", cases.Suite((case,), (1,), eval_episodes=0))
+    assert harness.run(harness.Run(suite="distributed", out=str(tmp_path / "out"))) == 0  # 1 worker: it runs alone
+    record = json.loads((tmp_path / "out" / "results.json").read_text())
+    [row] = record["rows"]
+    assert row["nproc"] == 2 and row["key"] == case.key and row["verdict"] == "PASS"
+    assert row["steps"] == 3072 and row["sps_mean"] > 0  # the steps of both processes
+    [job] = record["jobs"]
+    assert job["nproc"] == 2 and "torch.distributed.run" in job["command"]
+    table = (tmp_path / "out" / "results.md").read_text().splitlines()
+    start = table.index("## Results") + 2
+    assert column(table[start : start + 3], "processes") == ["2"]
+
+
 def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, capsys):
     # Probe1 pays 1 per episode: a threshold of 0.5 passes, 2.0 cannot; 7 minibatches do not divide 512: a crash.
     table = (
@@ -431,8 +538,10 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
     [
         (["run", "--scripts", "no_such_script"], "no script no_such_script.py"),
         (["run", "--seeds", "1", "1"], "distinct"),
-        (["run", "--suite", "quick", "--envs", "Acrobot-v1"], "--suite quick sets the scripts, envs and steps"),
+        (["run", "--suite", "quick", "--envs", "Acrobot-v1"], "--suite quick sets the scripts, envs, steps and"),
         (["run", "--suite", "full", "--total-timesteps", "1000"], "drop --total-timesteps"),
+        (["run", "--suite", "distributed", "--nproc", "2"], "drop --nproc"),
+        (["run", "--nproc", "0"], "--nproc must be at least 1"),
         (["plot", "/nonexistent-folder"], "no TensorBoard event files"),
     ],
 )
