@@ -17,11 +17,33 @@ import os
 import sys
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import cli, distributed
+
+
+class NanOnRank1(gym.Env):
+    """Rewards 1.0, and on rank 1 NaN from its 300th step on: a NaN in one rank's data only."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        nan = distributed.rank() == 1 and self.steps >= 300
+        return np.zeros(1, np.float32), float("nan") if nan else 1.0, True, False, {}
+
+
+gym.register("NanOnRank1-v0", entry_point=NanOnRank1)
 
 
 def same_data(module, ranks: int, num_envs: int, num_minibatches: int) -> None:

@@ -270,3 +270,17 @@ def test_recurrent_scripts_on_two_ranks_compute_the_update_of_one_process(tmp_pa
     one, rank0 = ended(tmp_path / "one", 0), ended(tmp_path / "two", 0)
     for name, expected in one["state"].items():
         torch.testing.assert_close(rank0["state"][name], expected, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_nan_on_one_ranks_data_stops_every_rank_with_the_last_good_checkpoint(tmp_path):
+    settings = dict(env_id="NanOnRank1-v0", num_envs=1, num_steps=64, total_timesteps=64 * 100, checkpoint_every=1)
+    settings.update(progress=False, eval_episodes=0, run_dir=str(tmp_path / "runs"))
+    process = torchrun(tmp_path, "ppo_fc", settings, timeout=120)
+    workers = process.stderr.split(TORCHRUN_TRACEBACK)[0]
+    assert process.returncode != 0 and workers.count("error: a loss or parameter became NaN or inf") == 2, workers
+    assert "Traceback" not in workers
+    (run,) = (tmp_path / "runs").iterdir()
+    # Rank 1's NaN rewards start in its fifth rollout (its steps 300 on): the checkpoint of the fourth is the last.
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert checkpoint["global_step"] == 4 * 128
+    assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
