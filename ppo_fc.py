@@ -266,8 +266,9 @@ def check_args(args: Args) -> None:
         raise UsageError(
             f"--num-minibatches {args.num_minibatches} must divide --num-envs x --num-steps = {batch_size}"
         )
-    if args.total_timesteps < batch_size * distributed.launched_size():
-        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch of every process")
+    batch_size *= distributed.launched_size()  # every process's steps
+    if args.total_timesteps < batch_size:
+        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)")
 
 
 def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict | None]:
@@ -298,11 +299,12 @@ def train(args: Args) -> TrainResult:
     batch_size = args.num_envs * args.num_steps  # this process's; the global batch is world_size times it
     minibatch_size = batch_size // args.num_minibatches  # this process's share of each global minibatch
     norm_adv = args.norm_adv and minibatch_size * world_size > 1
-    num_iterations = args.total_timesteps // (batch_size * world_size)
+    global_batch_size = batch_size * world_size
+    num_iterations = args.total_timesteps // global_batch_size
     reward_clip = args.norm_reward_clip
 
     # Each rank draws its own sampling noise and minibatches, from the same parameters (rank 0's).
-    seed = args.seed + distributed.rank()
+    seed = distributed.rank_seed(args.seed)
     device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
     agent = build_agent(args, checkpoint, device)
     distributed.broadcast_module(agent)
@@ -310,7 +312,7 @@ def train(args: Args) -> TrainResult:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-    run = run_start.start_run(args, checkpoint, num_iterations, batch_size * world_size)
+    run = run_start.start_run(args, checkpoint, num_iterations, global_batch_size)
     global_step = run.global_step
     envs, reward_normalizer = training_envs(make_env, args, str(run.video_folder), checkpoint)
     combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
@@ -326,9 +328,7 @@ def train(args: Args) -> TrainResult:
     recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)}, reward_normalizer)
 
     next_obs_np, _ = env_state.start(envs, checkpoint, args.seed + global_step)  # last: after everything is built
-    log = tracking.TrainingLog(
-        run.writer, args, run.video_folder, num_iterations * batch_size * world_size, global_step
-    )
+    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step)
 
     def write_checkpoint(iteration: int) -> Path:
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
@@ -451,12 +451,13 @@ def train(args: Args) -> TrainResult:
                 "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
-            interrupt.requested = distributed.any_rank(interrupt.requested)  # a Ctrl-C on one rank stops all
-            if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
+            interrupt.requested = stop = distributed.any_rank(interrupt.requested)  # one rank's Ctrl-C stops all
+            if stop:  # Ctrl-C: the run stops after a whole iteration
                 break
-        saving.run_ended(iteration, interrupt.requested)
+        saving.run_ended(iteration, stop)
         recorder.save()
-    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes and run.writer else []
+    evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
+    eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
     log.finish()
     episodes = log.episodes
     return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)

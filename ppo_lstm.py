@@ -425,13 +425,13 @@ def train(args: Args) -> TrainResult:
     distributed.setup(args.dist_backend, args.cuda)  # under torchrun: join its processes (docs/distributed.md)
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     world_size = distributed.world_size()
-    batch_size = args.num_envs * args.num_steps * world_size  # the global batch, over all processes
-    norm_adv = args.norm_adv and batch_size > args.num_minibatches  # (a minibatch of one has no std)
-    num_iterations = args.total_timesteps // batch_size
+    global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
+    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches  # (a minibatch of one has no std)
+    num_iterations = args.total_timesteps // global_batch_size
     reward_clip = args.norm_reward_clip
 
     # Each rank draws its own sampling noise and minibatches, from the same parameters (rank 0's).
-    seed = args.seed + distributed.rank()
+    seed = distributed.rank_seed(args.seed)
     device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
     agent = build_agent(args, checkpoint, device)
     distributed.broadcast_module(agent)
@@ -439,7 +439,7 @@ def train(args: Args) -> TrainResult:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-    run = run_start.start_run(args, checkpoint, num_iterations, batch_size)
+    run = run_start.start_run(args, checkpoint, num_iterations, global_batch_size)
     global_step = run.global_step
     envs, reward_normalizer = training_envs(make_env, args, str(run.video_folder), checkpoint)
     combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
@@ -462,7 +462,7 @@ def train(args: Args) -> TrainResult:
     next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
     next_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
     rnn_state = carried.get("rnn_state", agent.initial_state(args.num_envs).cpu().numpy())  # carried across rollouts
-    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * batch_size, global_step)
+    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step)
 
     def write_checkpoint(iteration: int) -> Path:
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
@@ -592,12 +592,13 @@ def train(args: Args) -> TrainResult:
                 "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
-            interrupt.requested = distributed.any_rank(interrupt.requested)  # a Ctrl-C on one rank stops all
-            if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
+            interrupt.requested = stop = distributed.any_rank(interrupt.requested)  # one rank's Ctrl-C stops all
+            if stop:  # Ctrl-C: the run stops after a whole iteration
                 break
-        saving.run_ended(iteration, interrupt.requested)
+        saving.run_ended(iteration, stop)
         recorder.save()
-    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes and run.writer else []
+    evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
+    eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
     log.finish()
     episodes = log.episodes
     return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)

@@ -35,8 +35,8 @@ def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_st
 
     Under torchrun every rank calls this: rank 0 writes, with every rank's generators and `state["episodes"]` (the
     envs' places) under `ranks`, in rank order (see `common.env_state.start`)."""
-    ranks = distributed.gather({"rng": rng_state(), "episodes": state.get("episodes")})
-    if not distributed.is_main():
+    ranks = distributed.gather_to_main({"rng": rng_state(), "episodes": state.get("episodes")})
+    if ranks is None:
         return folder / "latest.pt"
     state = {
         "script": script,

@@ -117,7 +117,9 @@ def exit_status(run: Callable[[], object]) -> int:
     except Exception as exc:
         if not distributed.collective_failed(exc):
             raise
-        stopped = f"rank {distributed.rank()}: another process of the run stopped"
-        print(f"error: {stopped} ({one_line(str(exc))})", file=sys.stderr)
+        failed = (
+            f"rank {distributed.rank()}: a collective failed, most likely because another process of the run stopped"
+        )
+        print(f"error: {failed} ({type(exc).__name__}: {one_line(str(exc))})", file=sys.stderr)
         return 1
     return 0

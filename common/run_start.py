@@ -38,8 +38,12 @@ def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_siz
         path = create_run_folder(args.run_dir, run_name(args.env_id, args.exp_name, args.seed)) if main else None
         path = distributed.broadcast_object(path)
         return RunStart(path, start_tracking(path, args) if main else None, path / "videos", 0, 0)
-    path, global_step, iterations_done = resume_folder(args.resume), checkpoint["global_step"], checkpoint["iteration"]
+    path, global_step = resume_folder(args.resume), int(checkpoint["global_step"])
+    # In this run's batches: a checkpoint of another number of processes made iterations of another size.
+    iterations_done = global_step // batch_size
+    if global_step % batch_size:
+        notice(f"the checkpoint's step {global_step} is not a whole number of this run's batches of {batch_size}")
     if iterations_done >= num_iterations:
         raise UsageError(f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)")
     writer = start_tracking(path, args, purge_step=global_step + 1) if main else None
-    return RunStart(path, writer, path / "videos" / f"from_step_{global_step}", int(global_step), int(iterations_done))
+    return RunStart(path, writer, path / "videos" / f"from_step_{global_step}", global_step, iterations_done)

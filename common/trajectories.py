@@ -223,7 +223,7 @@ def unused_npz_path(path: str | Path | None) -> Path | None:
     wanted = npz_path(path)
     free = unused_path(wanted)
     if free != wanted:
-        notice(f"{wanted} exists; the trajectories go to {free}")
+        notice(f"{wanted} exists; the trajectories go to {free}", every_rank=True)
     return free
 
 

@@ -160,10 +160,13 @@ def test_resume_under_torchrun_continues_as_the_uninterrupted_run(tmp_path):
         assert resumed["global_step"] == 384 and resumed["run_dir"] == str(copy)
         for name, value in whole["state"].items():
             torch.testing.assert_close(resumed["state"][name], value, rtol=0, atol=0, msg=name)
-    # Another number of processes goes on, with new episodes, and says so.
+    # Another number of processes goes on, with new episodes, and says so; its iterations are of its own batch.
     process = plain(tmp_path / "one", "ppo_fc", resume)
     assert_ok(process)
     assert "the checkpoint was written by 2 process(es), this run has 1" in process.stderr
+    assert ended(tmp_path / "one", 0)["global_step"] == 384
+    logged = read_scalars(copy)["charts/learning_rate"]
+    assert [step for step, _ in logged if step > 192] == [224, 256, 288, 320, 352, 384]  # 32-step batches now
 
 
 def test_bad_input_on_one_rank_ends_both_within_seconds(tmp_path):
@@ -172,7 +175,10 @@ def test_bad_input_on_one_rank_ends_both_within_seconds(tmp_path):
     good, bad = two_machines(tmp_path, "ppo_fc", [settings, dict(settings, env_id="NoSuchEnv-v0")], timeout=120)
     assert time.time() - start < 60  # torchrun's start-up included; the run itself would take far longer
     assert bad.returncode != 0 and "error: unknown env id 'NoSuchEnv-v0'" in bad.stderr
-    assert good.returncode != 0 and "error: rank 0: another process of the run stopped" in good.stderr
+    assert (
+        good.returncode != 0
+        and "error: rank 0: a collective failed, most likely because another process of the run stopped" in good.stderr
+    )
     for launch in (good, bad):  # the workers' own output, before torchrun's summary (which is torchrun's own)
         assert "Traceback" not in launch.stderr.split(TORCHRUN_TRACEBACK)[0]
 
@@ -285,3 +291,15 @@ def test_a_nan_on_one_ranks_data_stops_every_rank_with_the_last_good_checkpoint(
     checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert checkpoint["global_step"] == 4 * 128
     assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
+
+
+def test_a_backend_torch_does_not_know_and_world_size_without_torchrun_are_refused(tmp_path):
+    settings = dict(SMALL, env_id="CartPole-v1", num_envs=2, total_timesteps=256, run_dir=str(tmp_path / "runs"))
+    process = torchrun(tmp_path, "ppo_fc", dict(settings, dist_backend="carrier-pigeon"), timeout=120)
+    workers = process.stderr.split(TORCHRUN_TRACEBACK)[0]
+    assert process.returncode != 0 and workers.count("error: --dist-backend 'carrier-pigeon'") == 2, workers
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    flags = ["--total-timesteps", "2048", "--run-dir", str(tmp_path / "runs")]
+    alone = subprocess.run([sys.executable, "ppo_fc.py", *flags], cwd=REPO, capture_output=True, text=True, env=env)
+    assert alone.returncode == 2 and "start the script with torchrun" in alone.stderr
+    assert not (tmp_path / "runs").exists()
