@@ -657,6 +657,18 @@ def test_ddpg_floor_times_the_scripts_own_networks_over_a_critic_and_an_actor_up
     assert moved == [0.02] * 12  # both targets after each actor update
 
 
+def test_distributed_floor_times_all_reduces_and_reads_a_two_rank_runs_time_split(tmp_path):
+    from benchmark import distributed_floor
+
+    seconds = distributed_floor.all_reduce_seconds(1_000, 20)
+    assert len(seconds) == 20 and (seconds > 0).all()
+    flags = ["--env-id", "Probe1-v0", "--num-steps", "16"]
+    two = distributed_floor.run_script(flags, 2, 8 * 128, tmp_path)
+    assert set(two) == {"rollout_seconds", "update_seconds", "collective_seconds", "sps"}
+    assert all(value > 0 for value in two.values())
+    assert two["collective_seconds"] < two["update_seconds"] + two["rollout_seconds"]
+
+
 def test_ddpg_speed_counts_from_learning_starts_and_splits_the_loop(tmp_path, monkeypatch, capsys):
     events = [ScalarEvent(wall_time=time, step=step, value=0.0) for step, time in ((100, 1.0), (500, 2.0), (900, 4.0))]
     sessions = [SimpleNamespace(scalars={"charts/SPS": events})]
