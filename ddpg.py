@@ -455,7 +455,7 @@ def main() -> int:
         if args.eval_checkpoint:
             evaluate_checkpoint(args)
         else:
-            print(train(args).summary())
+            train(args).print_summary()
 
     return cli.exit_status(run)
 

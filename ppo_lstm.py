@@ -670,7 +670,6 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     check_args(args)
-    distributed.single_process("--eval-checkpoint")
     trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False)
     device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
     agent = build_agent(trained, checkpoint, device)
@@ -686,9 +685,7 @@ def main() -> int:
         if args.eval_checkpoint:
             evaluate_checkpoint(args)
         else:
-            result = train(args)
-            if distributed.is_main():
-                print(result.summary())
+            train(args).print_summary()
 
     return cli.exit_status(run)
 

@@ -40,7 +40,7 @@ from benchmark.cases import (
     suite_cases,
 )
 from benchmark.events import LAST_EPISODES, RunSummary, find_run_dirs, safe_name, summarise_run
-from benchmark.registry import REFERENCES, SCRIPTS, resolve_args, same_settings_flags
+from benchmark.registry import REFERENCES, SCRIPTS, launcher, resolve_args, same_settings_flags
 from benchmark.report import (
     AgainstReference,
     Row,
@@ -288,11 +288,9 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
             command += ["--episodes", str(RANDOM_POLICY_EPISODES)]
             add("random-policy", plan.random_policy_job, "random policy", case, None, command)
         for script_case in [] if args.only_baselines else scripts:
-            launcher = [sys.executable]
-            if script_case.nproc > 1:  # torchrun on this machine alone, as docs/distributed.md starts the scripts
-                launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={script_case.nproc}"]
+            script_launcher = launcher(script_case.nproc)
             for seed in seeds:
-                command = [*launcher, str(REPO / f"{script_case.script}.py"), *run_flags, "--seed", str(seed)]
+                command = [*script_launcher, str(REPO / f"{script_case.script}.py"), *run_flags, "--seed", str(seed)]
                 command += ["--no-progress", *script_case.flags]
                 add("script", script_case.key, script_case.script, script_case, seed, command)
         if args.baselines:

@@ -17,7 +17,6 @@ with where its time goes (`perf/rollout_seconds`, `perf/update_seconds`, `perf/c
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import torch.multiprocessing as mp
 
 from benchmark.events import load_events
 from benchmark.recurrent_floor import floor_agent
-from benchmark.registry import REPO
+from benchmark.registry import REPO, launcher
 from common.cli import exit_status
 
 
@@ -78,9 +77,7 @@ def run_script(flags: list[str], nproc: int, total_timesteps: int, out: Path) ->
     iteration left out: start-up) and its SPS."""
     base = ["ppo_fc.py", *flags, "--total-timesteps", str(total_timesteps), "--no-progress", "--eval-episodes", "0"]
     base += ["--no-save-model", "--run-dir", str(out)]
-    launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    launcher += [] if nproc == 1 else [f"--nproc-per-node={nproc}"]
-    subprocess.run([*launcher, *base], cwd=REPO, check=True, capture_output=True, env={**os.environ})
+    subprocess.run([*launcher(nproc), *base], cwd=REPO, check=True, capture_output=True)
     (run_dir,) = out.iterdir()
     scalars, _ = load_events(run_dir)
     numbers = {

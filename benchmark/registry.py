@@ -272,6 +272,13 @@ RECURRENT_PPO_REFERENCE = Reference(
 REFERENCES: dict[str, Reference] = {RECURRENT_PPO_REFERENCE.name: RECURRENT_PPO_REFERENCE}
 
 
+def launcher(nproc: int) -> list[str]:
+    """How a script is started with `nproc` processes: plain python, or torchrun on this machine alone (as
+    docs/distributed.md starts the scripts)."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [sys.executable, *(torchrun if nproc > 1 else [])]
+
+
 def load_script(name: str) -> ModuleType:
     """The script `name`.py of the repository root, imported as a module (its `main()` is not run)."""
     if str(REPO) not in sys.path:

@@ -11,10 +11,11 @@ same on every rank (the parameters, after averaged gradients, are).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -77,7 +78,7 @@ def setup(backend: str | None, cuda: bool) -> None:
         raise UsageError("--dist-backend nccl needs a GPU for each process (--cuda, and a GPU torch can see)")
     if on_gpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    device_id = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if backend == "nccl" else None
+    device_id = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
     dist.init_process_group(backend, timeout=TIMEOUT, device_id=device_id)
     # NCCL warns at exit about a group left undestroyed. Gloo's destroy at exit can abort the process as a peer closes
     # its sockets (1 two-rank run in 12 here; none in 24 without it), and the exit closes them anyway.
@@ -104,15 +105,22 @@ def single_process(what: str) -> None:
         raise UsageError(f"{what} runs in one process: start it with python, or torchrun --nproc-per-node 1")
 
 
-def _timed_all_reduce(tensor: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
-    """`tensor` all-reduced in place (a CPU tensor goes through this rank's GPU under nccl, which takes no other)."""
+@contextlib.contextmanager
+def _timed() -> Iterator[None]:
+    """Adds the block's seconds to `collective_seconds`."""
     global collective_seconds
     start = time.perf_counter()
-    on_backend = tensor.cuda() if dist.get_backend() == "nccl" and not tensor.is_cuda else tensor
-    dist.all_reduce(on_backend, op=op)
-    if on_backend is not tensor:
-        tensor.copy_(on_backend)
+    yield
     collective_seconds += time.perf_counter() - start
+
+
+def _timed_all_reduce(tensor: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
+    """`tensor` all-reduced in place (a CPU tensor goes through this rank's GPU under nccl, which takes no other)."""
+    with _timed():
+        on_backend = tensor.cuda() if dist.get_backend() == "nccl" and not tensor.is_cuda else tensor
+        dist.all_reduce(on_backend, op=op)
+        if on_backend is not tensor:
+            tensor.copy_(on_backend)
     return tensor
 
 
@@ -149,15 +157,21 @@ def any_rank(flag: bool) -> bool:
     return bool(_timed_all_reduce(torch.tensor([float(flag)]), dist.ReduceOp.MAX).item())
 
 
+def _sums(x: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The count, sum and sum of squares of `x` along `dim`, in float64, over all ranks' `x` (one all-reduce)."""
+    x = x.detach().to(torch.float64)
+    counts = torch.full_like(x.sum(dim), x.shape[dim])
+    count, total, squares = _timed_all_reduce(torch.stack([counts, x.sum(dim), x.square().sum(dim)]))
+    return count, total, squares
+
+
 def mean_std(x: Tensor) -> tuple[Tensor, Tensor]:
     """For each `x[i]` (one minibatch's values), the mean and (unbiased) std of its elements over all ranks' `x[i]`
     together: `x[i].mean()` and `x[i].std()` of the global minibatch, for every i in one all-reduce."""
     rows = x.detach().flatten(1)
     if world_size() == 1:
         return rows.mean(1), rows.std(1)
-    rows = rows.to(torch.float64)
-    counts = torch.full((len(rows),), rows.shape[1], dtype=torch.float64, device=rows.device)
-    count, total, squares = _timed_all_reduce(torch.stack([counts, rows.sum(1), rows.square().sum(1)]))
+    count, total, squares = _sums(rows, dim=1)
     average = total / count
     variance = ((squares - count * average**2) / (count - 1).clamp(min=1)).clamp(min=0.0)
     return average.to(x.dtype), variance.sqrt().to(x.dtype)
@@ -168,12 +182,9 @@ def moments(batch: Tensor) -> tuple[Tensor, Tensor, int]:
     batch = batch.reshape(-1, batch.shape[-1]).to(torch.float64)
     if world_size() == 1:
         return batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
-    count = torch.tensor([batch.shape[0]], dtype=torch.float64, device=batch.device)
-    sums = _timed_all_reduce(torch.cat([count, batch.sum(0), batch.square().sum(0)]))
-    count = sums[0]
-    average = sums[1 : 1 + batch.shape[1]] / count
-    variance = (sums[1 + batch.shape[1] :] / count - average**2).clamp_(min=0.0)
-    return average, variance, int(count.item())
+    count, total, squares = _sums(batch, dim=0)
+    average = total / count
+    return average, (squares / count - average**2).clamp(min=0.0), int(count[0].item())
 
 
 class CombinedReturnStats:
@@ -232,11 +243,9 @@ def gather(value: Any) -> list[Any]:
     """Every rank's `value`, in rank order, on every rank (pickled between this run's processes only)."""
     if world_size() == 1:
         return [value]
-    global collective_seconds
-    start = time.perf_counter()
     values: list[Any] = [None] * world_size()
-    dist.all_gather_object(values, value)
-    collective_seconds += time.perf_counter() - start
+    with _timed():
+        dist.all_gather_object(values, value)
     return values
 
 

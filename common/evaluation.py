@@ -14,6 +14,7 @@ import torch
 from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
+from common import distributed
 from common.envs import resolve_env_id
 from common.errors import UsageError
 from common.run_folder import create_run_folder, run_name
@@ -83,7 +84,9 @@ def evaluate_checkpoint(
     args: Any, trained: Any, evaluate: Callable[[SummaryWriter, Path | None], list[float]]
 ) -> list[float]:
     """--eval-checkpoint: `evaluate(writer, record_to)` the agent of the checkpoint, whose run's settings are
-    `trained`, in a new run folder (its name ending in `__eval`); print the mean and std of the return."""
+    `trained`, in a new run folder (its name ending in `__eval`); print the mean and std of the return. One process:
+    under torchrun with more than one, an `error:` before anything is written."""
+    distributed.single_process("--eval-checkpoint")
     if trained.eval_episodes <= 0:
         raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")

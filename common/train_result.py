@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch.nn as nn
 
+from common import distributed
+
 
 @dataclass
 class TrainResult:
@@ -34,3 +36,8 @@ class TrainResult:
         if self.eval_returns:
             line += f", eval return {np.mean(self.eval_returns):.2f} +- {np.std(self.eval_returns):.2f}"
         return line
+
+    def print_summary(self) -> None:
+        """Print `summary()`: under torchrun on rank 0 alone."""
+        if distributed.is_main():
+            print(self.summary())

@@ -72,7 +72,7 @@ def test_the_return_statistics_after_a_rollout_are_those_of_all_envs(tmp_path):
     )
     assert one["reward_rms"]["count"] == pytest.approx(two["reward_rms"]["count"]) and one["reward_rms"]["count"] > 128
     for key in ("mean", "var"):
-        torch.testing.assert_close(two["reward_rms"][key], one["reward_rms"][key], rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(two["reward_rms"][key], one["reward_rms"][key], rtol=1e-7, atol=0)
 
 
 def test_after_training_both_ranks_hold_the_same_parameters(tmp_path):
