@@ -113,6 +113,7 @@ def exit_status(run: Callable[[], object]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        distributed.leave(130)  # under torchrun every rank stopped after the same iteration
         return 130
     except Exception as exc:
         if not distributed.collective_failed(exc):
@@ -122,4 +123,5 @@ def exit_status(run: Callable[[], object]) -> int:
         )
         print(f"error: {failed} ({type(exc).__name__}: {one_line(str(exc))})", file=sys.stderr)
         return 1
+    distributed.leave(0)
     return 0

@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import os
 import re
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
@@ -80,15 +81,21 @@ def setup(backend: str | None, cuda: bool) -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     device_id = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
     dist.init_process_group(backend, timeout=TIMEOUT, device_id=device_id)
-    # NCCL warns at exit about a group left undestroyed. Gloo's destroy at exit can abort the process as a peer closes
-    # its sockets (1 two-rank run in 12 here; none in 24 without it), and the exit closes them anyway.
-    if backend == "nccl":
-        atexit.register(_leave)
 
 
-def _leave() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def leave(status: int) -> None:
+    """At the end of a run that every rank ended alike (done, or stopped by Ctrl-C): wait for every rank, leave the
+    group, and end the process with `status`, its exit handlers run but not the C++ teardown after them. A two-rank
+    gloo run left without destroying its group aborted at exit in 17 of 40 runs here, and the scripts' runs still in 2
+    of 148 after destroying it; everything is written by then."""
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+    atexit._run_exitfuncs()  # what sys.exit would run (TensorBoard's writer, wandb)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def rank_seed(seed: int) -> int:
@@ -250,11 +257,7 @@ def gather(value: Any) -> list[Any]:
 
 
 def collective_failed(exc: BaseException) -> bool:
-    """Whether `exc` is a collective that failed: another rank is gone (its connection closed) or timed out. The
-    process group is then broken; it is left to the exit, as destroying it can abort."""
-    failed = dist.is_initialized() and (
-        isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and re.search(r"gloo|NCCL", str(exc)))
+    """Whether `exc` is a collective that failed: another rank is gone (its connection closed) or timed out."""
+    return dist.is_initialized() and (
+        isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and bool(re.search(r"gloo|NCCL", str(exc))))
     )
-    if failed:
-        atexit.unregister(_leave)
-    return bool(failed)

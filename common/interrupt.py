@@ -4,11 +4,9 @@ second one stops at once. Env worker processes ignore it: only the training proc
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 
@@ -21,15 +19,11 @@ class GracefulInterrupt:
     def __init__(self) -> None:
         self.requested = False
         self._previous = None
-        self._first = 0.0
 
     def _handle(self, signum, frame) -> None:
-        # torchrun passes a terminal's Ctrl-C on to its workers, which the terminal reached already: one press.
-        if self.requested and not (os.environ.get("TORCHELASTIC_RUN_ID") and time.monotonic() - self._first < 2.0):
-            raise KeyboardInterrupt
         if self.requested:
-            return
-        self.requested, self._first = True, time.monotonic()
+            raise KeyboardInterrupt
+        self.requested = True
         print("\ninterrupt: stopping after this iteration (Ctrl-C again to stop now)", file=sys.stderr)
 
     def __enter__(self) -> GracefulInterrupt:
