@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import closing
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -311,7 +311,7 @@ def train(args: Args) -> TrainResult:
             cli.notice(
                 f"{args.resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
             )
-    recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)})
+    recorder = RolloutRecorder(args, args.num_envs, checkpoint)
 
     next_obs, carried = env_state.start(envs, checkpoint, args.seed + global_step)  # last: after everything is built
     episode_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
@@ -332,6 +332,7 @@ def train(args: Args) -> TrainResult:
         state |= {"actor_optimizer": actor_optimizer.state_dict(), "q_optimizer": q_optimizer.state_dict()}
         state["noise"] = torch.as_tensor(noise_state)
         state["episodes"] = env_state.capture(envs, next_obs, episode_starts=episode_starts)
+        state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
         path = checkpoints.save(folder, SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
         # One buffer on disk (a full MuJoCo one is 168 MB): the older ones go once the checkpoint naming the new one
         # is written. A later one stays: it belongs to the run this one was resumed from an earlier checkpoint of.
@@ -349,7 +350,7 @@ def train(args: Args) -> TrainResult:
                 for optimizer in (actor_optimizer, q_optimizer):
                     optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
             iteration_start = time.time()
-            obs = next_obs.astype(np.float32)
+            env_obs, obs = next_obs, next_obs.astype(np.float32)  # the env's, in its dtype, for the recorder
             noise = exploration_noise(args, noise_state, episode_starts)
             if global_step < args.learning_starts:
                 # From the seeded generator that checkpoints hold (an action space's own is not seeded).
@@ -368,7 +369,7 @@ def train(args: Args) -> TrainResult:
             if ended.any():
                 real_next_obs[ended] = np.stack(infos["final_obs"][ended])
             rb.add(obs, real_next_obs, actions, rewards, terminations)
-            recorder.step(obs, actions, rewards, terminations, truncations, infos)
+            recorder.step(env_obs, actions, rewards, terminations, truncations, infos)
             recorder.end_rollout()
             episode_starts = ended
             log.episodes.record(infos, global_step)

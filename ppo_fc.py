@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -325,7 +325,7 @@ def train(args: Args) -> TrainResult:
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations, truncations = np.zeros((2, args.num_steps, args.num_envs), dtype=bool)
-    recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)}, reward_normalizer)
+    recorder = RolloutRecorder(args, args.num_envs, checkpoint, reward_normalizer)
 
     next_obs_np, _ = env_state.start(envs, checkpoint, args.seed + global_step)  # last: after everything is built
     log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step)
@@ -334,6 +334,7 @@ def train(args: Args) -> TrainResult:
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
         state["episodes"] = env_state.capture(envs, next_obs_np)
+        state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
     saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
@@ -351,14 +352,14 @@ def train(args: Args) -> TrainResult:
             noise_np = noise.cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
-                obs[step] = next_obs_np
+                obs[step] = env_obs = next_obs_np  # the env's, in its dtype, for the recorder
                 actions[step] = act(obs[step], noise_np[step])
                 sent_action = env_action(actions[step], agent.action_space)
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
                 # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
                 rewards[step] = reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
-                recorder.step(obs[step], sent_action, reward, terminated, truncated, infos)
+                recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
 
                 if args.bootstrap_truncation and truncated.any():
                     final_obs[step, truncated] = np.stack(infos["final_obs"][truncated])

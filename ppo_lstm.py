@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -454,7 +454,7 @@ def train(args: Args) -> TrainResult:
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     # The state each step acted from (zero where an episode starts): training sequences start from these.
     states = np.zeros((args.num_steps, *agent.initial_state(args.num_envs).shape), dtype=np.float32)
-    recorder = RolloutRecorder(args.save_trajectories, args.num_envs, {"args": asdict(args)}, reward_normalizer)
+    recorder = RolloutRecorder(args, args.num_envs, checkpoint, reward_normalizer)
 
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
 
@@ -468,6 +468,7 @@ def train(args: Args) -> TrainResult:
         state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
         state["episodes"] = env_state.capture(envs, next_obs_np, episode_starts=next_starts, rnn_state=rnn_state)
+        state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
     saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
@@ -486,6 +487,7 @@ def train(args: Args) -> TrainResult:
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step], episode_starts[step] = next_obs_np, next_starts
+                env_obs = next_obs_np  # the env's, in its dtype, for the recorder
                 states[step] = rnn_state * ~next_starts[None, :, None]
                 actions[step], rnn_state = act(obs[step], rnn_state, next_starts, noise_np[step])
                 sent_action = env_action(actions[step], agent.action_space)
@@ -493,7 +495,7 @@ def train(args: Args) -> TrainResult:
                 terminations[step], truncations[step] = terminated, truncated
                 # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
                 rewards[step] = reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
-                recorder.step(obs[step], sent_action, reward, terminated, truncated, infos)
+                recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
 
                 # Truncated episodes bootstrap from the value of their last observation, seen with their memory.
                 truncated_only = truncated & ~terminated

@@ -9,7 +9,7 @@ import math
 import sys
 import time
 from contextlib import closing
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -489,7 +489,7 @@ def train(args: Args) -> TrainResult:
     actions = np.zeros((args.num_steps, num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     acted_outs = torch.zeros((args.num_steps, num_envs, agent.action_size), device=device)  # what the rollout saw
     acted_values = torch.zeros((args.num_steps, num_envs), device=device)
-    recorder = RolloutRecorder(args.save_trajectories, num_envs, {"args": asdict(args)}, reward_normalizer)
+    recorder = RolloutRecorder(args, num_envs, checkpoint, reward_normalizer)
 
     # Last, after everything is built. Each env carries its last L(K-1) steps across rollouts (and checkpoints):
     # the rollout's context is recomputed from them with the current parameters, and training prefixes them.
@@ -508,6 +508,7 @@ def train(args: Args) -> TrainResult:
             envs, next_obs_np, episode_starts=next_starts, episode_positions=next_positions, context_obs=context_obs,
             context_positions=context_positions, context_valid=context_valid,
         )  # fmt: skip
+        state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
     as_tensor = partial(torch.as_tensor, device=device)
@@ -528,6 +529,7 @@ def train(args: Args) -> TrainResult:
             for step in range(args.num_steps):
                 global_step += num_envs * world_size
                 obs[step], episode_starts[step] = next_obs_np, next_starts
+                env_obs = next_obs_np  # the env's, in its dtype, for the recorder
                 positions[step] = next_positions
                 with torch.no_grad():
                     actor_out, value = context.step(
@@ -541,7 +543,7 @@ def train(args: Args) -> TrainResult:
                 terminations[step], truncations[step] = terminated, truncated
                 # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
                 rewards[step] = reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
-                recorder.step(obs[step], sent_action, reward, terminated, truncated, infos)
+                recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
 
                 # Truncated episodes bootstrap from the value of their last observation, seen with their context.
                 truncated_only = truncated & ~terminated

@@ -25,7 +25,8 @@ Config = TypeVar("Config")
 # The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
 RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout", "dist_backend")
 EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
-EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories")
+EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories", "capture_video", "video_every")
+EVALUATION_FLAGS += ("track", "wandb_project_name", "wandb_entity")
 
 
 def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int, **state) -> Path:

@@ -18,8 +18,8 @@ from common import distributed
 from common.envs import resolve_env_id
 from common.errors import UsageError
 from common.run_folder import create_run_folder, run_name
-from common.tracking import log_episodes
-from common.trajectories import TrajectoryWriter, unused_npz_path
+from common.tracking import finish_tracking, log_episodes, start_tracking
+from common.trajectories import TrajectoryRecording, check_destination, unused_recording_path
 
 Act = Callable[[np.ndarray, np.ndarray], np.ndarray | tuple[np.ndarray, Mapping[str, Mapping[str, Any]]]]
 
@@ -42,7 +42,7 @@ def play_episodes(
     env = gym.wrappers.vector.RecordEpisodeStatistics(
         gym.vector.SyncVectorEnv([env_fn], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     )
-    recorder = TrajectoryWriter(1, meta=meta) if trajectory_path is not None else None
+    recorder = TrajectoryRecording(trajectory_path, 1, meta or {}) if trajectory_path is not None else None
     returns: list[float] = []
     lengths: list[int] = []
     observations, _ = env.reset(seed=seed)
@@ -53,15 +53,24 @@ def play_episodes(
             actions, agents = actions
         next_observations, rewards, terminations, truncations, infos = env.step(actions)
         if recorder is not None:
-            recorder.add_step(observations, actions, rewards, terminations, truncations, agents, infos)
+            recorder.add_step(observations, actions, rewards, terminations, truncations, agents=agents, infos=infos)
         if "_episode" in infos and infos["_episode"][0]:
             returns.append(float(infos["episode"]["r"][0]))
             lengths.append(int(infos["episode"]["l"][0]))
         observations, episode_starts = next_observations, terminations | truncations
+    _drop_unplayed_video(env.unwrapped.envs[0])
     env.close()
     if recorder is not None:
-        recorder.save(trajectory_path)
+        recorder.flush()
     return returns, lengths
+
+
+def _drop_unplayed_video(env: gym.Env) -> None:
+    """The autoreset after the last episode starts another, which RecordVideo begins to record: not a video to keep."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.RecordVideo) and env.recording:
+            env.recorded_frames, env.recording = [], False
+        env = env.env
 
 
 def evaluate(
@@ -73,7 +82,10 @@ def evaluate(
     log them at `step`, the agent's training step, record them to `record_to`, and return their returns."""
     was_training = agent.training
     agent.eval()
-    env_fn, meta = make_env(resolve_env_id(args.env_id)), {"args": dataclasses.asdict(args)}
+    env_id, meta = resolve_env_id(args.env_id), {"args": dataclasses.asdict(args)}
+    # --eval-checkpoint --capture-video records the evaluation episodes; a training run's videos are of training.
+    videos = args.capture_video and args.eval_checkpoint is not None
+    env_fn = make_env(env_id, 0, videos, str(Path(writer.log_dir) / "videos"), args.video_every)
     returns, lengths = play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
     log_episodes(writer, returns, lengths, step, prefix="eval")
     agent.train(was_training)
@@ -89,9 +101,11 @@ def evaluate_checkpoint(
     distributed.single_process("--eval-checkpoint")
     if trained.eval_episodes <= 0:
         raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
+    check_destination(args.save_trajectories)
     run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
-    with SummaryWriter(str(run_path)) as writer:
-        returns = evaluate(writer, unused_npz_path(args.save_trajectories))
+    writer = start_tracking(run_path, trained)  # with --track, a wandb run of its own: the evaluation run's name
+    returns = evaluate(writer, args.save_trajectories and unused_recording_path(args.save_trajectories))
+    finish_tracking(writer, run_path / "videos" if trained.capture_video else None, set())
     print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     return returns
 

@@ -15,6 +15,7 @@ from common.cli import notice
 from common.errors import UsageError
 from common.run_folder import create_run_folder, run_name
 from common.tracking import start_tracking
+from common.trajectories import check_destination
 
 
 @dataclass
@@ -31,6 +32,7 @@ class RunStart:
 def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_size: int) -> RunStart:
     """A new run (`checkpoint` None), or the continuation of the checkpoint's run, whose TensorBoard curves go on
     from the step after the checkpoint's. `args` is the script's dataclass; `batch_size` counts every rank's steps."""
+    check_destination(args.save_trajectories)  # before the run folder: bad input leaves nothing written
     if args.total_timesteps % batch_size:
         notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}")
     main = distributed.is_main()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,27 +20,87 @@ from tqdm import tqdm
 from common import distributed
 from common.resident_memory import rss_mb
 
+WANDB_RUN_FILE = "wandb_run.json"
+"""In a tracked run's folder: its wandb id and the last global step sent to wandb (`WandbHistory`)."""
 
-def start_tracking(run_path: Path, args: Any, purge_step: int | None = None) -> SummaryWriter:
-    """The run's SummaryWriter, with the `hyperparameters` table CleanRL writes; `args` is the script's dataclass.
 
-    With `args.track`, wandb starts first, so that it can patch the writer (sync_tensorboard). A resumed run passes
-    `purge_step`, the first step it logs: TensorBoard's readers then drop what the interrupted run logged from that
-    step on, so no step shows twice. The writer is also closed at exit, so a crash keeps the last records."""
-    config = dataclasses.asdict(args)
-    if args.track:
+class RunWriter(SummaryWriter):
+    """The run's TensorBoard writer; with --track (`wandb_history`), the rows that go to wandb are kept beside it."""
+
+    def __init__(self, log_dir: Path, purge_step: int | None, wandb_history: WandbHistory | None):
+        super().__init__(str(log_dir), purge_step=purge_step)
+        self.wandb_history = wandb_history
+
+
+class WandbHistory:
+    """A tracked run's wandb history, logged directly (TensorBoard's sync would copy the event files, nested, and keep
+    one value per tag of each event): one row per episode, per iteration, per evaluation episode and per video, each
+    with its `global_step`, the x-axis of every key. Rows wait for `send`, once per iteration, which first writes the
+    last step it sends to `wandb_run.json` in the run folder, with the run's wandb id. A resumed run continues that
+    wandb run and sends no row up to that step: what a killed run sent after its last checkpoint is not sent twice."""
+
+    def __init__(self, run_path: Path, args: Any, config: dict[str, Any], resumed: bool):
         import wandb
 
-        wandb.init(
+        self.state_file = run_path / WANDB_RUN_FILE
+        state = json.loads(self.state_file.read_text()) if resumed and self.state_file.is_file() else {}
+        self.sent_before: int = state.get("last_step", -1)  # by the run this one resumes
+        self.rows: list[dict[str, Any]] = []
+        self.last_step = 0  # of the last row added
+        run = wandb.init(
             project=args.wandb_project_name,
             entity=args.wandb_entity,
-            sync_tensorboard=True,
             config=config,
             name=run_path.name,
+            id=state.get("id"),  # None: a new run, whose id wandb draws
+            resume="allow",
             dir=str(run_path),
             save_code=True,
         )
-    writer = SummaryWriter(str(run_path), purge_step=purge_step)
+        self.run_id: str = run.id
+        wandb.define_metric("global_step")
+        wandb.define_metric("*", step_metric="global_step")
+        self._write_state(self.sent_before)
+
+    def add(self, step: int, values: dict[str, Any]) -> None:
+        """One row at `step` (a global step), unless the run this one resumes sent that step already."""
+        self.last_step = step
+        if step > self.sent_before:
+            self.rows.append({**values, "global_step": step})
+
+    def send(self) -> None:
+        """Log the waiting rows to wandb, in the order they came (never with wandb's `step=`: rows of one step would
+        merge into one)."""
+        if not self.rows:
+            return
+        import wandb
+
+        self._write_state(max(row["global_step"] for row in self.rows))  # first: a kill between never sends twice
+        for row in self.rows:
+            wandb.log(row)
+        self.rows = []
+
+    def _write_state(self, last_step: int) -> None:
+        temporary = self.state_file.with_name(f".{self.state_file.name}.tmp")
+        temporary.write_text(json.dumps({"id": self.run_id, "last_step": last_step}))
+        os.replace(temporary, self.state_file)
+
+
+def wandb_history(writer: SummaryWriter | None) -> WandbHistory | None:
+    """The wandb rows of a tracked run's writer; None without --track (or without a writer)."""
+    return getattr(writer, "wandb_history", None)
+
+
+def start_tracking(run_path: Path, args: Any, purge_step: int | None = None) -> RunWriter:
+    """The run's writer, with the `hyperparameters` table CleanRL writes; `args` is the script's dataclass, and with
+    `args.track` the run's wandb history (its args are the wandb config; wandb does not take TensorBoard's text).
+
+    A resumed run passes `purge_step`, the first step it logs: TensorBoard's readers then drop what the interrupted
+    run logged from that step on, and wandb's run goes on (see `WandbHistory`). The writer is also closed at exit, so
+    a crash keeps the last records."""
+    config = dataclasses.asdict(args)
+    history = WandbHistory(run_path, args, config, resumed=purge_step is not None) if args.track else None
+    writer = RunWriter(run_path, purge_step, history)
     atexit.register(writer.close)  # a second close does nothing
     if purge_step is None:
         writer.add_text(
@@ -48,41 +110,59 @@ def start_tracking(run_path: Path, args: Any, purge_step: int | None = None) -> 
     return writer
 
 
+def log_scalars(writer: SummaryWriter | None, scalars: dict[str, float], step: int) -> None:
+    """`scalars` at `step`: each to TensorBoard, and together as one wandb row when tracking."""
+    if writer is None:  # a rank other than 0 under torchrun
+        return
+    for key, value in scalars.items():
+        writer.add_scalar(key, value, step)
+    if wandb_history(writer) is not None:
+        writer.wandb_history.add(step, scalars)
+
+
 def log_episodes(
     writer: SummaryWriter | None, returns: Sequence[float], lengths: Sequence[int], step: int, prefix: str = "charts"
 ) -> None:
-    """Log every episode that ended at `step` (`{prefix}/episodic_return` and `{prefix}/episodic_length`) in one
-    event: each event costs the writer thread about 0.1 ms, which dominates runs where many short episodes end."""
+    """Log every episode that ended at `step` (`{prefix}/episodic_return` and `{prefix}/episodic_length`): in one
+    TensorBoard event, since each event costs the writer thread about 0.1 ms, which dominates runs where many short
+    episodes end; and one wandb row per episode when tracking."""
     if writer is None:  # a rank other than 0 under torchrun
         return
-    values = [Summary.Value(tag=f"{prefix}/episodic_return", simple_value=value) for value in returns]
-    values += [Summary.Value(tag=f"{prefix}/episodic_length", simple_value=value) for value in lengths]
+    return_tag, length_tag = f"{prefix}/episodic_return", f"{prefix}/episodic_length"
+    values = [Summary.Value(tag=return_tag, simple_value=value) for value in returns]
+    values += [Summary.Value(tag=length_tag, simple_value=value) for value in lengths]
     writer.file_writer.add_summary(Summary(value=values), step)
+    if wandb_history(writer) is not None:
+        for episode_return, length in zip(returns, lengths, strict=True):
+            writer.wandb_history.add(step, {return_tag: episode_return, length_tag: length})
 
 
-def upload_videos(video_folder: str | Path, uploaded: set[str]) -> None:
-    """Send the videos of `video_folder` that are not in `uploaded` to wandb, and remember them there."""
+def upload_videos(history: WandbHistory, video_folder: str | Path, uploaded: set[str], step: int) -> None:
+    """Queue the videos of `video_folder` that are not in `uploaded` for wandb, at `step`, and remember them there."""
     import wandb
 
     for path in sorted(Path(video_folder).glob("*.mp4")):
         if str(path) not in uploaded:
-            wandb.log({"videos": wandb.Video(str(path), format="mp4")})
+            history.add(step, {"videos": wandb.Video(str(path), format="mp4")})
             uploaded.add(str(path))
 
 
 def finish_tracking(
-    writer: SummaryWriter | None, track: bool, video_folder: str | Path | None, uploaded: set[str]
+    writer: SummaryWriter | None, video_folder: str | Path | None, uploaded: set[str], step: int | None = None
 ) -> None:
-    """Close the writer; with `track`, upload the last videos and finish the wandb run (None: nothing to close)."""
+    """Close the writer; when tracking, send the last videos (at `step`, by default the last row's) and rows, and
+    finish the wandb run (None: nothing to close)."""
     if writer is None:
         return
     writer.close()
     atexit.unregister(writer.close)
-    if track:
+    history = wandb_history(writer)
+    if history is not None:
         import wandb
 
         if video_folder is not None:
-            upload_videos(video_folder, uploaded)
+            upload_videos(history, video_folder, uploaded, history.last_step if step is None else step)
+        history.send()
         wandb.finish()
 
 
@@ -132,13 +212,14 @@ class TrainingLog:
     A context manager: the progress bar closes on leaving it."""
 
     def __init__(self, writer: SummaryWriter | None, args: Any, video_folder: Path, total_steps: int, global_step: int):
-        self.writer, self.track = writer, args.track and writer is not None
+        self.writer = writer
         self.video_folder = video_folder if args.capture_video else None
         self.episodes = EpisodeLog(writer)
         progress = args.progress and distributed.is_main()
         self.progress = tqdm(total=total_steps, initial=global_step, disable=not progress, unit="step")
         self.start_time, self.start_step = time.time(), global_step
         self.uploaded_videos: set[str] = set()
+        self.last_step = global_step
 
     def iteration(self, global_step: int, scalars: dict[str, float]) -> None:
         """Log an iteration's `scalars` at `global_step`, with the SPS since this process started training (and under
@@ -148,12 +229,15 @@ class TrainingLog:
         scalars = {**scalars, "charts/SPS": sps, "system/rss_mb": rss_mb()}
         if distributed.world_size() > 1:
             scalars["perf/collective_seconds"] = distributed.take_collective_seconds()
-        for key, value in scalars.items() if self.writer is not None else ():
-            self.writer.add_scalar(key, value, global_step)
+        log_scalars(self.writer, scalars, global_step)
         self.progress.update(global_step - self.progress.n)
         self.progress.set_postfix(SPS=sps, ret=self.episodes.recent_mean(), refresh=False)
-        if self.track and self.video_folder is not None:
-            upload_videos(self.video_folder, self.uploaded_videos)
+        self.last_step = global_step
+        history = wandb_history(self.writer)
+        if history is not None:
+            if self.video_folder is not None:
+                upload_videos(history, self.video_folder, self.uploaded_videos, global_step)
+            history.send()
 
     def __enter__(self) -> TrainingLog:
         return self
@@ -163,4 +247,4 @@ class TrainingLog:
 
     def finish(self) -> None:
         """After training and its evaluation: close the writer and, with --track, the wandb run."""
-        finish_tracking(self.writer, self.track, self.video_folder, self.uploaded_videos)
+        finish_tracking(self.writer, self.video_folder, self.uploaded_videos, self.last_step)

@@ -1,7 +1,9 @@
 """Trajectory files: record what a vector env and an agent did, reload it, cut it into episodes.
 
-A trajectory file is an ``.npz`` archive written by NumPy and read with ``allow_pickle=False``. Its keys are
-digideep's flattened paths; every per-step array is batch-major, ``(num_envs, T, ...)``:
+A trajectory file is an ``.npz`` archive written by NumPy and read with ``allow_pickle=False``. A recording made
+as a run goes (``--save-trajectories PATH``, :class:`TrajectoryRecording`) is a folder PATH of such files, each
+holding the next stretch of steps of every env (``steps_{first step:010d}.npz``); :func:`load_trajectories` reads a
+folder as one file. Keys are digideep's flattened paths; every per-step array is batch-major, ``(num_envs, T, ...)``:
 
 - ``/observations``: the observation each action was taken from.
 - ``/actions``, ``/rewards``, ``/terminations``, ``/truncations``.
@@ -10,13 +12,16 @@ digideep's flattened paths; every per-step array is batch-major, ``(num_envs, T,
 - ``/infos/<key>``: numeric per-env entries of the env's ``infos``; steps where a key was absent hold NaN.
 - ``/meta/args``: the run's arguments as JSON text (a 0-d string array); ``/meta/format``: the format version.
 
-``python -m common.trajectories PATH`` prints a summary of a file.
+``python -m common.trajectories PATH`` prints a summary of a file; with ``--minari DATASET_ID`` it writes the
+finished episodes as a local Minari dataset (``common.minari_export``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 import warnings
 import zipfile
@@ -36,9 +41,13 @@ from common.data_helpers import (
     list_of_dicts_to_flattened_dict_of_lists,
     unflatten_dict,
 )
+from common.errors import UsageError
 from common.run_folder import unused_path
 
 FORMAT_VERSION = 1
+FLUSH_STEPS = 2048
+"""A recording writes its steps to a file once it holds this many vector steps (or a rollout, if longer)."""
+CHUNK_PREFIX = "steps_"
 STEP_KEYS = ("/observations", "/actions", "/rewards", "/terminations", "/truncations", "/masks")
 """Keys every trajectory file holds."""
 SILENTLY_SKIPPED_INFOS = frozenset({"/final_info"})
@@ -175,23 +184,73 @@ class TrajectoryWriter:
         return path
 
 
-class RolloutRecorder:
-    """Training rollouts to a trajectory file (`path` None: records nothing). The env's side is recorded step by
-    step; the agent's fields, known once the rollout's log-probabilities and values are, at the end of each rollout.
-    The file goes to `unused_npz_path(path)`: an existing file is never overwritten. Under torchrun each rank records
-    its own envs, rank r > 0 to `{stem}.rank{r}.npz`."""
+class TrajectoryRecording:
+    """A trajectory file written as the steps come: a folder `path` of files of at most `flush_steps` vector steps
+    each (and a rollout's steps at least, which `RolloutRecorder` adds together). A process killed at any moment
+    leaves every file written before whole; :func:`load_trajectories` reads the folder.
 
-    def __init__(self, path: str | Path | None, num_envs: int, meta: Mapping[str, Any], reward_normalizer: Any = None):
-        if path is not None and distributed.rank() > 0:
-            path = npz_path(path).with_suffix(f".rank{distributed.rank()}.npz")
-        self.path, self.reward_normalizer = unused_npz_path(path), reward_normalizer
-        self.writer = TrajectoryWriter(num_envs, meta) if path is not None else None
+    `start` continues a recording at its step `start` (a resumed run): files of later steps, recorded by a run killed
+    after its checkpoint, are removed, since the resumed run records those steps again."""
+
+    def __init__(
+        self, path: str | Path, num_envs: int, meta: Mapping[str, Any], start: int = 0, flush_steps: int = FLUSH_STEPS
+    ):
+        self.path, self.steps_written, self.flush_steps = Path(path), start, flush_steps
+        self.buffer = TrajectoryWriter(num_envs, meta)
+        self.path.mkdir(parents=True, exist_ok=True)
+        for chunk in _chunks(self.path) if start else ():
+            if _chunk_start(chunk) >= start:
+                chunk.unlink()
+        kept = sum(_chunk_length(chunk) for chunk in _chunks(self.path)) if start else 0
+        if kept != start:  # the checkpoint wrote its steps first: its step is where a file starts
+            raise TrajectoryFileError(f"{str(self.path)!r} holds {kept} steps up to the checkpoint's {start}")
+
+    def add_step(self, *step: Any, **fields: Any) -> None:
+        """:meth:`TrajectoryWriter.add_step`, then a file written once `flush_steps` steps wait."""
+        self.buffer.add_step(*step, **fields)
+        if len(self.buffer) >= self.flush_steps:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the waiting steps to the folder's next file, atomically."""
+        if not len(self.buffer):
+            return
+        self.buffer.save(self.path / f"{CHUNK_PREFIX}{self.steps_written:010d}.npz")
+        self.steps_written += len(self.buffer)
+        self.buffer.steps = []
+
+
+class RolloutRecorder:
+    """Training rollouts to the trajectory recording `args.save_trajectories` (None: records nothing), with the
+    run's `args` (a dataclass) as its meta data. The env's side is recorded step by
+    step; the agent's fields, known once the rollout's log-probabilities and values are, at the end of each rollout,
+    when the steps go to the recording. A new recording goes to `path`, or, if something is there already, to the
+    first free `path_2`, `path_3`, ... A run resumed from a checkpoint continues the recording that `checkpoint_state`
+    put in it. Under torchrun each rank records its own envs, rank r > 0 to `{stem}.rank{r}{suffix}`."""
+
+    def __init__(
+        self, args: Any, num_envs: int, checkpoint: Mapping[str, Any] | None = None, reward_normalizer: Any = None
+    ):
+        path, self.reward_normalizer = args.save_trajectories, reward_normalizer
+        self.recording: TrajectoryRecording | None = None
         self.rollout: list[tuple[tuple[Any, ...], Mapping[str, Any]]] = []
+        if path is None:
+            return
+        carried = (checkpoint or {}).get("trajectories")
+        if carried is None:  # a new recording (or one resumed from a checkpoint that holds none)
+            path = distributed.broadcast_object(unused_recording_path(path) if distributed.is_main() else None)
+            start = 0
+        else:
+            path, start = Path(carried["path"]), int(carried["steps"])
+        self.path = path  # rank 0's
+        if distributed.rank() > 0:
+            path = path.with_name(f"{path.stem}.rank{distributed.rank()}{path.suffix}")
+        self.recording = TrajectoryRecording(path, num_envs, {"args": dataclasses.asdict(args)}, start)
 
     def step(self, obs: Any, action: Any, reward: Any, terminated: Any, truncated: Any, infos: Mapping) -> None:
-        """One vector-env step: the observation acted on, the action the env was sent, and its reward, scaled by
-        `reward_normalizer` (gymnasium's NormalizeReward) if given: the env's own reward is recorded."""
-        if self.writer is None:
+        """One vector-env step: the env's observation acted on, the action the env was sent, and its reward, scaled
+        by `reward_normalizer` (gymnasium's NormalizeReward) if given: the env's own reward is recorded."""
+        if self.recording is None:
             return
         if self.reward_normalizer is not None:
             reward = reward * np.sqrt(self.reward_normalizer.return_rms.var + self.reward_normalizer.epsilon)
@@ -200,12 +259,22 @@ class RolloutRecorder:
     def end_rollout(self, **agent_fields: Any) -> None:
         """The agent's fields for the rollout's steps, each (steps, num_envs, ...): recorded under `policy`."""
         for t, (env_step, infos) in enumerate(self.rollout):
-            self.writer.add_step(*env_step, {"policy": {name: value[t] for name, value in agent_fields.items()}}, infos)
+            fields = {"policy": {name: value[t] for name, value in agent_fields.items()}}
+            self.recording.add_step(*env_step, agents=fields, infos=infos)
         self.rollout = []
 
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """For a checkpoint (rank 0's path; every rank records as many steps): the recorded steps are written first,
+        so that a run resumed from it continues the recording exactly. None when not recording."""
+        if self.recording is None:
+            return None
+        self.recording.flush()
+        return {"path": str(self.path), "steps": self.recording.steps_written}
+
     def save(self) -> None:
-        if self.writer is not None:
-            self.writer.save(self.path)
+        """At the end of the run: the last steps to the recording."""
+        if self.recording is not None:
+            self.recording.flush()
 
 
 def npz_path(path: str | Path) -> Path:
@@ -214,26 +283,85 @@ def npz_path(path: str | Path) -> Path:
     return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
 
 
-def unused_npz_path(path: str | Path | None) -> Path | None:
-    """The `.npz` path for `path` where a new trajectory file goes: `path` itself, or, when a file is there
-    already (an earlier run's, or the first part of a resumed run), the first free `stem_2.npz`, `stem_3.npz`, ...,
-    with a notice. A trajectory file is never overwritten. None for None (no trajectories asked for)."""
-    if path is None:
-        return None
-    wanted = npz_path(path)
+def unused_recording_path(path: str | Path) -> Path:
+    """Where a new recording for `path` goes: `path` itself, or, when something is there already (an earlier run's
+    recording), the first free `stem_2`, `stem_3`, ..., with a notice. A recording is never overwritten."""
+    wanted = Path(path)
     free = unused_path(wanted)
     if free != wanted:
         notice(f"{wanted} exists; the trajectories go to {free}", every_rank=True)
     return free
 
 
+def check_destination(path: str | Path | None) -> None:
+    """A UsageError, before anything is written, if a recording cannot be made at `path` (None: nothing to check):
+    a file stands where one of its folders would be, or the nearest existing folder cannot be written."""
+    if path is None:
+        return
+    path = Path(path).absolute()
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"--save-trajectories {str(path)!r}: {str(parent)!r} is a file, not a folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise UsageError(f"--save-trajectories {str(path)!r}: cannot write in {str(parent)!r}")
+            return
+
+
+def _chunks(folder: Path) -> list[Path]:
+    """A recording's files, in the order of their steps (a temporary file being written is not one)."""
+    return sorted(folder.glob(f"{CHUNK_PREFIX}*.npz"), key=_chunk_start)
+
+
+def _chunk_start(chunk: Path) -> int:
+    try:
+        return int(chunk.stem.removeprefix(CHUNK_PREFIX))
+    except ValueError:
+        raise TrajectoryFileError(f"{str(chunk)!r} is not a recording's file (steps_<first step>.npz)") from None
+
+
+def _chunk_length(chunk: Path) -> int:
+    with np.load(chunk, allow_pickle=False) as archive:  # reads only this array
+        return archive["/rewards"].shape[1]
+
+
+def _concatenated(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The chunks' steps as one recording. A key absent from some chunks (an info that first appeared later) holds
+    NaN there, in its own dtype if floating, else float64, as within one file."""
+    data = {key: value for key, value in chunks[0].items() if key.startswith("/meta/")}
+    keys = dict.fromkeys(key for chunk in chunks for key in chunk if not key.startswith("/meta/"))
+    for key in keys:
+        present = next(chunk[key] for chunk in chunks if key in chunk)
+        complete = all(key in chunk for chunk in chunks)
+        dtype = present.dtype if complete or np.issubdtype(present.dtype, np.floating) else np.float64
+        parts = [
+            chunk[key] if key in chunk else np.full((*chunk["/rewards"].shape, *present.shape[2:]), np.nan, dtype)
+            for chunk in chunks
+        ]
+        data[key] = np.concatenate(parts, axis=1, dtype=dtype)
+    return data
+
+
 def load_trajectories(path: str | Path) -> dict[str, np.ndarray]:
-    """Read a trajectory file into a flat dict of arrays, never unpickling.
+    """Read a trajectory file, or a recording's folder of them (their steps in order), into a flat dict of arrays,
+    never unpickling.
 
     ``/meta/*`` entries are returned as they are stored (JSON text in 0-d string arrays; ``json.loads(str(x))`` reads
     them). Raises :class:`TrajectoryFileError` for a missing, corrupt or foreign file.
     """
     path = Path(path)
+    if path.is_dir():
+        chunks, steps = [], 0
+        for chunk in _chunks(path):
+            if _chunk_start(chunk) != steps:
+                raise TrajectoryFileError(
+                    f"{str(chunk)!r} should start at step {steps}: a file of the recording is gone"
+                )
+            chunks.append(load_trajectories(chunk))
+            steps += chunks[-1]["/rewards"].shape[1]
+        if not chunks:
+            raise TrajectoryFileError(f"{str(path)!r} holds no recorded steps")
+        return _concatenated(chunks)
     if not path.is_file():
         raise TrajectoryFileError(f"trajectory file {str(path)!r} does not exist")
     try:
@@ -314,12 +442,23 @@ def summarize(data: Mapping[str, np.ndarray]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.trajectories", description="Summarize a trajectory file.")
-    parser.add_argument("path", help="a .npz trajectory file")
-    path = parser.parse_args(argv).path
+    parser = argparse.ArgumentParser(
+        prog="python -m common.trajectories", description="Summarize a trajectory file, or export it to Minari."
+    )
+    parser.add_argument("path", help="a recording's folder (--save-trajectories) or a .npz trajectory file")
+    parser.add_argument(
+        "--minari", metavar="DATASET_ID", help="write the finished episodes as this local Minari dataset"
+    )
+    options = parser.parse_args(argv)
     try:
-        data = load_trajectories(path)
-    except TrajectoryFileError as exc:
+        data = load_trajectories(options.path)
+        if options.minari:
+            from common.minari_export import export_to_minari
+
+            dataset = export_to_minari(data, options.minari)
+            print(f"{options.minari}: {dataset.total_episodes} episodes, {dataset.total_steps} steps")
+            return 0
+    except (TrajectoryFileError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(summarize(data))

@@ -22,7 +22,7 @@ from common.errors import PolicyMismatch, UsageError
 from common.interrupt import sigint_ignored_by_new_processes
 from common.run_folder import create_run_folder, unused_path
 from common.stand_in import LAYERS, NoNumpyForm, check_draws, fitting_copy, numpy_cell, numpy_snapshot, trial_inputs
-from common.trajectories import RolloutRecorder, load_trajectories, unused_npz_path
+from common.trajectories import RolloutRecorder, load_trajectories, unused_recording_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -163,8 +163,10 @@ def test_run_folders_started_in_the_same_second_get_a_suffix(tmp_path):
 def test_output_files_are_never_overwritten(tmp_path, capsys):
     assert unused_path(tmp_path / "a.npz") == tmp_path / "a.npz"
     (tmp_path / "a.npz").write_bytes(b"first part")
-    assert unused_npz_path(tmp_path / "a") == tmp_path / "a_2.npz"
+    assert unused_recording_path(tmp_path / "a.npz") == tmp_path / "a_2.npz"
     assert "a.npz exists; the trajectories go to" in capsys.readouterr().err
+    (tmp_path / "b").mkdir()  # a recording's folder
+    assert unused_recording_path(tmp_path / "b") == tmp_path / "b_2"
 
 
 # --- Ctrl-C and worker processes -----------------------------------------------------------------------------------
@@ -428,10 +430,15 @@ def test_the_checkpoint_schedule(every, at_end, interrupted, written):
     assert last == (Path(f"{written[-1]}.pt") if written else None)
 
 
+@dataclass
+class Recorded:
+    save_trajectories: Path | None
+
+
 def test_the_rollout_recorder_records_the_env_s_own_reward_and_the_agent_s_fields(tmp_path):
     envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env([lambda: gym.make("CartPole-v1")] * 2, False))
     normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=0.99)
-    recorder = RolloutRecorder(tmp_path / "rollout", 2, {"args": {}}, normalizer)
+    recorder = RolloutRecorder(Recorded(tmp_path / "rollout"), 2, None, normalizer)
     obs, _ = normalizer.reset(seed=0)
     for _ in range(2):  # two rollouts of 3 steps
         for _ in range(3):
@@ -441,9 +448,33 @@ def test_the_rollout_recorder_records_the_env_s_own_reward_and_the_agent_s_field
             obs = next_obs
         recorder.end_rollout(values=np.arange(6).reshape(3, 2))
     recorder.save()
-    data = load_trajectories(tmp_path / "rollout.npz")
+    data = load_trajectories(tmp_path / "rollout")
     np.testing.assert_allclose(data["/rewards"], 1.0, rtol=1e-5)
     assert data["/agents/policy/values"].tolist() == [[0, 2, 4, 0, 2, 4], [1, 3, 5, 1, 3, 5]]
-    nothing = RolloutRecorder(None, 2, {})
+    nothing = RolloutRecorder(Recorded(None), 2)
     nothing.step(obs, 0, 0, 0, 0, {})
-    assert nothing.rollout == [] and nothing.path is None  # no path: records nothing
+    assert nothing.rollout == [] and nothing.recording is None  # no path: records nothing
+
+
+def test_resident_memory_imports_without_resource_and_reads_macos_bytes(monkeypatch):
+    # Windows has no `resource` module: the import must not fail (there /proc is missing too: NaN).
+    code = "import sys; sys.modules['resource'] = None; from common.resident_memory import rss_mb; print(rss_mb())"
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
+    )
+    assert completed.returncode == 0 and float(completed.stdout) > 10, completed.stderr
+    import resource
+
+    from common import resident_memory
+
+    def no_proc(*args, **kwargs):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(resident_memory, "open", no_proc, raising=False)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    monkeypatch.setattr(sys, "platform", "darwin")  # ru_maxrss in bytes
+    assert resident_memory.rss_mb() == pytest.approx(peak / 2**20, rel=0.05)
+    monkeypatch.setattr(sys, "platform", "linux")  # in kilobytes
+    assert resident_memory.rss_mb() == pytest.approx(peak / 2**10, rel=0.05)
+    monkeypatch.setattr(resident_memory, "resource", None)
+    assert np.isnan(resident_memory.rss_mb())

@@ -779,22 +779,28 @@ def test_ctrl_c_stops_after_the_iteration_with_a_consistent_checkpoint(tmp_path,
     assert logged[-1][0] == checkpoint["global_step"]  # the checkpoint is the state after the last logged iteration
 
 
-def test_resume_never_overwrites_the_trajectories_of_the_first_part(tmp_path):
-    path = tmp_path / "rollouts.npz"
+def test_a_resumed_run_continues_its_recording_with_no_step_twice_and_none_lost(tmp_path):
+    # The whole run leaves a file of steps after step_1024's checkpoint, as a run killed after it would: resuming from
+    # it records those steps again, in place of the old ones. With exact resume, the recording is the whole run's.
+    path = tmp_path / "rollouts"
     settings = dict(env_id="Probe4-v0", total_timesteps=4 * 512, checkpoint_every=2, save_trajectories=str(path))
     whole = ppo_fc.train(quick_args(tmp_path, **settings))
-    first_part = path.read_bytes()
+    recorded = load_trajectories(path)
+    assert sorted(p.name for p in path.iterdir()) == ["steps_0000000000.npz", "steps_0000000256.npz"]
     ppo_fc.train(ppo_fc.Args(resume=str(whole.run_dir / "checkpoints" / "step_1024.pt"), progress=False))
-    assert path.read_bytes() == first_part
-    resumed = load_trajectories(tmp_path / "rollouts_2.npz")
-    assert resumed["/observations"].shape[:2] == (4, 2 * 128)  # the two iterations after the checkpoint
+    assert sorted(p.name for p in path.iterdir()) == ["steps_0000000000.npz", "steps_0000000256.npz"]
+    resumed = load_trajectories(path)
+    assert resumed.keys() == recorded.keys() and resumed["/rewards"].shape == (4, 4 * 128)
+    for key, value in recorded.items():
+        if key != "/infos/episode/t":  # the episodes' wall-clock times
+            np.testing.assert_array_equal(resumed[key], value, err_msg=key)
 
 
 def test_eval_checkpoint_plays_with_the_given_seed(tmp_path):
     args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=512, save_model=True)
     checkpoint = ppo_fc.train(args).checkpoint
     for seed in (1, 7):
-        path = tmp_path / f"seed{seed}.npz"
+        path = tmp_path / f"seed{seed}"
         ppo_fc.evaluate_checkpoint(
             quick_args(
                 tmp_path, eval_checkpoint=str(checkpoint), eval_episodes=1, seed=seed, save_trajectories=str(path)

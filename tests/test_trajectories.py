@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 
 import probe_envs  # noqa: F401  (registers the probe ids)
+from common.errors import UsageError
 from common.trajectories import (
     STEP_KEYS,
     TrajectoryFileError,
+    TrajectoryRecording,
     TrajectoryWriter,
+    check_destination,
     load_trajectories,
     split_episodes,
 )
@@ -209,3 +212,67 @@ def test_command_line_summary_and_error(tmp_path):
     )
     assert failed.returncode == 2
     assert failed.stderr.startswith("error: ") and len(failed.stderr.strip().splitlines()) == 1
+
+
+# --- recordings written as the run goes ----------------------------------------------------------------------------
+
+
+def recorded_steps(recording, num_steps, info_from=None, observation_dtype=np.float32):
+    """`num_steps` steps of 2 envs into `recording`, step t's observation t; an info key from step `info_from` on."""
+    for t in range(num_steps):
+        infos = {"late": np.full(2, t)} if info_from is not None and t >= info_from else {}
+        observations = np.full((2, 3), t, dtype=observation_dtype)
+        recording.add_step(observations, np.zeros(2), np.ones(2), np.zeros(2), np.zeros(2), infos=infos)
+
+
+def test_a_recording_writes_a_file_each_flush_steps_and_holds_no_more(tmp_path):
+    recording = TrajectoryRecording(tmp_path / "r", 2, {"args": {}}, flush_steps=10)
+    recorded_steps(recording, 25)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["steps_0000000000.npz", "steps_0000000010.npz"]
+    assert len(recording.buffer) == 5  # what a killed run would lose: fewer than flush_steps
+    data = load_trajectories(tmp_path / "r")  # what a run killed now leaves: every step before the last flush
+    assert data["/observations"][0, :, 0].tolist() == list(range(20))
+    recording.flush()
+    assert load_trajectories(tmp_path / "r")["/observations"][1, :, 0].tolist() == list(range(25))
+
+
+def test_an_info_key_that_first_appears_in_a_later_file_reads_back_nan_before(tmp_path):
+    recording = TrajectoryRecording(tmp_path / "r", 2, {}, flush_steps=10)
+    recorded_steps(recording, 30, info_from=15)
+    recording.flush()
+    late = load_trajectories(tmp_path / "r")["/infos/late"]
+    assert late.shape == (2, 30) and late.dtype == np.float64
+    assert np.isnan(late[:, :15]).all() and late[0, 15:].tolist() == list(range(15, 30))
+
+
+def test_a_recording_keeps_the_observations_dtype(tmp_path):
+    recording = TrajectoryRecording(tmp_path / "r", 2, {}, flush_steps=4)
+    recorded_steps(recording, 6, observation_dtype=np.uint8)
+    recording.flush()
+    assert load_trajectories(tmp_path / "r")["/observations"].dtype == np.uint8
+
+
+def test_a_continued_recording_drops_the_files_after_its_start_and_a_gap_is_an_error(tmp_path):
+    recording = TrajectoryRecording(tmp_path / "r", 2, {}, flush_steps=10)
+    recorded_steps(recording, 30)
+    continued = TrajectoryRecording(tmp_path / "r", 2, {}, start=10, flush_steps=10)
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["steps_0000000000.npz"]
+    with pytest.raises(TrajectoryFileError, match="holds 10 steps up to the checkpoint's 15"):
+        TrajectoryRecording(tmp_path / "r", 2, {}, start=15)
+    recorded_steps(continued, 12)
+    continued.flush()
+    assert load_trajectories(tmp_path / "r")["/observations"][0, :, 0].tolist() == [*range(10), *range(12)]
+    (tmp_path / "r" / "steps_0000000010.npz").unlink()
+    with pytest.raises(TrajectoryFileError, match="should start at step 10"):
+        load_trajectories(tmp_path / "r")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrajectoryFileError, match="holds no recorded steps"):
+        load_trajectories(tmp_path / "empty")
+
+
+def test_a_recording_below_a_file_is_refused_before_anything_is_written(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError, match="is a file, not a folder"):
+        check_destination(tmp_path / "file" / "below" / "r")
+    check_destination(tmp_path / "new" / "r")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
