@@ -78,7 +78,7 @@ class Args:
     eval_every: int = 0
     """also evaluate for --eval-episodes episodes every this many steps during training (0: never)"""
     save_trajectories: str | None = None
-    """record the training steps (with --eval-checkpoint: the episodes) to this new .npz file"""
+    """record the training steps (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
     env_id: str = "Pendulum-v1"
     """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 1_000_000
@@ -311,9 +311,9 @@ def train(args: Args) -> TrainResult:
             cli.notice(
                 f"{args.resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
             )
-    recorder = RolloutRecorder(args, args.num_envs, checkpoint)
 
     next_obs, carried = env_state.start(envs, checkpoint, args.seed + global_step)  # last: after everything is built
+    recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried)
     episode_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
     log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * args.num_envs, global_step)
     log_every = max(1, 100 // args.num_envs)  # CleanRL logs the losses every 100 steps
@@ -333,6 +333,7 @@ def train(args: Args) -> TrainResult:
         state["noise"] = torch.as_tensor(noise_state)
         state["episodes"] = env_state.capture(envs, next_obs, episode_starts=episode_starts)
         state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
+        log.flush(global_step)  # and the logs up to the checkpoint
         path = checkpoints.save(folder, SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
         # One buffer on disk (a full MuJoCo one is 168 MB): the older ones go once the checkpoint naming the new one
         # is written. A later one stays: it belongs to the run this one was resumed from an earlier checkpoint of.

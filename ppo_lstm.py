@@ -85,7 +85,7 @@ class Args:
     sampling_k: int = 2
     """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
     save_trajectories: str | None = None
-    """record the training rollouts (with --eval-checkpoint: the episodes) to this new .npz file"""
+    """record the training rollouts (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 500_000
@@ -454,12 +454,12 @@ def train(args: Args) -> TrainResult:
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     # The state each step acted from (zero where an episode starts): training sequences start from these.
     states = np.zeros((args.num_steps, *agent.initial_state(args.num_envs).shape), dtype=np.float32)
-    recorder = RolloutRecorder(args, args.num_envs, checkpoint, reward_normalizer)
 
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
 
     # Last, after everything is built. A resumed run continues its episodes with the memory they had.
     next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
+    recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried, reward_normalizer)
     next_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
     rnn_state = carried.get("rnn_state", agent.initial_state(args.num_envs).cpu().numpy())  # carried across rollouts
     log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step)
@@ -469,6 +469,7 @@ def train(args: Args) -> TrainResult:
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
         state["episodes"] = env_state.capture(envs, next_obs_np, episode_starts=next_starts, rnn_state=rnn_state)
         state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
+        log.flush(global_step)  # and the logs up to the checkpoint
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
     saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)

@@ -85,7 +85,7 @@ class Args:
     sampling_k: int = 2
     """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
     save_trajectories: str | None = None
-    """record the training rollouts (with --eval-checkpoint: the episodes) to this new .npz file"""
+    """record the training rollouts (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 500_000
@@ -489,11 +489,11 @@ def train(args: Args) -> TrainResult:
     actions = np.zeros((args.num_steps, num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     acted_outs = torch.zeros((args.num_steps, num_envs, agent.action_size), device=device)  # what the rollout saw
     acted_values = torch.zeros((args.num_steps, num_envs), device=device)
-    recorder = RolloutRecorder(args, num_envs, checkpoint, reward_normalizer)
 
     # Last, after everything is built. Each env carries its last L(K-1) steps across rollouts (and checkpoints):
     # the rollout's context is recomputed from them with the current parameters, and training prefixes them.
     next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
+    recorder = RolloutRecorder(args, num_envs, checkpoint, carried, reward_normalizer)
     next_starts = carried.get("episode_starts", np.ones(num_envs, dtype=bool))
     next_positions = carried.get("episode_positions", np.zeros(num_envs, dtype=np.int64))
     context_obs = carried.get("context_obs", np.zeros((num_envs, prefix, *obs_shape), dtype=np.float32))
@@ -509,6 +509,7 @@ def train(args: Args) -> TrainResult:
             context_positions=context_positions, context_valid=context_valid,
         )  # fmt: skip
         state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
+        log.flush(global_step)  # and the logs up to the checkpoint
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
     as_tensor = partial(torch.as_tensor, device=device)

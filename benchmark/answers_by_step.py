@@ -1,6 +1,6 @@
 """Where an agent's answers on a popgym card game go wrong, by the step within the episode:
-``python -m benchmark.answers_by_step FILE.npz [FILE.npz ...] [--steps 0 5 10 ...] [--count-recall]``, each file the
-trajectories of an evaluation (``--eval-checkpoint CHECKPOINT --save-trajectories FILE.npz``) of any script.
+``python -m benchmark.answers_by_step PATH [PATH ...] [--steps 0 5 10 ...] [--count-recall]``, each the
+trajectories of an evaluation (``--eval-checkpoint CHECKPOINT --save-trajectories PATH``, a folder) of any script.
 
 The card games (RepeatFirst, CountRecall, ...) pay a positive reward for a right answer and a negative one for a wrong
 one, so the share of right answers at a step is the share of positive rewards there. With ``--count-recall`` the

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,12 +17,14 @@ import torch
 
 from common import distributed
 from common.errors import UsageError
+from common.run_folder import write_atomically
 from common.seeding import rng_state
 
 Config = TypeVar("Config")
 
 # The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
-RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "numpy_rollout", "dist_backend")
+RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "wandb_project_name", "wandb_entity")
+RUN_TIME_FLAGS += ("numpy_rollout", "dist_backend")
 EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
 EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories", "capture_video", "video_every")
 EVALUATION_FLAGS += ("track", "wandb_project_name", "wandb_entity")
@@ -34,9 +35,11 @@ def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_st
     states to `step_{global_step}.pt` and `latest.pt` in `folder`, each atomically (a temporary file in the same
     folder, then a rename). Returns the path of `latest.pt`.
 
-    Under torchrun every rank calls this: rank 0 writes, with every rank's generators and `state["episodes"]` (the
-    envs' places) under `ranks`, in rank order (see `common.env_state.start`)."""
-    ranks = distributed.gather_to_main({"rng": rng_state(), "episodes": state.get("episodes")})
+    Under torchrun every rank calls this: rank 0 writes, with every rank's generators, `state["episodes"]` (the
+    envs' places) and `state["trajectories"]` (its recording) under `ranks`, in rank order (see
+    `common.env_state.start`)."""
+    own = {"rng": rng_state(), "episodes": state.get("episodes"), "trajectories": state.get("trajectories")}
+    ranks = distributed.gather_to_main(own)
     if ranks is None:
         return folder / "latest.pt"
     state = {
@@ -52,9 +55,7 @@ def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_st
     buffer = io.BytesIO()
     torch.save(state, buffer)  # once, for both files
     for name in (f"step_{global_step}.pt", "latest.pt"):
-        temporary = folder / f".{name}.tmp"
-        temporary.write_bytes(buffer.getbuffer())
-        os.replace(temporary, folder / name)
+        write_atomically(folder / name, buffer.getbuffer())
     return folder / "latest.pt"
 
 

@@ -97,8 +97,9 @@ def capture(envs: VectorEnv, observations: np.ndarray, **carried: np.ndarray) ->
 
 def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarray, dict[str, Any]]:
     """Bring `envs` (as `capture` saw them, and now reset) back to the places `state` holds: the observations there,
-    and what else was carried (NumPy arrays). If an env cannot be replayed, or its replay reaches another observation
-    or generator state, every env starts a new episode (reset with `seed`) with a notice, and nothing is carried.
+    and what else was carried (NumPy arrays), with `continued` True. If an env cannot be replayed, or its replay
+    reaches another observation or generator state, every env starts a new episode (reset with `seed`) with a
+    notice, and nothing is carried.
 
     Exact for envs whose every draw comes from their own `np_random` and whose episodes depend on nothing an earlier
     episode left behind (a curriculum counter would not be restored, and the check sees only the generator and the
@@ -114,7 +115,8 @@ def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarr
             for wrapper, name, key in _wrapper_arrays(envs):
                 if key in state["wrappers"]:
                     setattr(wrapper, name, state["wrappers"][key])
-            return state.pop("observations"), {key: state[key] for key in state if key not in ("envs", "wrappers")}
+            carried = {key: state[key] for key in state if key not in ("envs", "wrappers", "observations")}
+            return state["observations"], {"continued": True, **carried}
     notice(
         "the envs cannot be brought back to where the checkpoint left them (see common/env_state.py): new episodes",
         every_rank=True,

@@ -18,8 +18,8 @@ from common import distributed
 from common.envs import resolve_env_id
 from common.errors import UsageError
 from common.run_folder import create_run_folder, run_name
-from common.tracking import finish_tracking, log_episodes, start_tracking
-from common.trajectories import TrajectoryRecording, check_destination, unused_recording_path
+from common.tracking import finish_tracking, log_episodes, start_tracking, wandb_history
+from common.trajectories import TrajectoryRecording, check_destination, new_recording_folder
 
 Act = Callable[[np.ndarray, np.ndarray], np.ndarray | tuple[np.ndarray, Mapping[str, Mapping[str, Any]]]]
 
@@ -88,6 +88,8 @@ def evaluate(
     env_fn = make_env(env_id, 0, videos, str(Path(writer.log_dir) / "videos"), args.video_every)
     returns, lengths = play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
     log_episodes(writer, returns, lengths, step, prefix="eval")
+    if wandb_history(writer) is not None:
+        wandb_history(writer).send()
     agent.train(was_training)
     return returns
 
@@ -104,7 +106,8 @@ def evaluate_checkpoint(
     check_destination(args.save_trajectories)
     run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
     writer = start_tracking(run_path, trained)  # with --track, a wandb run of its own: the evaluation run's name
-    returns = evaluate(writer, args.save_trajectories and unused_recording_path(args.save_trajectories))
+    recording = new_recording_folder(args.save_trajectories) if args.save_trajectories is not None else None
+    returns = evaluate(writer, recording)
     finish_tracking(writer, run_path / "videos" if trained.capture_video else None, set())
     print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
     return returns

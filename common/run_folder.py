@@ -1,7 +1,8 @@
-"""Run folders and output files that never overwrite an earlier run's."""
+"""Run folders (and trajectory recordings' folders) that never take an earlier run's, and files written whole."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -29,12 +30,9 @@ def create_run_folder(run_dir: str | Path, name: str, ending: str = "") -> Path:
     raise FileExistsError(f"no free run folder name for {name!r} in {run_dir}")
 
 
-def unused_path(path: str | Path) -> Path:
-    """`path`, or, if a file is there already, the first of `stem_2.ext`, `stem_3.ext`, ... that is free: an
-    output file of an earlier run (or of the first part of a resumed run) is never overwritten."""
-    path = Path(path)
-    candidate, number = path, 1
-    while candidate.exists():
-        number += 1
-        candidate = path.with_name(f"{path.stem}_{number}{path.suffix}")
-    return candidate
+def write_atomically(path: Path, data: bytes | memoryview) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and a rename: a reader, or a process
+    killed meanwhile, sees the old file or the new one, never a part."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)

@@ -1,12 +1,11 @@
-"""Where a run's numbers go: the TensorBoard writer (synced to wandb with --track), the hyperparameters table,
-episode returns, and videos."""
+"""Where a run's numbers go: the TensorBoard writer and, with --track, the same values as wandb rows; the
+hyperparameters table, episode returns, and videos."""
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from tqdm import tqdm
 
 from common import distributed
 from common.resident_memory import rss_mb
+from common.run_folder import write_atomically
 
 WANDB_RUN_FILE = "wandb_run.json"
 """In a tracked run's folder: its wandb id and the last global step sent to wandb (`WandbHistory`)."""
@@ -39,7 +39,7 @@ class WandbHistory:
     last step it sends to `wandb_run.json` in the run folder, with the run's wandb id. A resumed run continues that
     wandb run and sends no row up to that step: what a killed run sent after its last checkpoint is not sent twice."""
 
-    def __init__(self, run_path: Path, args: Any, config: dict[str, Any], resumed: bool):
+    def __init__(self, run_path: Path, args: Any, resumed: bool):
         import wandb
 
         self.state_file = run_path / WANDB_RUN_FILE
@@ -50,7 +50,6 @@ class WandbHistory:
         run = wandb.init(
             project=args.wandb_project_name,
             entity=args.wandb_entity,
-            config=config,
             name=run_path.name,
             id=state.get("id"),  # None: a new run, whose id wandb draws
             resume="allow",
@@ -58,9 +57,12 @@ class WandbHistory:
             save_code=True,
         )
         self.run_id: str = run.id
+        # A resumed run's flags that the command line decides (--resume, --track) differ from the first part's.
+        run.config.update(dataclasses.asdict(args), allow_val_change=True)
         wandb.define_metric("global_step")
         wandb.define_metric("*", step_metric="global_step")
         self._write_state(self.sent_before)
+        atexit.register(self.send)  # an error that ends the run sends what waits (before wandb's own exit handler)
 
     def add(self, step: int, values: dict[str, Any]) -> None:
         """One row at `step` (a global step), unless the run this one resumes sent that step already."""
@@ -71,19 +73,17 @@ class WandbHistory:
     def send(self) -> None:
         """Log the waiting rows to wandb, in the order they came (never with wandb's `step=`: rows of one step would
         merge into one)."""
-        if not self.rows:
-            return
         import wandb
 
+        if not self.rows or wandb.run is None:
+            return
         self._write_state(max(row["global_step"] for row in self.rows))  # first: a kill between never sends twice
         for row in self.rows:
             wandb.log(row)
         self.rows = []
 
     def _write_state(self, last_step: int) -> None:
-        temporary = self.state_file.with_name(f".{self.state_file.name}.tmp")
-        temporary.write_text(json.dumps({"id": self.run_id, "last_step": last_step}))
-        os.replace(temporary, self.state_file)
+        write_atomically(self.state_file, json.dumps({"id": self.run_id, "last_step": last_step}).encode())
 
 
 def wandb_history(writer: SummaryWriter | None) -> WandbHistory | None:
@@ -99,7 +99,7 @@ def start_tracking(run_path: Path, args: Any, purge_step: int | None = None) -> 
     run logged from that step on, and wandb's run goes on (see `WandbHistory`). The writer is also closed at exit, so
     a crash keeps the last records."""
     config = dataclasses.asdict(args)
-    history = WandbHistory(run_path, args, config, resumed=purge_step is not None) if args.track else None
+    history = WandbHistory(run_path, args, resumed=purge_step is not None) if args.track else None
     writer = RunWriter(run_path, purge_step, history)
     atexit.register(writer.close)  # a second close does nothing
     if purge_step is None:
@@ -233,11 +233,22 @@ class TrainingLog:
         self.progress.update(global_step - self.progress.n)
         self.progress.set_postfix(SPS=sps, ret=self.episodes.recent_mean(), refresh=False)
         self.last_step = global_step
+        self.send(global_step)
+
+    def send(self, global_step: int) -> None:
+        """With --track, send what waits for wandb, with the videos that appeared (at `global_step`)."""
         history = wandb_history(self.writer)
         if history is not None:
             if self.video_folder is not None:
                 upload_videos(history, self.video_folder, self.uploaded_videos, global_step)
             history.send()
+
+    def flush(self, global_step: int) -> None:
+        """When a checkpoint is written: TensorBoard's buffered events to their file, and what waits for wandb, so
+        that a run killed after the checkpoint has logged everything up to it."""
+        if self.writer is not None:
+            self.writer.flush()
+            self.send(global_step)
 
     def __enter__(self) -> TrainingLog:
         return self

@@ -19,7 +19,9 @@ finished episodes as a local Minari dataset (``common.minari_export``).
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
+import io
 import json
 import os
 import sys
@@ -42,11 +44,13 @@ from common.data_helpers import (
     unflatten_dict,
 )
 from common.errors import UsageError
-from common.run_folder import unused_path
+from common.run_folder import create_run_folder, write_atomically
 
 FORMAT_VERSION = 1
 FLUSH_STEPS = 2048
-"""A recording writes its steps to a file once it holds this many vector steps (or a rollout, if longer)."""
+"""A recording writes its steps to a file once it holds this many vector steps (or a rollout, if longer)..."""
+FLUSH_BYTES = 2**26
+"""... or this many bytes of observations (64 MiB: 8 Atari envs' 84x84x4 frames take 2,048 steps to 460 MB)."""
 CHUNK_PREFIX = "steps_"
 STEP_KEYS = ("/observations", "/actions", "/rewards", "/terminations", "/truncations", "/masks")
 """Keys every trajectory file holds."""
@@ -177,38 +181,45 @@ class TrajectoryWriter:
         """
         path = npz_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
-        with open(temporary, "wb") as handle:
-            np.savez(handle, **self.to_dict())
-        temporary.replace(path)
+        buffer = io.BytesIO()
+        np.savez(buffer, **self.to_dict())
+        write_atomically(path, buffer.getbuffer())
         return path
 
 
 class TrajectoryRecording:
-    """A trajectory file written as the steps come: a folder `path` of files of at most `flush_steps` vector steps
-    each (and a rollout's steps at least, which `RolloutRecorder` adds together). A process killed at any moment
-    leaves every file written before whole; :func:`load_trajectories` reads the folder.
+    """A trajectory file written as the steps come: a folder `path` of files of at most `flush_steps` vector steps or
+    about `flush_bytes` of observations each (and a rollout's steps at least, which `RolloutRecorder` adds together).
+    A process killed at any moment leaves every file written before whole, and one that stops on an error writes the
+    steps that wait; :func:`load_trajectories` reads the folder.
 
-    `start` continues a recording at its step `start` (a resumed run): files of later steps, recorded by a run killed
-    after its checkpoint, are removed, since the resumed run records those steps again."""
+    `start` continues the recording in `path` at its step `start` (a resumed run): files of later steps, recorded by
+    a run killed after its checkpoint, are removed, since the resumed run records those steps again. A folder that
+    does not hold exactly the steps before `start` is a TrajectoryFileError, and nothing is removed."""
 
     def __init__(
-        self, path: str | Path, num_envs: int, meta: Mapping[str, Any], start: int = 0, flush_steps: int = FLUSH_STEPS
+        self,
+        path: str | Path,
+        num_envs: int,
+        meta: Mapping[str, Any],
+        start: int = 0,
+        flush_steps: int = FLUSH_STEPS,
+        flush_bytes: int = FLUSH_BYTES,
     ):
-        self.path, self.steps_written, self.flush_steps = Path(path), start, flush_steps
-        self.buffer = TrajectoryWriter(num_envs, meta)
-        self.path.mkdir(parents=True, exist_ok=True)
-        for chunk in _chunks(self.path) if start else ():
-            if _chunk_start(chunk) >= start:
+        self.path, self.steps_written, self.flush_steps, self.flush_bytes = Path(path), start, flush_steps, flush_bytes
+        self.buffer, self.buffered_bytes = TrajectoryWriter(num_envs, meta), 0
+        if start:
+            later = _continuable_at(self.path, start)
+            for chunk in later:
                 chunk.unlink()
-        kept = sum(_chunk_length(chunk) for chunk in _chunks(self.path)) if start else 0
-        if kept != start:  # the checkpoint wrote its steps first: its step is where a file starts
-            raise TrajectoryFileError(f"{str(self.path)!r} holds {kept} steps up to the checkpoint's {start}")
+        self.path.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.flush)  # an error that ends the run keeps the steps recorded before it
 
-    def add_step(self, *step: Any, **fields: Any) -> None:
-        """:meth:`TrajectoryWriter.add_step`, then a file written once `flush_steps` steps wait."""
-        self.buffer.add_step(*step, **fields)
-        if len(self.buffer) >= self.flush_steps:
+    def add_step(self, observations: Any, *step: Any, **fields: Any) -> None:
+        """:meth:`TrajectoryWriter.add_step`, then a file written once `flush_steps` steps or `flush_bytes` wait."""
+        self.buffer.add_step(observations, *step, **fields)
+        self.buffered_bytes += self.buffer.steps[-1]["observations"].nbytes
+        if len(self.buffer) >= self.flush_steps or self.buffered_bytes >= self.flush_bytes:
             self.flush()
 
     def flush(self) -> None:
@@ -217,35 +228,47 @@ class TrajectoryRecording:
             return
         self.buffer.save(self.path / f"{CHUNK_PREFIX}{self.steps_written:010d}.npz")
         self.steps_written += len(self.buffer)
-        self.buffer.steps = []
+        self.buffer.steps, self.buffered_bytes = [], 0
 
 
 class RolloutRecorder:
     """Training rollouts to the trajectory recording `args.save_trajectories` (None: records nothing), with the
-    run's `args` (a dataclass) as its meta data. The env's side is recorded step by
-    step; the agent's fields, known once the rollout's log-probabilities and values are, at the end of each rollout,
-    when the steps go to the recording. A new recording goes to `path`, or, if something is there already, to the
-    first free `path_2`, `path_3`, ... A run resumed from a checkpoint continues the recording that `checkpoint_state`
-    put in it. Under torchrun each rank records its own envs, rank r > 0 to `{stem}.rank{r}{suffix}`."""
+    run's `args` (a dataclass) as its meta data. The env's side is recorded step by step; the agent's fields, known
+    once the rollout's log-probabilities and values are, at the end of each rollout, when the steps go to the
+    recording. Under torchrun each rank records its own envs, rank r > 0 to `{stem}.rank{r}{suffix}`.
+
+    A new recording goes to that path, or, if something is there already, to the first free `_2`, `_3`, ... A run
+    resumed from a checkpoint continues the recording that `checkpoint_state` put in it when its envs continue the
+    episodes the checkpoint cut (`carried`, what `common.env_state.start` gave, says so); else, or if that
+    recording is not as the checkpoint left it, it starts a new one, with a notice: a recording never holds an
+    episode spliced from two."""
 
     def __init__(
-        self, args: Any, num_envs: int, checkpoint: Mapping[str, Any] | None = None, reward_normalizer: Any = None
+        self,
+        args: Any,
+        num_envs: int,
+        checkpoint: Mapping[str, Any] | None = None,
+        carried: Mapping[str, Any] | None = None,
+        reward_normalizer: Any = None,
     ):
         path, self.reward_normalizer = args.save_trajectories, reward_normalizer
         self.recording: TrajectoryRecording | None = None
         self.rollout: list[tuple[tuple[Any, ...], Mapping[str, Any]]] = []
         if path is None:
             return
-        carried = (checkpoint or {}).get("trajectories")
-        if carried is None:  # a new recording (or one resumed from a checkpoint that holds none)
-            path = distributed.broadcast_object(unused_recording_path(path) if distributed.is_main() else None)
-            start = 0
-        else:
-            path, start = Path(carried["path"]), int(carried["steps"])
-        self.path = path  # rank 0's
-        if distributed.rank() > 0:
-            path = path.with_name(f"{path.stem}.rank{distributed.rank()}{path.suffix}")
-        self.recording = TrajectoryRecording(path, num_envs, {"args": dataclasses.asdict(args)}, start)
+        meta = {"args": dataclasses.asdict(args)}
+        recorded = _own_rank_entry(checkpoint)
+        if recorded is not None and (carried or {}).get("continued"):
+            try:
+                self.recording = TrajectoryRecording(recorded["path"], num_envs, meta, int(recorded["steps"]))
+                return
+            except TrajectoryFileError as exc:
+                notice(f"the recording cannot go on ({exc}): a new one", every_rank=True)
+        elif recorded is not None:
+            notice(f"the envs start new episodes: a new recording, not {recorded['path']}", every_rank=True)
+        rank = distributed.rank()
+        path = Path(path) if rank == 0 else Path(path).with_name(f"{Path(path).stem}.rank{rank}{Path(path).suffix}")
+        self.recording = TrajectoryRecording(new_recording_folder(path), num_envs, meta)
 
     def step(self, obs: Any, action: Any, reward: Any, terminated: Any, truncated: Any, infos: Mapping) -> None:
         """One vector-env step: the env's observation acted on, the action the env was sent, and its reward, scaled
@@ -264,17 +287,42 @@ class RolloutRecorder:
         self.rollout = []
 
     def checkpoint_state(self) -> dict[str, Any] | None:
-        """For a checkpoint (rank 0's path; every rank records as many steps): the recorded steps are written first,
-        so that a run resumed from it continues the recording exactly. None when not recording."""
+        """For a checkpoint (each rank's under `ranks`): the recorded steps are written first, so that a run resumed
+        from it continues the recording exactly. None when not recording."""
         if self.recording is None:
             return None
         self.recording.flush()
-        return {"path": str(self.path), "steps": self.recording.steps_written}
+        return {"path": str(self.recording.path.resolve()), "steps": self.recording.steps_written}
 
     def save(self) -> None:
         """At the end of the run: the last steps to the recording."""
         if self.recording is not None:
             self.recording.flush()
+
+
+def _own_rank_entry(checkpoint: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """This rank's recording in `checkpoint` (None without one, or for a checkpoint of another number of processes)."""
+    if checkpoint is None:
+        return None
+    ranks = checkpoint.get("ranks", [checkpoint])
+    return ranks[distributed.rank()].get("trajectories") if len(ranks) == distributed.world_size() else None
+
+
+def _continuable_at(folder: Path, start: int) -> list[Path]:
+    """The files of `folder` that start at or after step `start`, after checking that the others hold exactly the
+    steps before it, one after another (a TrajectoryFileError if not)."""
+    steps, later = 0, []
+    for chunk in _chunks(folder) if folder.is_dir() else ():
+        first = _chunk_start(chunk)
+        if first >= start:
+            later.append(chunk)
+        elif first != steps:
+            raise TrajectoryFileError(f"{str(chunk)!r} should start at step {steps}")
+        else:
+            steps += _chunk_length(chunk)
+    if steps != start:
+        raise TrajectoryFileError(f"{str(folder)!r} holds {steps} steps before the checkpoint's {start}")
+    return later
 
 
 def npz_path(path: str | Path) -> Path:
@@ -283,14 +331,15 @@ def npz_path(path: str | Path) -> Path:
     return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
 
 
-def unused_recording_path(path: str | Path) -> Path:
-    """Where a new recording for `path` goes: `path` itself, or, when something is there already (an earlier run's
-    recording), the first free `stem_2`, `stem_3`, ..., with a notice. A recording is never overwritten."""
+def new_recording_folder(path: str | Path) -> Path:
+    """Create the folder of a new recording for `path`: `path` itself, or, when something is there already (an
+    earlier run's recording, a file), the first free `stem_2`, `stem_3`, ..., with a notice. Created atomically: a
+    recording is never overwritten, nor shared by two runs."""
     wanted = Path(path)
-    free = unused_path(wanted)
-    if free != wanted:
-        notice(f"{wanted} exists; the trajectories go to {free}", every_rank=True)
-    return free
+    created = create_run_folder(wanted.parent, wanted.stem, wanted.suffix)
+    if created != wanted:
+        notice(f"{wanted} exists; the trajectories go to {created}", every_rank=True)
+    return created
 
 
 def check_destination(path: str | Path | None) -> None:
@@ -326,17 +375,19 @@ def _chunk_length(chunk: Path) -> int:
 
 
 def _concatenated(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The chunks' steps as one recording. A key absent from some chunks (an info that first appeared later) holds
-    NaN there, in its own dtype if floating, else float64, as within one file."""
+    """The chunks' steps as one recording, `/meta/*` from the first. A key absent from some chunks (an info that
+    first appeared later) holds NaN there, as within one file; a key's dtype is the one all its chunks' take (an info
+    present at every step of one chunk and missing at some steps of another is float64 in both)."""
     data = {key: value for key, value in chunks[0].items() if key.startswith("/meta/")}
     keys = dict.fromkeys(key for chunk in chunks for key in chunk if not key.startswith("/meta/"))
     for key in keys:
-        present = next(chunk[key] for chunk in chunks if key in chunk)
-        complete = all(key in chunk for chunk in chunks)
-        dtype = present.dtype if complete or np.issubdtype(present.dtype, np.floating) else np.float64
+        present = [chunk[key] for chunk in chunks if key in chunk]
+        dtype = np.result_type(*present)
+        if len(present) < len(chunks) and not np.issubdtype(dtype, np.floating):
+            dtype = np.dtype(np.float64)
+        trailing = present[0].shape[2:]
         parts = [
-            chunk[key] if key in chunk else np.full((*chunk["/rewards"].shape, *present.shape[2:]), np.nan, dtype)
-            for chunk in chunks
+            chunk[key] if key in chunk else np.full((*chunk["/rewards"].shape, *trailing), np.nan) for chunk in chunks
         ]
         data[key] = np.concatenate(parts, axis=1, dtype=dtype)
     return data

@@ -18,7 +18,7 @@ from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import ScalarEvent
 
 import benchmark.__main__ as harness
-from benchmark import answers_by_step, cases, ddpg_floor, ddpg_speed, recurrent_floor
+from benchmark import answers_by_step, cases, ddpg_floor, ddpg_speed, recurrent_floor, tracking_cost
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
 from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, load_script, resolve_args, same_settings_flags
@@ -930,3 +930,10 @@ def test_answers_by_step_prints_the_share_of_right_answers_in_each_range_of_step
     assert answers_by_step.main([str(tmp_path / "a.npz"), "--steps", "9"]) == 2
     assert answers_by_step.main([str(tmp_path / "none.npz")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_tracking_cost_runs_each_arm_and_reads_its_sps(capsys):
+    assert tracking_cost.main(["--rounds", "1", "--steps", "512", "--env-id", "Probe1-v0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("| with") or line.startswith("| without")]
+    assert len(rows) == 2 and all(float(row.split("|")[-2]) > 0 for row in rows), lines

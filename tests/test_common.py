@@ -20,9 +20,9 @@ from common.cli import check_ranges, notice, one_line, parse_args
 from common.envs import vector_env
 from common.errors import PolicyMismatch, UsageError
 from common.interrupt import sigint_ignored_by_new_processes
-from common.run_folder import create_run_folder, unused_path
+from common.run_folder import create_run_folder
 from common.stand_in import LAYERS, NoNumpyForm, check_draws, fitting_copy, numpy_cell, numpy_snapshot, trial_inputs
-from common.trajectories import RolloutRecorder, load_trajectories, unused_recording_path
+from common.trajectories import RolloutRecorder, load_trajectories, new_recording_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -160,13 +160,12 @@ def test_run_folders_started_in_the_same_second_get_a_suffix(tmp_path):
     assert create_run_folder(tmp_path, "x", "__eval").name == "x_2__eval"  # still ends in __eval
 
 
-def test_output_files_are_never_overwritten(tmp_path, capsys):
-    assert unused_path(tmp_path / "a.npz") == tmp_path / "a.npz"
-    (tmp_path / "a.npz").write_bytes(b"first part")
-    assert unused_recording_path(tmp_path / "a.npz") == tmp_path / "a_2.npz"
+def test_recordings_never_take_an_existing_path(tmp_path, capsys):
+    assert new_recording_folder(tmp_path / "a.npz") == tmp_path / "a.npz"  # created
+    assert new_recording_folder(tmp_path / "a.npz") == tmp_path / "a_2.npz"  # a folder there
     assert "a.npz exists; the trajectories go to" in capsys.readouterr().err
-    (tmp_path / "b").mkdir()  # a recording's folder
-    assert unused_recording_path(tmp_path / "b") == tmp_path / "b_2"
+    (tmp_path / "b").write_bytes(b"a file")
+    assert new_recording_folder(tmp_path / "b") == tmp_path / "b_2" and (tmp_path / "b_2").is_dir()
 
 
 # --- Ctrl-C and worker processes -----------------------------------------------------------------------------------
@@ -438,7 +437,7 @@ class Recorded:
 def test_the_rollout_recorder_records_the_env_s_own_reward_and_the_agent_s_fields(tmp_path):
     envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env([lambda: gym.make("CartPole-v1")] * 2, False))
     normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=0.99)
-    recorder = RolloutRecorder(Recorded(tmp_path / "rollout"), 2, None, normalizer)
+    recorder = RolloutRecorder(Recorded(tmp_path / "rollout"), 2, None, None, normalizer)
     obs, _ = normalizer.reset(seed=0)
     for _ in range(2):  # two rollouts of 3 steps
         for _ in range(3):

@@ -1,5 +1,6 @@
 """ppo_fc.py: GAE, the learning-rate schedule, learning on the probes, checkpoints, trajectories and the CLI."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -48,10 +49,12 @@ def quick_args(tmp_path, **overrides) -> ppo_fc.Args:
     return ppo_fc.Args(**{**settings, **overrides})
 
 
-def test_integer_observations_keep_the_numpy_copy(tmp_path, capsys):
+def test_integer_observations_keep_the_numpy_copy_and_their_dtype_in_the_recording(tmp_path, capsys):
     # Taxi-v4's one-hot observations are int64: the copy's trial saw them raw and the torch policy refused them.
-    ppo_fc.train(quick_args(tmp_path, env_id="Taxi-v4", total_timesteps=1024))
+    ppo_fc.train(quick_args(tmp_path, env_id="Taxi-v4", total_timesteps=1024, save_trajectories=str(tmp_path / "r")))
     assert "the rollout calls the torch policy" not in capsys.readouterr().err
+    observations = load_trajectories(tmp_path / "r")["/observations"]  # as the env gives them, not float32
+    assert observations.dtype == np.int64 and set(np.unique(observations)) == {0, 1}
 
 
 # --- GAE and the learning-rate schedule ----------------------------------------------------------------------------
@@ -780,20 +783,42 @@ def test_ctrl_c_stops_after_the_iteration_with_a_consistent_checkpoint(tmp_path,
 
 
 def test_a_resumed_run_continues_its_recording_with_no_step_twice_and_none_lost(tmp_path):
-    # The whole run leaves a file of steps after step_1024's checkpoint, as a run killed after it would: resuming from
-    # it records those steps again, in place of the old ones. With exact resume, the recording is the whole run's.
+    # The whole run leaves a file of steps after step_1024's checkpoint, as a run killed after it would; it is made
+    # to differ here. Resuming from that checkpoint records those steps again, in its place: with exact resume, the
+    # recording is the whole run's.
     path = tmp_path / "rollouts"
     settings = dict(env_id="Probe4-v0", total_timesteps=4 * 512, checkpoint_every=2, save_trajectories=str(path))
     whole = ppo_fc.train(quick_args(tmp_path, **settings))
     recorded = load_trajectories(path)
     assert sorted(p.name for p in path.iterdir()) == ["steps_0000000000.npz", "steps_0000000256.npz"]
+    (path / "steps_0000000256.npz").write_bytes((path / "steps_0000000000.npz").read_bytes())  # another's steps
     ppo_fc.train(ppo_fc.Args(resume=str(whole.run_dir / "checkpoints" / "step_1024.pt"), progress=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts", "runs"]  # no new recording
     assert sorted(p.name for p in path.iterdir()) == ["steps_0000000000.npz", "steps_0000000256.npz"]
     resumed = load_trajectories(path)
     assert resumed.keys() == recorded.keys() and resumed["/rewards"].shape == (4, 4 * 128)
     for key, value in recorded.items():
         if key != "/infos/episode/t":  # the episodes' wall-clock times
             np.testing.assert_array_equal(resumed[key], value, err_msg=key)
+
+
+def test_a_resumed_run_whose_envs_start_new_episodes_records_anew(tmp_path, capsys):
+    # GlobalRandom-v0 draws from Python's global generator: its episodes cannot be replayed. Continuing the recording
+    # would splice the cut episodes with new ones. A recording the checkpoint cannot continue also starts anew.
+    path = tmp_path / "rollouts"
+    settings = dict(env_id="GlobalRandom-v0", num_envs=2, num_steps=5, num_minibatches=2, total_timesteps=4 * 10)
+    whole = ppo_fc.train(quick_args(tmp_path, **settings, checkpoint_every=2, save_trajectories=str(path)))
+    first_part = {p.name: p.read_bytes() for p in path.iterdir()}
+    ppo_fc.train(ppo_fc.Args(resume=str(whole.run_dir / "checkpoints" / "step_20.pt"), progress=False))
+    assert "the envs start new episodes: a new recording" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == first_part  # untouched
+    assert load_trajectories(tmp_path / "rollouts_2")["/rewards"].shape == (2, 10)
+    gone = quick_args(tmp_path, env_id="Probe4-v0", total_timesteps=2 * 512, checkpoint_every=1)
+    gone = ppo_fc.train(dataclasses.replace(gone, save_trajectories=str(tmp_path / "gone")))
+    (tmp_path / "gone" / "steps_0000000000.npz").unlink()
+    ppo_fc.train(ppo_fc.Args(resume=str(gone.run_dir / "checkpoints" / "step_512.pt"), progress=False))
+    assert "the recording cannot go on" in capsys.readouterr().err
+    assert load_trajectories(tmp_path / "gone_2")["/rewards"].shape == (4, 128)
 
 
 def test_eval_checkpoint_plays_with_the_given_seed(tmp_path):

@@ -9,6 +9,7 @@ import sys
 import time
 
 import gymnasium as gym
+import minari
 import numpy as np
 import pytest
 import torch
@@ -28,6 +29,7 @@ import ppo_lstm
 from benchmark.cases import CONTINUOUS_FLAGS
 from common.cli import parse_args
 from common.errors import PolicyMismatch, TrainingDiverged
+from common.minari_export import export_to_minari
 from common.trajectories import load_trajectories, split_episodes
 
 CELLS = [dict(rnn_type="lstm"), dict(rnn_type="gru", rnn_layers=2, shared_core=False)]
@@ -476,7 +478,7 @@ def test_checkpoints_of_the_other_ppo_script_are_refused(tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
-def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hidden_states(tmp_path):
+def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hidden_states(tmp_path, monkeypatch):
     args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_model=True, eval_episodes=3)
     result = ppo_lstm.train(args)
     path = tmp_path / "eval.npz"
@@ -489,6 +491,17 @@ def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hi
     assert hidden.shape == (1, data["/rewards"].shape[1], 1, 256)  # the shared core's (h, c) of 128 each
     episode_starts = np.concatenate([[True], data["/masks"][0, :-1] == 0])
     assert not hidden[0, episode_starts].any() and hidden[0, ~episode_starts].any(axis=-1).all()
+    # The evaluation file as a Minari dataset: each episode with its final observation and its hidden states.
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    export_to_minari(data, "cartpole/lstm-eval-v0")
+    dataset = minari.load_dataset("cartpole/lstm-eval-v0")
+    episodes = split_episodes(data)
+    assert len(dataset) == len(episodes) == 3 and all(episode.finished for episode in episodes)
+    for episode, exported in zip(episodes, dataset.iterate_episodes(), strict=True):
+        np.testing.assert_array_equal(exported.observations[:-1], episode.data["/observations"])
+        np.testing.assert_array_equal(exported.observations[-1], episode.data["/infos/final_obs"][-1])
+        stored = exported.infos["agents"]["policy"]["hidden_state"]
+        np.testing.assert_array_equal(stored[:-1], episode.data["/agents/policy/hidden_state"])
     for method in ("basic", "temperature", "topk"):
         returns = ppo_lstm.evaluate_checkpoint(
             quick_args(tmp_path, eval_checkpoint=str(result.checkpoint), eval_episodes=2, sampling_method=method)

@@ -222,3 +222,22 @@ def test_a_recording_below_a_file_is_one_error_line_with_nothing_written(tmp_pat
     assert completed.stderr.startswith("error: --save-trajectories") and len(completed.stderr.splitlines()) == 1
     assert "is a file, not a folder" in completed.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_checkpoint_writes_the_logs_up_to_it(tmp_path):
+    # ddpg.py logs its iterations every 99 steps here (3 envs); a checkpoint between two is where a killed run resumes
+    # from: the episodes logged before it must be in TensorBoard's file and sent to wandb by then, else they are
+    # never logged. The first episodes end at step 600, logged iterations at 594 and 693, checkpoints every 21 steps.
+    runs = tmp_path / "runs"
+    flags = ["--env-id", "Pendulum-v1", "--num-envs", "3", "--total-timesteps", "30000", "--checkpoint-every", "7"]
+    flags += ["--learning-starts", "0", "--run-dir", str(runs), "--no-progress", "--eval-episodes", "0", "--track"]
+    env = {**os.environ, **wandb_env(tmp_path)}
+    process = subprocess.Popen(
+        [sys.executable, "ddpg.py", *flags], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
+    )
+    stop_when(process, lambda: any(runs.glob("*/checkpoints/step_630.pt")), timeout=120)
+    (run,) = runs.iterdir()
+    checkpoint = max(int(path.stem.removeprefix("step_")) for path in run.glob("checkpoints/step_*.pt"))
+    assert checkpoint < 693, "killed after the next logged iteration: the test shows nothing"
+    assert json.loads((run / "wandb_run.json").read_text())["last_step"] == 600
+    assert [step for step, _ in read_scalars(run)["charts/episodic_return"]] == [600, 600, 600]

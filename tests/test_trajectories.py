@@ -257,8 +257,13 @@ def test_a_continued_recording_drops_the_files_after_its_start_and_a_gap_is_an_e
     recorded_steps(recording, 30)
     continued = TrajectoryRecording(tmp_path / "r", 2, {}, start=10, flush_steps=10)
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["steps_0000000000.npz"]
-    with pytest.raises(TrajectoryFileError, match="holds 10 steps up to the checkpoint's 15"):
+    with pytest.raises(TrajectoryFileError, match="holds 10 steps before the checkpoint's 15"):
         TrajectoryRecording(tmp_path / "r", 2, {}, start=15)
+    (tmp_path / "r" / "steps_0000000040.npz").write_bytes(b"")  # a later file, kept when continuing is refused
+    with pytest.raises(TrajectoryFileError, match="holds 10 steps before the checkpoint's 20"):
+        TrajectoryRecording(tmp_path / "r", 2, {}, start=20)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["steps_0000000000.npz", "steps_0000000040.npz"]
+    (tmp_path / "r" / "steps_0000000040.npz").unlink()
     recorded_steps(continued, 12)
     continued.flush()
     assert load_trajectories(tmp_path / "r")["/observations"][0, :, 0].tolist() == [*range(10), *range(12)]
@@ -276,3 +281,14 @@ def test_a_recording_below_a_file_is_refused_before_anything_is_written(tmp_path
         check_destination(tmp_path / "file" / "below" / "r")
     check_destination(tmp_path / "new" / "r")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_an_info_key_of_one_dtype_in_one_file_and_with_gaps_in_the_next_reads_back_as_float(tmp_path):
+    # An info at every step of one file keeps its dtype there (a bool mask, an int length); with gaps it is float64.
+    recording = TrajectoryRecording(tmp_path / "r", 2, {}, flush_steps=4)
+    for t in range(8):
+        infos = {"length": np.full(2, t), "_length": np.ones(2, dtype=bool)} if t < 4 or t % 2 else {}
+        recording.add_step(np.zeros((2, 3)), np.zeros(2), np.ones(2), np.zeros(2), np.zeros(2), infos=infos)
+    data = load_trajectories(tmp_path / "r")
+    assert data["/infos/length"].dtype == data["/infos/_length"].dtype == np.float64
+    assert data["/infos/length"][0].tolist()[:4] == [0, 1, 2, 3] and np.isnan(data["/infos/length"][0, 4])
