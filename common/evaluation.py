@@ -88,8 +88,9 @@ def evaluate(
     env_fn = make_env(env_id, 0, videos, str(Path(writer.log_dir) / "videos"), args.video_every)
     returns, lengths = play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
     log_episodes(writer, returns, lengths, step, prefix="eval")
-    if wandb_history(writer) is not None:
-        wandb_history(writer).send()
+    history = wandb_history(writer)
+    if history is not None:  # now: rows of a step whose iteration was sent would wait for the next
+        history.send()
     agent.train(was_training)
     return returns
 

@@ -116,8 +116,9 @@ def log_scalars(writer: SummaryWriter | None, scalars: dict[str, float], step: i
         return
     for key, value in scalars.items():
         writer.add_scalar(key, value, step)
-    if wandb_history(writer) is not None:
-        writer.wandb_history.add(step, scalars)
+    history = wandb_history(writer)
+    if history is not None:
+        history.add(step, scalars)
 
 
 def log_episodes(
@@ -132,9 +133,9 @@ def log_episodes(
     values = [Summary.Value(tag=return_tag, simple_value=value) for value in returns]
     values += [Summary.Value(tag=length_tag, simple_value=value) for value in lengths]
     writer.file_writer.add_summary(Summary(value=values), step)
-    if wandb_history(writer) is not None:
-        for episode_return, length in zip(returns, lengths, strict=True):
-            writer.wandb_history.add(step, {return_tag: episode_return, length_tag: length})
+    history = wandb_history(writer)
+    for episode_return, length in zip(returns, lengths, strict=True) if history is not None else ():
+        history.add(step, {return_tag: episode_return, length_tag: length})
 
 
 def upload_videos(history: WandbHistory, video_folder: str | Path, uploaded: set[str], step: int) -> None:
@@ -163,6 +164,7 @@ def finish_tracking(
         if video_folder is not None:
             upload_videos(history, video_folder, uploaded, history.last_step if step is None else step)
         history.send()
+        atexit.unregister(history.send)
         wandb.finish()
 
 
