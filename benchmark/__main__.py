@@ -33,8 +33,10 @@ from benchmark.cases import (
     SPEED_THRESHOLD,
     SUITES,
     Case,
+    Learned,
     Published,
     ReferenceRuns,
+    SameRun,
     find_case,
     settings_hash,
     suite_cases,
@@ -97,6 +99,7 @@ class Run:
             "memory-transformer-no-par",
             "transformer",
             "memory-length",
+            "popgym-easy",
             "ddpg",
             "ddpg-envs",
             "ddpg-time",
@@ -274,6 +277,8 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
             # under as many processes: the ratio of SPS is of the scripts, not of their numbers of processes
             plan.reference = Case(case.compare_with, case.env_id, case.total_timesteps, flags=flags, nproc=case.nproc)
             scripts.append(plan.reference)
+        if isinstance(case.reference, SameRun):  # the suite runs that case too
+            plan.reference_group = case.reference.case.key
         if isinstance(case.reference, ReferenceRuns):
             reference = REFERENCES[case.reference.name]
             settings_id = settings_hash(reference.settings)
@@ -440,7 +445,7 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                     flags=flags,
                     nproc=nproc,
                     threshold=(
-                        reference_bound(*task_and_reference(plan, jobs), case.task_max)
+                        reference_bound(case, *task_and_reference(plan, jobs))
                         if case.judged_on == "reference"
                         else case.threshold
                     ),
@@ -455,11 +460,16 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
 
 def task_and_reference(plan: CasePlan, jobs: list[Job]) -> tuple[float | None, float | None]:
     """The random policy's mean return on the case's env, and the reference's mean evaluation (the published one,
-    or the mean over the reference's runs); None where not measured."""
+    the return that counts as having learnt the task, or the mean over the reference's runs); None where not
+    measured."""
     random_job = next((job for job in jobs if job.id == plan.random_policy_job), None)
     random_return = random_job.output.get("mean") if random_job is not None else None
-    if isinstance(plan.case.reference, Published):
-        return random_return, plan.case.reference.eval_return
+    reference, task_max = plan.case.reference, plan.case.task_max
+    if isinstance(reference, Published):
+        return random_return, reference.eval_return
+    if isinstance(reference, Learned):
+        learned = None if random_return is None else random_return + reference.share * (task_max - random_return)
+        return random_return, learned
     evals = [
         job.summary.eval_return
         for job in jobs
@@ -468,11 +478,20 @@ def task_and_reference(plan: CasePlan, jobs: list[Job]) -> tuple[float | None, f
     return random_return, float(np.mean(evals)) if evals else None
 
 
-def reference_bound(random_return: float | None, reference_eval: float | None, task_max: float | None) -> float | None:
-    """What a case's mean evaluation must reach: the reference's, less REFERENCE_MARGIN of the task's range."""
-    if random_return is None or reference_eval is None or task_max is None:
+def reference_bound(case: Case, random_return: float | None, reference_eval: float | None) -> float | None:
+    """What a case's mean evaluation must reach: the reference's, less REFERENCE_MARGIN of the task's range; a
+    `Learned` reference's exactly; against a `SameRun` that did not learn the task, nothing (no verdict)."""
+    if random_return is None or reference_eval is None or case.task_max is None:
         return None
-    return reference_eval - REFERENCE_MARGIN * (task_max - random_return)
+    task_range = case.task_max - random_return
+    if isinstance(case.reference, Learned):
+        return reference_eval
+    if (
+        isinstance(case.reference, SameRun)
+        and reference_eval < random_return + case.reference.learned.share * task_range
+    ):
+        return None
+    return reference_eval - REFERENCE_MARGIN * task_range
 
 
 def against_reference(
@@ -497,14 +516,14 @@ def against_reference(
         total_timesteps=case.total_timesteps,
         random_return=random_return,
         task_max=case.task_max,
-        reference=case.reference.source if isinstance(case.reference, Published) else case.reference.name,
+        reference=case.reference.name if isinstance(case.reference, ReferenceRuns) else case.reference.source,
         reference_eval=reference_eval,
         reference_seeds=[run.seed for run in reference_runs],
         reference_made=made,
         script=case.script,
         script_eval=script_eval,
         script_eval_std=script_numbers.eval_return_std if script_numbers else None,
-        bound=reference_bound(random_return, reference_eval, case.task_max),
+        bound=reference_bound(case, random_return, reference_eval),
         script_score=share_of_range(script_eval, random_return, case.task_max),
         reference_score=share_of_range(reference_eval, random_return, case.task_max),
         speed_threshold=speed_threshold,

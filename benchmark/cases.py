@@ -36,6 +36,32 @@ class ReferenceRuns:
 
 
 @dataclass(frozen=True)
+class Learned:
+    """What counts as having learnt a task: a mean evaluation that reaches the random policy's return plus this
+    share of the task's range. A case judged against it passes there, with no margin."""
+
+    share: float
+
+    @property
+    def source(self) -> str:
+        return f"learnt: random + {self.share:.0%} of the range"
+
+
+@dataclass(frozen=True)
+class SameRun:
+    """Another case of the same benchmark, one of this project's scripts, run beside the case (a suite lists both):
+    the case is judged against its mean evaluation, with `REFERENCE_MARGIN`, where that case learnt the task
+    (`learned`); where it did not, the case gets no verdict."""
+
+    case: Case
+    learned: Learned
+
+    @property
+    def source(self) -> str:
+        return f"{self.case.script} in this run, where it learnt the task ({self.learned.source})"
+
+
+@dataclass(frozen=True)
 class Case:
     """One (script, env, steps, flags): how long to train, which flags differ from the script's defaults, and when
     it passes. Everything else (the number of envs, the baseline's settings) is derived from the script's `Args`."""
@@ -59,7 +85,7 @@ class Case:
     """another script, run in the same benchmark on the same env and steps with every setting the two share (see
     `benchmark.registry.same_settings_flags`), whose SPS this case's is divided by"""
 
-    reference: Published | ReferenceRuns | None = None
+    reference: Published | ReferenceRuns | Learned | SameRun | None = None
     """with judged_on "reference": what the case is judged against; runs of a reference are also timed against the
     case in the speed table"""
     task_max: float | None = None
@@ -230,6 +256,36 @@ MEMORY_SPEED_CASES: tuple[Case, ...] = tuple(
 )
 
 
+# The breadth suite (docs/ppo_lstm.md, docs/ppo_transformer.md): every popgym Easy task, ppo_lstm and
+# ppo_transformer side by side with their defaults (continuous tasks: each script's continuous set). ppo_lstm learns a
+# task when it evaluates above random play plus 20% of the range; wherever it does, the transformer must come within
+# REFERENCE_MARGIN of the range of it. popgym scales every return into [-1, 1] (its pendulums' into [0, 1]).
+POPGYM_EASY_TASKS: tuple[str, ...] = (
+    "Autoencode", "Battleship", "Concentration", "CountRecall", "HigherLower", "MineSweeper", "MultiarmedBandit",
+    "NoisyPositionOnlyCartPole", "NoisyPositionOnlyPendulum", "PositionOnlyCartPole", "PositionOnlyPendulum",
+    "RepeatFirst", "RepeatPrevious", "VelocityOnlyCartpole",
+)  # fmt: skip
+POPGYM_EASY_IDS: tuple[str, ...] = tuple(f"popgym-{task}Easy-v0" for task in POPGYM_EASY_TASKS)
+POPGYM_CONTINUOUS = frozenset({"popgym-PositionOnlyPendulumEasy-v0", "popgym-NoisyPositionOnlyPendulumEasy-v0"})
+LSTM_LEARNED = Learned(0.2)
+
+
+def breadth_cases(env_id: str, total_timesteps: int = 300_000) -> tuple[Case, Case]:
+    """ppo_lstm's case on `env_id` (judged on having learnt it) and ppo_transformer's, judged against it."""
+
+    def case(script: str, reference: Learned | SameRun) -> Case:
+        flags = CONTINUOUS_FLAGS_OF[script] if env_id in POPGYM_CONTINUOUS else ()
+        return Case(
+            script, env_id, total_timesteps, flags=flags, judged_on="reference", reference=reference, task_max=1.0
+        )
+
+    lstm = case("ppo_lstm", LSTM_LEARNED)
+    return lstm, case("ppo_transformer", SameRun(lstm, LSTM_LEARNED))
+
+
+BREADTH_CASES: tuple[Case, ...] = tuple(case for env_id in POPGYM_EASY_IDS for case in breadth_cases(env_id))
+
+
 # Data parallelism under torchrun (docs/distributed.md): a case in one process, in two with the same settings per rank
 # (twice the envs, so twice the global batch), and in two with the same global batch (half the envs each: ppo_fc's
 # default is 4). The one-process variant is the case itself, its key that of its row.
@@ -298,6 +354,8 @@ SUITES: dict[str, Suite] = {
     ),
     # a cue beyond ppo_transformer.py's receptive field, with and without --prev-action-reward, beside ppo_lstm.py
     "memory-length": Suite(MEMORY_LENGTH_CASES, (1, 2), eval_episodes=20),
+    # every popgym Easy task, ppo_lstm.py and ppo_transformer.py side by side (the breadth suite)
+    "popgym-easy": Suite(BREADTH_CASES, (1, 2), eval_episodes=20),
     # ppo_fc.py in one and two processes under torchrun (docs/distributed.md); run with --workers 1 for their SPS.
     "distributed": Suite(DISTRIBUTED_CASES, (1, 2, 3)),
     "distributed-speed": Suite(DISTRIBUTED_SPEED_CASES, (1,), eval_episodes=0),

@@ -937,3 +937,53 @@ def test_tracking_cost_runs_each_arm_and_reads_its_sps(capsys):
     lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if line.startswith("| with") or line.startswith("| without")]
     assert len(rows) == 2 and all(float(row.split("|")[-2]) > 0 for row in rows), lines
+
+
+def test_the_breadth_suite_holds_every_popgym_easy_task_for_both_memory_scripts():
+    import popgym  # noqa: F401  (registers its ids)
+
+    registered = sorted(env_id for env_id in gym.registry if env_id.startswith("popgym-") and "Easy" in env_id)
+    assert sorted(cases.POPGYM_EASY_IDS) == registered and len(registered) == 14
+    suite = cases.SUITES["popgym-easy"]
+    assert suite.seeds == (1, 2)
+    listed = harness.suite_cases("popgym-easy")
+    expected = [(script, env_id) for env_id in registered for script in ("ppo_lstm", "ppo_transformer")]
+    assert [(case.script, case.env_id) for case in listed] == expected
+    for case in listed:
+        assert case.total_timesteps == 300_000 and case.task_max == 1.0 and case.judged_on == "reference"
+        continuous = gym.make(case.env_id).action_space.__class__.__name__ == "Box"
+        assert case.flags == (cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ())
+        if case.script == "ppo_transformer":  # judged against ppo_lstm's case on the same task, run beside it
+            assert case.reference.case in listed and case.reference.case.env_id == case.env_id
+        else:
+            assert case.reference == cases.LSTM_LEARNED
+
+
+def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_task(tmp_path):
+    lstm_case, transformer_case = cases.breadth_cases("Probe1-v0", 1200)
+    jobs, plans = harness.make_jobs(harness.Run(), [lstm_case, transformer_case], (1, 2), tmp_path)
+    assert len([job for job in jobs if job.kind == "random-policy"]) == 1  # one measurement for the two cases
+    [random_job] = [job for job in jobs if job.kind == "random-policy"]
+    random_job.output = {"mean": -0.5}  # a range of 1.5: learnt above -0.2, the transformer's margin 0.075
+
+    def judged(lstm_evals, transformer_evals):
+        evals = {"ppo_lstm": lstm_evals, "ppo_transformer": transformer_evals}
+        for job in jobs:
+            if job.kind == "script":
+                job.summary = summary(job.seed, [0.0] * 120)
+                job.summary.eval_returns = [evals[job.label][job.seed - 1]]
+        rows = harness.rows_of(jobs, plans)
+        assert [row.label for row in rows] == ["ppo_lstm", "ppo_transformer"] and all(row.judged for row in rows)
+        return [(row.threshold, row_numbers(row).verdict) for row in rows]
+
+    # ppo_lstm learnt it (mean 0.5 >= -0.2): the transformer must reach 0.5 - 0.075 on its mean.
+    (lstm_bound, lstm_verdict), (bound, verdict) = judged([0.4, 0.6], [0.3, 0.6])
+    assert lstm_bound == pytest.approx(-0.2) and lstm_verdict == "PASS"
+    assert bound == pytest.approx(0.425) and verdict == "PASS"
+    assert judged([0.4, 0.6], [0.3, 0.5])[1] == (pytest.approx(0.425), "FAIL")
+    # ppo_lstm did not learn it (mean -0.3): no verdict for the transformer, a FAIL for ppo_lstm.
+    assert judged([-0.3, -0.3], [0.9, 0.9]) == [(pytest.approx(-0.2), "FAIL"), (None, "-")]
+    rows = harness.rows_of(jobs, plans)
+    numbers = {row.key: row_numbers(row) for row in rows}
+    line = harness.against_reference(plans[1], jobs, rows, numbers)
+    assert line.reference.startswith("ppo_lstm in this run") and line.reference_eval == pytest.approx(-0.3)
