@@ -100,6 +100,7 @@ class Run:
             "transformer",
             "memory-length",
             "popgym-easy",
+            "lstm-norm-adv",
             "ddpg",
             "ddpg-envs",
             "ddpg-time",
