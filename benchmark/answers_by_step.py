@@ -1,5 +1,5 @@
 """Where an agent's answers on a popgym card game go wrong, by the step within the episode:
-``python -m benchmark.answers_by_step PATH [PATH ...] [--steps 0 5 10 ...] [--count-recall]``, each the
+``python -m benchmark.answers_by_step PATH [PATH ...] [--steps 0 5 10 ...] [--count-recall] [--by-answer]``, each the
 trajectories of an evaluation (``--eval-checkpoint CHECKPOINT --save-trajectories PATH``, a folder) of any script.
 
 The card games (RepeatFirst, CountRecall, ...) pay a positive reward for a right answer and a negative one for a wrong
@@ -7,16 +7,20 @@ one, so the share of right answers at a step is the share of positive rewards th
 table also gives how far the answers are from the right count on CountRecallEasy: each step deals a card and asks how
 many cards of a queried colour have been dealt so far (this one included). That count is rebuilt from the
 observations (their first four entries: the dealt colour and the queried colour, one-hot) and checked against the
-rewards.
+rewards. With ``--by-answer`` it also gives, for each action, its share of the answers on the scored steps (those
+with a reward) and the share of those answers that were right: an agent that never gives one answer shows it there.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
+import gymnasium as gym
 import numpy as np
 
+from common.envs import resolve_env_id
 from common.trajectories import TrajectoryFileError, load_trajectories, split_episodes
 
 
@@ -47,11 +51,29 @@ def answers_by_step(data: dict[str, np.ndarray], count_recall: bool = False) -> 
     return right.mean(0), np.stack(errors).mean(0)
 
 
+def answers_by_action(data: dict[str, np.ndarray]) -> dict[int, tuple[float, float | None]]:
+    """For each action of a discrete agent (its env's, where the file's args name one that can be made): its share of
+    the answers on the scored steps (a non-zero reward), and the share of them that were right (None for an action
+    never given)."""
+    scored = data["/rewards"] != 0
+    actions, right = data["/actions"][scored].astype(int), data["/rewards"][scored] > 0
+    try:
+        space = gym.make(resolve_env_id(json.loads(str(data["/meta/args"]))["env_id"])).action_space
+        num_actions = int(space.n)
+    except Exception:  # no args, an env that cannot be made here, or not a discrete one: the answers given
+        num_actions = int(actions.max()) + 1
+    return {
+        action: ((actions == action).mean(), right[actions == action].mean() if (actions == action).any() else None)
+        for action in range(num_actions)
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmark.answers_by_step", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="trajectory files of evaluations on a popgym card game")
     parser.add_argument("--steps", nargs="+", type=int, default=[0, 5, 10, 20, 30, 40], help="where each range starts")
     parser.add_argument("--count-recall", action="store_true", help="also the count's error (CountRecallEasy)")
+    parser.add_argument("--by-answer", action="store_true", help="also each action's share of answers and of right")
     options = parser.parse_args(argv)
     starts = sorted(set(options.steps))
     if starts[0] < 0:
@@ -83,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             for first, last in ranges
         ]
         print(f"| {path} | " + " | ".join(cells) + " |")
+    for path in options.paths if options.by_answer else ():
+        shares = answers_by_action(load_trajectories(path))
+        print(f"\n| {path}: action | share of answers | right when given |\n|---|---|---|")
+        for action, (share, right) in shares.items():
+            print(f"| {action} | {share:.3f} | {'-' if right is None else f'{right:.3f}'} |")
     return 0
 
 

@@ -932,6 +932,19 @@ def test_answers_by_step_prints_the_share_of_right_answers_in_each_range_of_step
     assert capsys.readouterr().err.startswith("error: ")
 
 
+def test_answers_by_action_finds_an_answer_never_given(tmp_path, capsys):
+    # Answers 1 1 2 3 3 on scored steps (a reward), the first step unscored: action 0 is never given.
+    data = count_recall_episode([0, 1, 0, 0, 1, 0], [0, 0, 1, 0, 0, 1], [0, 1, 1, 2, 3, 3], [0, 1, -1, 1, 1, -1])
+    shares = answers_by_step.answers_by_action(data)
+    assert shares == {0: (0.0, None), 1: (0.4, 0.5), 2: (0.2, 1.0), 3: (0.4, 0.5)}
+    named = data | {"/meta/args": np.array(json.dumps({"env_id": "popgym-CountRecallEasy-v0"}))}
+    assert len(answers_by_step.answers_by_action(named)) == 27  # the env's 27 answers, 4 to 26 never given
+    np.savez(tmp_path / "a.npz", **data, **{"/masks": np.ones_like(data["/rewards"])})
+    assert answers_by_step.main([str(tmp_path / "a.npz"), "--steps", "0", "--by-answer"]) == 0
+    assert capsys.readouterr().out.splitlines()[-4:] == ["| 0 | 0.000 | - |", "| 1 | 0.400 | 0.500 |",
+                                                         "| 2 | 0.200 | 1.000 |", "| 3 | 0.400 | 0.500 |"]  # fmt: skip
+
+
 def test_tracking_cost_runs_each_arm_and_reads_its_sps(capsys):
     assert tracking_cost.main(["--rounds", "1", "--steps", "512", "--env-id", "Probe1-v0"]) == 0
     lines = capsys.readouterr().out.splitlines()
