@@ -23,7 +23,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
-from common.envs import checked_spaces, env_action, flat_observations, training_envs
+from common.envs import checked_spaces, env_action, flat_observations, joint_actions, training_envs
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.running_norm import RunningNorm
@@ -143,7 +143,7 @@ def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folde
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
         else:
             env = gym.make(env_id)
-        return flat_observations(env)  # per env: vector observation wrappers refuse SAME_STEP autoreset
+        return joint_actions(flat_observations(env))  # per env: vector observation wrappers refuse SAME_STEP autoreset
 
     return thunk
 

@@ -25,7 +25,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
-from common.envs import checked_spaces, env_action, flat_observations, training_envs
+from common.envs import checked_spaces, env_action, flat_observations, joint_actions, training_envs
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.running_norm import RunningNorm
@@ -127,7 +127,7 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = True
-    """if toggled, normalise observations with running statistics, frozen in evaluation (docs/ppo_transformer.md)"""
+    """if toggled, normalise the env's observations by running statistics, not the previous action"""
     norm_reward: bool = True
     """if toggled, scale rewards by the running std of the discounted return (docs/ppo_transformer.md)"""
     norm_reward_clip: float = 10.0
@@ -185,7 +185,7 @@ def make_env(
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
         else:
             env = gym.make(env_id)
-        env = flat_observations(env)  # per env: vector observation wrappers refuse SAME_STEP autoreset
+        env = joint_actions(flat_observations(env))  # per env: vector observation wrappers refuse SAME_STEP autoreset
         actions_known = isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))  # others: refused later
         return PreviousActionReward(env) if prev_action_reward and actions_known else env
 
@@ -291,7 +291,8 @@ class Agent(nn.Module):
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.config = TransformerConfig(args.d_model, args.n_heads, args.n_layers, args.context_len)
-        self.obs_norm = RunningNorm(observation_size) if args.norm_obs else nn.Identity()
+        self.obs_norm = RunningNorm(observation_size) if args.norm_obs else None
+        self.previous_size = self.action_size + 1 if args.prev_action_reward else 0  # appended by PreviousActionReward
         self.embed = layer_init(nn.Linear(observation_size, args.d_model))
         self.blocks = nn.ModuleList(Block(self.config) for _ in range(args.n_layers))
         self.ln_f = nn.LayerNorm(args.d_model)
@@ -318,7 +319,7 @@ class Agent(nn.Module):
         """The actor's output and the value at each of the steps `obs` (B, T, obs), whose `positions` (B, T) are their
         steps within their episodes, attending where `mask` (B, 1, T, cached + T) allows to themselves and to the
         `cached` keys and values of each layer; also each layer's keys and values attended to."""
-        x = self.embed(self.obs_norm(obs))
+        x = self.embed(self.normalise(obs))
         rotation = rotary(positions, self.config.d_model // self.config.n_heads)
         keys_values = []
         for block, layer_cache in zip(self.blocks, cached or [None] * len(self.blocks), strict=True):
@@ -326,6 +327,22 @@ class Agent(nn.Module):
             keys_values.append(layer_keys_values)
         x = self.ln_f(x)
         return self.actor(x), self.critic(x).squeeze(-1), keys_values
+
+    def normalise(self, obs: Tensor) -> Tensor:
+        """The env's observation normalised by running statistics; the previous action as it is, and the previous
+        reward divided by its running root mean square. Those two are the agent's own doing: normalised like the rest,
+        a one-hot of an action taken a share p of the time grows as 1/sqrt(p) when taken, and one answer of four was
+        never given on RepeatPreviousEasy (docs/ppo_transformer.md)."""
+        if self.obs_norm is None:
+            return obs
+        normalised = self.obs_norm(obs)
+        if not self.previous_size:
+            return normalised
+        reward, stats = obs[..., -1:], self.obs_norm
+        reward_rms = (stats.var[-1] + stats.mean[-1] ** 2 + stats.epsilon).sqrt().to(obs.dtype)
+        previous_action = obs[..., -self.previous_size : -1]
+        scaled_reward = (reward / reward_rms).clamp(-stats.clip, stats.clip)
+        return torch.cat([normalised[..., : -self.previous_size], previous_action, scaled_reward], dim=-1)
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""

@@ -168,6 +168,28 @@ def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
     return spaces
 
 
+MAX_JOINT_ACTIONS = 4096
+"""the most combinations of a MultiDiscrete action space that `joint_actions` turns into one Discrete space"""
+
+
+def joint_actions(env: gym.Env) -> gym.Env:
+    """`env` with a MultiDiscrete action space of at most MAX_JOINT_ACTIONS combinations taken as one Discrete
+    action per combination (row-major: the last part varies fastest), so a PPO agent picks a grid cell, say, as one
+    choice, not as coordinates drawn independently; any other action space is left as it is."""
+    space = env.action_space
+    if not isinstance(space, gym.spaces.MultiDiscrete) or space.nvec.ndim != 1:
+        return env
+    combinations = int(np.prod(space.nvec, dtype=np.int64))
+    if combinations > MAX_JOINT_ACTIONS:
+        return env  # refused by checked_spaces, with the action space named
+    parts, start = space.nvec, space.start
+
+    def env_part_actions(action: Any) -> np.ndarray:
+        return (np.array(np.unravel_index(int(action), parts)) + start).astype(space.dtype)
+
+    return gym.wrappers.TransformAction(env, env_part_actions, Discrete(combinations))
+
+
 def checked_spaces(
     make_env: Callable[[str], Callable[[], gym.Env]], args: Any, actions: tuple[type[Space], ...] = (Discrete, Box)
 ) -> tuple[Space, Space]:

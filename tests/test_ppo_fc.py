@@ -690,13 +690,39 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def test_unsupported_action_space_is_refused(tmp_path):
-    class MultiDiscreteActions(NanRewardEnv):
-        action_space = gym.spaces.MultiDiscrete([2, 2])
+    class ManyMultiDiscreteActions(NanRewardEnv):
+        action_space = gym.spaces.MultiDiscrete([100, 100])  # more combinations than one Discrete action is given
 
-    gym.register("MultiDiscreteActions-v0", entry_point=MultiDiscreteActions)
+    gym.register("ManyMultiDiscreteActions-v0", entry_point=ManyMultiDiscreteActions)
     with pytest.raises(ppo_fc.UsageError, match="MultiDiscrete action space"):
-        ppo_fc.train(quick_args(tmp_path, env_id="MultiDiscreteActions-v0", total_timesteps=512))
+        ppo_fc.train(quick_args(tmp_path, env_id="ManyMultiDiscreteActions-v0", total_timesteps=512))
     assert not (tmp_path / "runs").exists()
+
+
+class GridCellBandit(gym.Env):
+    """One step: pay 1 for the grid cell (row 2, column 0) only, an action of MultiDiscrete([3, 2], start=[1, 5])."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.MultiDiscrete([3, 2], start=[1, 5])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        reward = float(tuple(action) == (3, 5))
+        return np.zeros(1, np.float32), reward, True, False, {}
+
+
+def test_a_multidiscrete_action_is_one_choice_of_a_cell_and_is_learnt(tmp_path):
+    gym.register("GridCellBandit-v0", entry_point=GridCellBandit)
+    result = ppo_fc.train(quick_args(tmp_path, env_id="GridCellBandit-v0", total_timesteps=8192, eval_episodes=5))
+    assert result.eval_returns == [1.0] * 5
+    with torch.no_grad():
+        probabilities = torch.softmax(result.agent.actor_out(torch.zeros(1, 1)), -1)[0]
+    # Row 2 (the third of 3), column 0 is choice 2 * 2 + 0: the last part varies fastest. Uniform would be 1/6.
+    assert probabilities.shape == (6,) and probabilities.argmax() == 4 and probabilities[4] > 2 / 6
 
 
 def test_dict_observations_are_flattened(tmp_path):
