@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from common.cli import notice, one_line
-from common.envs import flat_observations, resolve_env_id
+from common.envs import flat_observations, joint_actions, resolve_env_id
 from common.errors import UsageError
 from common.trajectories import Episode, split_episodes
 
@@ -229,7 +229,7 @@ def _made_env(env_id: str) -> tuple[gym.Env | None, str]:
     """The run's env with the scripts' flat observations, and why its spec cannot go into the dataset ("" if it can:
     gymnasium can write it as JSON and remake the env from it)."""
     try:
-        env = flat_observations(gym.make(resolve_env_id(env_id)))
+        env = joint_actions(flat_observations(gym.make(resolve_env_id(env_id))))
     except Exception as exc:  # an unknown id, missing extras, a broken env: the data still exports
         return None, f"cannot be made ({one_line(str(exc))})"
     spec = env.spec

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from common.envs import flat_observations
+from common.envs import flat_observations, joint_actions, resolve_env_id
 from common.errors import UsageError
 from common.evaluation import play_episodes
 from common.minari_export import export_to_minari
@@ -146,6 +146,20 @@ def test_observations_that_do_not_fit_the_env_get_the_datas_space_and_no_env_spe
     assert dataset.action_space == gym.spaces.Discrete(2)  # the actions still fit the env's
     assert dataset.env_spec is None
     assert "do not fit its space" in capsys.readouterr().err
+
+
+def test_multidiscrete_actions_taken_as_one_choice_keep_that_discrete_space(tmp_path, capsys):
+    """The PPO scripts take MineSweeper's MultiDiscrete([4, 4]) cell as one of 16 actions, and record that index."""
+    env_id = resolve_env_id("popgym-MineSweeperEasy-v0")
+    env_fns = [lambda: joint_actions(flat_observations(gym.make(env_id)))] * 2
+    data, reported = record(tmp_path / "cells.npz", env_fns, 30, {"args": {"env_id": "popgym-MineSweeperEasy-v0"}})
+
+    export_to_minari(data, "minesweeper/cells-v0")
+    dataset = minari.load_dataset("minesweeper/cells-v0")
+
+    assert_same_episodes(dataset, data, reported)
+    assert dataset.action_space == gym.spaces.Discrete(16)
+    assert "do not fit" not in capsys.readouterr().err  # the observations and actions fit; the spec cannot be saved
 
 
 def test_evaluation_hidden_states_come_back_in_the_infos(tmp_path):
