@@ -34,7 +34,7 @@ from common.train_result import TrainResult
 from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: --norm-obs normalises the env's observation only (the previous action and reward are not)
 CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 
 
