@@ -101,6 +101,8 @@ class Run:
             "memory-length",
             "popgym-easy",
             "lstm-norm-adv",
+            "memory-lstm-no-norm-adv",
+            "popgym-easy-lstm-no-norm-adv",
             "ddpg",
             "ddpg-envs",
             "ddpg-time",

@@ -295,6 +295,16 @@ LSTM_CARTPOLE_NORM_ADV: tuple[Case, ...] = tuple(
 )
 
 
+# ppo_lstm without --norm-adv on the two suites (the defaults' verdicts are their own suites'): the memory suite
+# against its references, and the breadth suite's ppo_lstm cases, each judged on having learnt its task.
+LSTM_MEMORY_WITHOUT_NORM_ADV: tuple[Case, ...] = tuple(
+    replace(case, flags=(*case.flags, "--no-norm-adv")) for case in MEMORY_CASES
+)
+LSTM_BREADTH_WITHOUT_NORM_ADV: tuple[Case, ...] = tuple(
+    replace(case, flags=(*case.flags, "--no-norm-adv")) for case in BREADTH_CASES if case.script == "ppo_lstm"
+)
+
+
 # Data parallelism under torchrun (docs/distributed.md): a case in one process, in two with the same settings per rank
 # (twice the envs, so twice the global batch), and in two with the same global batch (half the envs each: ppo_fc's
 # default is 4). The one-process variant is the case itself, its key that of its row.
@@ -365,6 +375,9 @@ SUITES: dict[str, Suite] = {
     "memory-length": Suite(MEMORY_LENGTH_CASES, (1, 2), eval_episodes=20),
     # ppo_lstm.py on CartPole-v1 at 500k with and without --norm-adv, 8 seeds (docs/ppo_lstm.md)
     "lstm-norm-adv": Suite(LSTM_CARTPOLE_NORM_ADV, tuple(range(1, 9)), eval_episodes=10),
+    # ppo_lstm.py without --norm-adv on the memory suite and on the breadth suite's ppo_lstm cases
+    "memory-lstm-no-norm-adv": Suite(LSTM_MEMORY_WITHOUT_NORM_ADV, (1, 2, 3), eval_episodes=20),
+    "popgym-easy-lstm-no-norm-adv": Suite(LSTM_BREADTH_WITHOUT_NORM_ADV, (1, 2), eval_episodes=20),
     # every popgym Easy task, ppo_lstm.py and ppo_transformer.py side by side (the breadth suite)
     "popgym-easy": Suite(BREADTH_CASES, (1, 2), eval_episodes=20),
     # ppo_fc.py in one and two processes under torchrun (docs/distributed.md); run with --workers 1 for their SPS.

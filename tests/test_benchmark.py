@@ -972,6 +972,16 @@ def test_the_breadth_suite_holds_every_popgym_easy_task_for_both_memory_scripts(
             assert case.reference == cases.LSTM_LEARNED
 
 
+@pytest.mark.parametrize(
+    ("suite", "of_suite"), [("memory-lstm-no-norm-adv", "memory"), ("popgym-easy-lstm-no-norm-adv", "popgym-easy")]
+)
+def test_the_lstm_suites_without_norm_adv_are_ppo_lstms_cases_with_only_that_flag_added(suite, of_suite):
+    defaults = [case for case in harness.suite_cases(of_suite) if case.script == "ppo_lstm"]
+    without = harness.suite_cases(suite)
+    assert [replace(case, flags=(*case.flags, "--no-norm-adv")) for case in defaults] == list(without)
+    assert cases.SUITES[suite].seeds == cases.SUITES[of_suite].seeds
+
+
 def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_task(tmp_path):
     lstm_case, transformer_case = cases.breadth_cases("Probe1-v0", 1200)
     jobs, plans = harness.make_jobs(harness.Run(), [lstm_case, transformer_case], (1, 2), tmp_path)
