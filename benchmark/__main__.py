@@ -116,6 +116,8 @@ class Run:
     and --nproc"""
     nproc: int | None = None
     """processes under torchrun for every script run (default 1: plain python; a suite sets its cases' own)"""
+    script_flags: tuple[str, ...] = ()
+    """SCRIPT=FLAGS: flags added to every case of that script, e.g. 'ppo_transformer=--learning-rate 1e-3'"""
     workers: int = 1
     """processes at a time: a job under torchrun counts as its processes, and one of more processes than this runs
     alone (more than one distorts SPS: the runs share the CPU)"""
@@ -191,12 +193,33 @@ class CasePlan:
 
 def cases_to_run(args: Run) -> tuple[list[Case], tuple[int, ...]]:
     if args.suite is not None:
-        return suite_cases(args.suite), args.seeds or SUITES[args.suite].seeds
+        return with_script_flags(suite_cases(args.suite), args.script_flags), args.seeds or SUITES[args.suite].seeds
     scripts, envs = args.scripts or DEFAULT_SCRIPTS, args.envs or DEFAULT_ENVS
     cases = [find_case(script, env_id, args.total_timesteps) for script in scripts for env_id in envs]
     if args.nproc is not None:
         cases = [replace(case, nproc=args.nproc) for case in cases]
-    return cases, args.seeds or DEFAULT_SEEDS
+    return with_script_flags(cases, args.script_flags), args.seeds or DEFAULT_SEEDS
+
+
+def with_script_flags(cases: list[Case], script_flags: tuple[str, ...]) -> list[Case]:
+    """`cases` with the flags of each `SCRIPT=FLAGS` entry added to that script's cases (and to a case another is
+    judged against in the same run); a malformed entry or a script no case runs is a UsageError."""
+    added: dict[str, tuple[str, ...]] = {}
+    for entry in script_flags:
+        script, equals, flags = entry.partition("=")
+        if not equals or not script or not flags.strip():
+            raise UsageError(f"--script-flags {entry!r}: write SCRIPT=FLAGS, e.g. 'ppo_lstm=--no-norm-adv'")
+        if script not in {case.script for case in cases}:
+            raise UsageError(f"--script-flags {entry!r}: no case of this benchmark runs {script}")
+        added[script] = (*added.get(script, ()), *shlex.split(flags))
+
+    def with_flags(case: Case) -> Case:
+        reference = case.reference
+        if isinstance(reference, SameRun):
+            reference = replace(reference, case=with_flags(reference.case))
+        return replace(case, flags=(*case.flags, *added.get(case.script, ())), reference=reference)
+
+    return [with_flags(case) for case in cases] if added else cases
 
 
 def eval_episodes(args: Run) -> int:
@@ -604,7 +627,11 @@ def report(title: str, header_lines: list[str], tables: list[str], figures: list
 
 
 def run(args: Run) -> int:
-    cases, seeds = cases_to_run(args)
+    try:
+        cases, seeds = cases_to_run(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     check(args, cases, seeds)
     out = Path(args.out or REPO / "benchmark" / "results" / datetime.now().strftime("%Y-%m-%d_%H%M%S")).resolve()
     jobs, plans = make_jobs(args, cases, seeds, out)

@@ -542,6 +542,9 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
         (["run", "--suite", "full", "--total-timesteps", "1000"], "drop --total-timesteps"),
         (["run", "--suite", "distributed", "--nproc", "2"], "drop --nproc"),
         (["run", "--nproc", "0"], "--nproc must be at least 1"),
+        (["run", "--script-flags", "ppo_fc"], "write SCRIPT=FLAGS"),
+        (["run", "--script-flags", "ppo_lstm=--no-norm-adv"], "no case of this benchmark runs ppo_lstm"),
+        (["run", "--script-flags", "ppo_fc=--no-such-flag"], "the flags of case"),
         (["plot", "/nonexistent-folder"], "no TensorBoard event files"),
     ],
 )
@@ -561,6 +564,21 @@ def test_bad_input_is_one_error_line(argv, message, tmp_path):
 def test_every_suite_can_be_named_on_the_command_line():
     named, _ = typing.get_args(typing.get_type_hints(harness.Run)["suite"])  # Literal[...] | None
     assert set(typing.get_args(named)) == set(cases.SUITES)
+
+
+def test_script_flags_reach_every_case_of_their_script_and_the_cases_others_are_judged_against():
+    suite = harness.suite_cases("popgym-easy")
+    added = harness.cases_to_run(harness.Run(suite="popgym-easy", script_flags=("ppo_lstm=--learning-rate 5e-4",)))[0]
+    assert len(added) == len(suite)
+    for before, after in zip(suite, added, strict=True):
+        if before.script == "ppo_lstm":
+            assert after.flags == (*before.flags, "--learning-rate", "5e-4")
+        else:  # the transformer's flags stay; the ppo_lstm case it is judged against, run beside it, has them
+            assert after.flags == before.flags and after.reference.case in added
+            assert after.reference.case.flags[-2:] == ("--learning-rate", "5e-4")
+    both = ("ppo_transformer=--learning-rate 1e-3", "ppo_transformer=--n-layers 3")
+    (case,) = harness.cases_to_run(harness.Run(scripts=("ppo_transformer",), script_flags=both))[0]
+    assert case.flags == ("--learning-rate", "1e-3", "--n-layers", "3")
 
 
 def test_a_suite_honours_seeds():
