@@ -291,8 +291,16 @@ class Agent(nn.Module):
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.config = TransformerConfig(args.d_model, args.n_heads, args.n_layers, args.context_len)
-        self.obs_norm = RunningNorm(observation_size) if args.norm_obs else None
-        self.previous_size = self.action_size + 1 if args.prev_action_reward else 0  # appended by PreviousActionReward
+        # The previous action and reward (appended by PreviousActionReward) are the agent's own doing: normalised like
+        # the rest, a one-hot of an action taken a share p of the time grows as 1/sqrt(p) when taken, and one answer
+        # of four was never given on RepeatPreviousEasy (docs/ppo_transformer.md). The action goes in as it is, the
+        # reward divided by its running root mean square.
+        previous = self.action_size + 1 if args.prev_action_reward else 0
+        action_part = slice(observation_size - previous, observation_size - 1) if previous else None
+        reward_part = slice(observation_size - 1, observation_size) if previous else None
+        self.obs_norm = (
+            RunningNorm(observation_size, as_is=action_part, scaled_only=reward_part) if args.norm_obs else None
+        )
         self.embed = layer_init(nn.Linear(observation_size, args.d_model))
         self.blocks = nn.ModuleList(Block(self.config) for _ in range(args.n_layers))
         self.ln_f = nn.LayerNorm(args.d_model)
@@ -319,7 +327,7 @@ class Agent(nn.Module):
         """The actor's output and the value at each of the steps `obs` (B, T, obs), whose `positions` (B, T) are their
         steps within their episodes, attending where `mask` (B, 1, T, cached + T) allows to themselves and to the
         `cached` keys and values of each layer; also each layer's keys and values attended to."""
-        x = self.embed(self.normalise(obs))
+        x = self.embed(obs if self.obs_norm is None else self.obs_norm(obs))
         rotation = rotary(positions, self.config.d_model // self.config.n_heads)
         keys_values = []
         for block, layer_cache in zip(self.blocks, cached or [None] * len(self.blocks), strict=True):
@@ -327,22 +335,6 @@ class Agent(nn.Module):
             keys_values.append(layer_keys_values)
         x = self.ln_f(x)
         return self.actor(x), self.critic(x).squeeze(-1), keys_values
-
-    def normalise(self, obs: Tensor) -> Tensor:
-        """The env's observation normalised by running statistics; the previous action as it is, and the previous
-        reward divided by its running root mean square. Those two are the agent's own doing: normalised like the rest,
-        a one-hot of an action taken a share p of the time grows as 1/sqrt(p) when taken, and one answer of four was
-        never given on RepeatPreviousEasy (docs/ppo_transformer.md)."""
-        if self.obs_norm is None:
-            return obs
-        normalised = self.obs_norm(obs)
-        if not self.previous_size:
-            return normalised
-        reward, stats = obs[..., -1:], self.obs_norm
-        reward_rms = (stats.var[-1] + stats.mean[-1] ** 2 + stats.epsilon).sqrt().to(obs.dtype)
-        previous_action = obs[..., -self.previous_size : -1]
-        scaled_reward = (reward / reward_rms).clamp(-stats.clip, stats.clip)
-        return torch.cat([normalised[..., : -self.previous_size], previous_action, scaled_reward], dim=-1)
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""

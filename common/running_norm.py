@@ -17,12 +17,23 @@ class RunningNorm(nn.Module):
     """Normalises inputs by a running mean and variance, then clips them. The statistics are buffers, so they live
     in the state dict (and checkpoints); they change only when `update` is called, which only training does."""
 
-    def __init__(self, size: int, clip: float = 10.0, epsilon: float = 1e-8):
+    def __init__(
+        self, size: int, clip: float = 10.0, epsilon: float = 1e-8, as_is: slice | None = None,
+        scaled_only: slice | None = None,
+    ):  # fmt: skip
+        """`as_is`: features passed unchanged (then clipped); `scaled_only`: features divided by their running root mean
+        square, not shifted. Both are for inputs whose statistics follow the policy, such as its previous action."""
         super().__init__()
         self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
         self.register_buffer("var", torch.ones(size, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
         self.clip, self.epsilon = clip, epsilon
+        self.every_feature = as_is is None and scaled_only is None
+        kept, root_mean_square = torch.zeros(size, dtype=torch.bool), torch.zeros(size, dtype=torch.float64)
+        kept[as_is or slice(0)], root_mean_square[scaled_only or slice(0)] = True, 1.0
+        centred = (1.0 - root_mean_square) * ~kept
+        for name, value in (("kept", kept), ("root_mean_square", root_mean_square), ("centred", centred)):
+            self.register_buffer(name, value, persistent=False)  # not state: they come from the arguments
 
     def update(self, batch: torch.Tensor) -> None:
         """Merge the statistics of `batch` (rows are samples) into the running ones."""
@@ -39,13 +50,20 @@ class RunningNorm(nn.Module):
         )
         self.count.copy_(total)
 
+    def shift_and_scale(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What `forward` subtracts from each feature, and what it multiplies the difference by (float64)."""
+        if self.every_feature:
+            return self.mean, torch.rsqrt(self.var + self.epsilon)
+        shift = self.mean * self.centred
+        spread = self.var + self.mean**2 * self.root_mean_square  # the mean square, where not shifted
+        return shift, torch.rsqrt(spread + self.epsilon).masked_fill(self.kept, 1.0)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = torch.rsqrt(self.var + self.epsilon).to(x.dtype)
-        return ((x - self.mean.to(x.dtype)) * scale).clamp(-self.clip, self.clip)
+        shift, scale = self.shift_and_scale()
+        return ((x - shift.to(x.dtype)) * scale.to(x.dtype)).clamp(-self.clip, self.clip)
 
     def numpy_snapshot(self) -> Callable[[np.ndarray], np.ndarray]:
         """`forward` at the current statistics, in NumPy (see common.numpy_snapshot)."""
-        mean = self.mean.to("cpu", torch.float32).numpy().copy()
-        scale = torch.rsqrt(self.var + self.epsilon).to("cpu", torch.float32).numpy().copy()
+        shift, scale = (value.to("cpu", torch.float32).numpy().copy() for value in self.shift_and_scale())
         clip = np.float32(self.clip)
-        return lambda x: np.clip((x - mean) * scale, -clip, clip)
+        return lambda x: np.clip((x - shift) * scale, -clip, clip)

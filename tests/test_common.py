@@ -21,6 +21,7 @@ from common.envs import vector_env
 from common.errors import PolicyMismatch, UsageError
 from common.interrupt import sigint_ignored_by_new_processes
 from common.run_folder import create_run_folder
+from common.running_norm import RunningNorm
 from common.stand_in import LAYERS, NoNumpyForm, check_draws, fitting_copy, numpy_cell, numpy_snapshot, trial_inputs
 from common.trajectories import RolloutRecorder, load_trajectories, new_recording_folder
 
@@ -477,3 +478,25 @@ def test_resident_memory_imports_without_resource_and_reads_macos_bytes(monkeypa
     assert resident_memory.rss_mb() == pytest.approx(peak / 2**10, rel=0.05)
     monkeypatch.setattr(resident_memory, "resource", None)
     assert np.isnan(resident_memory.rss_mb())
+
+
+# --- observation normalisation ---------------------------------------------------------------------------------------
+
+
+def test_running_norm_passes_some_features_as_they_are_and_only_scales_others_also_in_numpy():
+    norm = RunningNorm(4, as_is=slice(1, 3), scaled_only=slice(3, 4))
+    rng = np.random.default_rng(0)
+    batch = rng.normal([5.0, 0.3, 0.5, 2.0], [2.0, 0.5, 0.5, 1.0], (500, 4))
+    norm.update(torch.as_tensor(batch))
+    x = torch.tensor([[7.0, 0.0, 1.0, -3.0]], dtype=torch.float64)
+    expected = [
+        (7.0 - batch[:, 0].mean()) / batch[:, 0].std(),  # the running statistics are the batch's, bar epsilon
+        0.0,
+        1.0,
+        -3.0 / np.sqrt(np.mean(batch[:, 3] ** 2)),  # the root mean square: not shifted
+    ]
+    np.testing.assert_allclose(norm(x)[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(norm.numpy_snapshot()(x.numpy().astype(np.float32))[0], expected, rtol=1e-5)
+    plain = RunningNorm(4)
+    plain.update(torch.as_tensor(batch))
+    np.testing.assert_allclose(plain(x)[0], (x[0] - batch.mean(0)) / batch.std(0), rtol=1e-5)
