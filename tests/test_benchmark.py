@@ -971,7 +971,9 @@ def test_tracking_cost_runs_each_arm_and_reads_its_sps(capsys):
 
 
 def test_the_breadth_suite_holds_every_popgym_easy_task_for_both_memory_scripts():
-    import popgym  # noqa: F401  (registers its ids)
+    # Through resolve_env_id, which records popgym as the ids' module: a bare import here would leave them
+    # registered with no module in this worker, and test_envs would then see them resolve unchanged.
+    resolve_env_id("popgym-RepeatPreviousEasy-v0")
 
     registered = sorted(env_id for env_id in gym.registry if env_id.startswith("popgym-") and "Easy" in env_id)
     assert sorted(cases.POPGYM_EASY_IDS) == registered and len(registered) == 14
