@@ -18,9 +18,13 @@ class RunningNorm(nn.Module):
     in the state dict (and checkpoints); they change only when `update` is called, which only training does."""
 
     def __init__(
-        self, size: int, clip: float = 10.0, epsilon: float = 1e-8, as_is: slice | None = None,
+        self,
+        size: int,
+        clip: float = 10.0,
+        epsilon: float = 1e-8,
+        as_is: slice | None = None,
         scaled_only: slice | None = None,
-    ):  # fmt: skip
+    ):
         """`as_is`: features passed unchanged (then clipped); `scaled_only`: features divided by their running root mean
         square, not shifted. Both are for inputs whose statistics follow the policy, such as its previous action."""
         super().__init__()
@@ -31,7 +35,7 @@ class RunningNorm(nn.Module):
         self.every_feature = as_is is None and scaled_only is None
         kept, root_mean_square = torch.zeros(size, dtype=torch.bool), torch.zeros(size, dtype=torch.float64)
         kept[as_is or slice(0)], root_mean_square[scaled_only or slice(0)] = True, 1.0
-        centred = (1.0 - root_mean_square) * ~kept
+        centred = (1.0 - root_mean_square) * ~kept  # derivable, but kept: one operation fewer in every call
         for name, value in (("kept", kept), ("root_mean_square", root_mean_square), ("centred", centred)):
             self.register_buffer(name, value, persistent=False)  # not state: they come from the arguments
 
