@@ -128,6 +128,8 @@ class Run:
     reuse_baselines: str | None = None
     """a folder of stored reference runs (benchmark/registry.py REFERENCES): those stored there are reused, not run
     again (the table gives their date and commit); those missing are run and stored there as each finishes"""
+    reuse_runs: str | None = None
+    """the same for the scripts' runs: a killed benchmark resumes, a comparison reuses its yardstick's runs"""
     only_baselines: bool = False
     """run the references, baselines and random-policy measurements only, not the scripts (to fill --reuse-baselines)"""
     out: str | None = None
@@ -371,19 +373,34 @@ def run_job(job: Job, logs: Path) -> Job:
 
 
 def portable(command: list[str]) -> list[str]:
-    """A job's command less the interpreter and the run folder, which differ between machines and benchmarks."""
-    if "--run-dir" not in command:
-        return command[1:]
-    at = command.index("--run-dir")
-    return command[1:at] + command[at + 2 :]
+    """A job's command less the interpreter, the run folder and the checkout's folder of a script, which differ
+    between machines and benchmarks."""
+    at = command.index("--run-dir") if "--run-dir" in command else len(command)
+    return [Path(part).name if part.endswith(".py") else part for part in command[1:at] + command[at + 2 :]]
 
 
-def take_stored(jobs: list[Job], store: Path | None) -> list[Job]:
-    """The jobs still to run: a reference job stored in `store` takes its run from there (UsageError: a stored file
-    that cannot be read, or that another command made)."""
+@dataclass(frozen=True)
+class Stores:
+    """Where finished runs are kept between benchmarks (benchmark/stored.py): the references' (--reuse-baselines)
+    and the scripts' (--reuse-runs)."""
+
+    references: Path | None = None
+    scripts: Path | None = None
+
+    def of(self, job: Job) -> Path | None:
+        """The store of `job`'s run, if it is kept."""
+        if job.label in REFERENCES:
+            return self.references
+        return self.scripts if job.kind == "script" else None
+
+
+def take_stored(jobs: list[Job], stores: Stores) -> list[Job]:
+    """The jobs still to run: a job whose run is in its store takes it from there (UsageError: a stored file that
+    cannot be read, or that another command made)."""
     to_run = []
     for job in jobs:
-        kept = load_run(store, job.id) if store is not None and job.label in REFERENCES else None
+        store = stores.of(job)
+        kept = load_run(store, job.id) if store is not None else None
         if kept is None:
             to_run.append(job)
             continue
@@ -403,10 +420,10 @@ def workers_taken(job: Job, workers: int) -> int:
     return min(job.nproc, workers)
 
 
-def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = None) -> None:
+def run_jobs(jobs: list[Job], workers: int, logs: Path, stores: Stores = Stores()) -> None:
     """Run the jobs, `workers` processes at a time (every seed's first: a partial benchmark then covers every case),
-    printing a line as each ends. Jobs start in that order, each once enough workers are free for its processes. With
-    a `store`, each reference run is stored there as it ends."""
+    printing a line as each ends. Jobs start in that order, each once enough workers are free for its processes. A
+    run that has a store in `stores` is stored there as it ends."""
     waiting = sorted(jobs, key=lambda job: -1 if job.seed is None else job.seed)
     running: dict[Future[Job], int] = {}
     done = 0
@@ -421,18 +438,18 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path, store: Path | None = Non
                 del running[future]
                 done += 1
                 job = future.result()
-                status = job_status(job, store)
+                status = job_status(job, stores.of(job))
                 print(f"[{done}/{len(jobs)}] {job.id} ({job.label}): {job.wall_seconds:.0f} s, {status}", flush=True)
 
 
 def job_status(job: Job, store: Path | None) -> str:
-    """How a job ended, for its line as it ends; a reference run is stored in `store` here."""
+    """How a job ended, for its line as it ends; its run is stored in `store` here, if given."""
     if job.error is not None:
         return f"FAILED: {job.error.splitlines()[-1]}"
     if job.summary is not None:
         run = job.summary
         status = f"last-{run.window} return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS {fmt(run.sps, 0)}"
-        if store is not None and job.label in REFERENCES:
+        if store is not None:
             made = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "git": job.revision}
             made |= {"machine": machine(), "command": shlex.join(job.command), "wall_seconds": job.wall_seconds}
             status += f"; stored in {store_run(store, job.id, run, made)}"
@@ -635,9 +652,9 @@ def run(args: Run) -> int:
     check(args, cases, seeds)
     out = Path(args.out or REPO / "benchmark" / "results" / datetime.now().strftime("%Y-%m-%d_%H%M%S")).resolve()
     jobs, plans = make_jobs(args, cases, seeds, out)
-    store = Path(args.reuse_baselines).resolve() if args.reuse_baselines else None
+    stores = Stores(*(Path(folder).resolve() if folder else None for folder in (args.reuse_baselines, args.reuse_runs)))
     try:
-        to_run = take_stored(jobs, store)
+        to_run = take_stored(jobs, stores)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -647,7 +664,7 @@ def run(args: Run) -> int:
         f"time; results in {out}",
         flush=True,
     )
-    run_jobs(to_run, args.workers, out / "logs", store)
+    run_jobs(to_run, args.workers, out / "logs", stores)
 
     rows = rows_of(jobs, plans)
     numbers = {row.key: row_numbers(row) for row in rows}

@@ -793,6 +793,25 @@ def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
     assert line.startswith("error: ") and stored.name in line and not (tmp_path / "third").exists()
 
 
+def test_stored_script_runs_are_reused_whichever_checkout_made_them(tmp_path, monkeypatch, capsys):
+    case = cases.Case("ppo_fc", "Probe1-v0", 1024, flags=("--num-envs", "1", "--num-steps", "256"))
+    monkeypatch.setitem(cases.SUITES, "quick", cases.Suite((case,), (1,), eval_episodes=2))
+    store = tmp_path / "store"
+    assert harness.run(harness.Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "first"))) == 0
+    [stored] = store.glob("*.json")
+    assert stored.name == f"{case.key}__1.json"
+    record = json.loads(stored.read_text())  # as if made in another checkout of the repository
+    record["made"]["command"] = record["made"]["command"].replace(str(harness.REPO), "/elsewhere/onefile-rl")
+    stored.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert harness.run(harness.Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "second"))) == 0
+    assert f"[stored] {stored.stem} (ppo_fc)" in capsys.readouterr().out
+    assert not (tmp_path / "second" / "runs").exists()  # not run again
+    first, second = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("first", "second"))
+    assert second["rows"][0]["eval_return_mean"] == first["rows"][0]["eval_return_mean"] == 1.0
+    assert second["rows"][0]["steps"] == first["rows"][0]["steps"] == 1024
+
+
 def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(tmp_path, monkeypatch):
     def git(*args: str) -> None:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True)
