@@ -579,15 +579,16 @@ def against_reference(
 
 
 def speed_rows(jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNumbers]) -> list[SpeedNumbers]:
-    """The SPS ratios measured in this run: a reference run taken from the store ran in another, so it has none."""
+    """The SPS ratios measured in this run: a run taken from a store ran in another, so it has none (a case whose own
+    runs were stored has no row; a reference or compared script whose runs were stored, no ratio)."""
     raw = {job.id: job.output.get("sps") for job in jobs if job.kind == "raw-env"}
     stored = {job.group for job in jobs if job.stored is not None}
     rows = []
     for plan in plans:
         baseline_group = plan.baseline_group or (plan.reference_group if plan.reference_group not in stored else None)
-        if plan.case.key in numbers and (baseline_group or plan.reference):
+        other = numbers[plan.reference.key] if plan.reference and plan.reference.key not in stored else None
+        if plan.case.key in numbers and plan.case.key not in stored and (baseline_group or other):
             raw_env_sps = raw.get(plan.raw_env_job) if plan.raw_env_job else None
-            other = numbers[plan.reference.key] if plan.reference else None
             rows.append(speed_numbers(numbers[plan.case.key], raw_env_sps, numbers.get(baseline_group or ""), other))
     return rows
 

@@ -284,6 +284,11 @@ def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tm
     [speed] = harness.speed_rows(jobs, [plan], numbers)
     assert speed.reference == "ppo_fc" and speed.script_over_reference == pytest.approx(0.7)
     assert speed.baseline is None and speed.script_over_baseline is None
+    # Runs taken from a --reuse-runs store ran in another session: no ratio with them on either side.
+    for stored_label in ("ppo_fc", "ppo_lstm"):
+        for job in jobs:
+            job.stored = {"date": "2026-11-26T00:00:00+00:00", "git": "0000000"} if job.label == stored_label else None
+        assert harness.speed_rows(jobs, [plan], numbers) == [], stored_label
 
 
 def test_a_case_under_torchrun_starts_its_processes_and_has_a_key_of_its_own(tmp_path):
