@@ -96,7 +96,7 @@ class Args:
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
-    learning_rate: float = 3e-4
+    learning_rate: float = 1e-3
     """the learning rate of the optimizer (docs/ppo_transformer.md)"""
     end_learning_rate: float = 0.0
     """with --anneal-lr, the learning rate falls linearly towards this value"""
@@ -122,8 +122,8 @@ class Args:
     """coefficient of the value function"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
-    target_kl: float | None = None
-    """the target KL divergence threshold: stop the epochs of an update once it is exceeded"""
+    target_kl: float | None = 0.02
+    """stop the epochs of an update once the approximate KL exceeds this (None: never; docs/ppo_transformer.md)"""
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = True
