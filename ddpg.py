@@ -23,7 +23,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import checkpoints, cli, distributed, env_state, evaluation, run_start, tracking
-from common.envs import checked_spaces, flat_observations, training_envs
+from common.envs import checked_spaces, flat_observations, training_envs, vector_observations_only
 from common.errors import UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.seeding import seed_and_pick_device
@@ -126,7 +126,7 @@ def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folde
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
         else:
             env = gym.make(env_id)
-        return flat_observations(env)
+        return flat_observations(vector_observations_only(env, "ddpg.py"))
 
     return thunk
 

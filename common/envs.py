@@ -110,6 +110,36 @@ def flat_observations(env: gym.Env) -> gym.Env:
     return gym.wrappers.FlattenObservation(env)
 
 
+CNN_MIN_SIDE = 36
+"""the smallest height and width an image may have: the Nature CNN's convolutions (8 by 4, 4 by 2, 3 by 1) leave one
+pixel of 36"""
+
+
+def image_layout(space: Space) -> str | None:
+    """ "hw", "chw" or "hwc" where `space` is an image, None where it is not. An image is a uint8 Box of rank 2, or of
+    rank 3 with its channels first or last, whose height and width are CNN_MIN_SIDE or more. The channel axis is the
+    end axis under CNN_MIN_SIDE: a rank-3 space with both end axes under it, or neither (a volume), is not an image.
+    So MiniGrid's 7x7x3 symbolic view is not one, and an 84x84 Atari frame stack of 4 is "chw"."""
+    if not isinstance(space, Box) or space.dtype != np.uint8 or len(space.shape) not in (2, 3):
+        return None
+    large = [side >= CNN_MIN_SIDE for side in space.shape]
+    layouts = {(True, True): "hw", (False, True, True): "chw", (True, True, False): "hwc"}
+    return layouts.get(tuple(large))
+
+
+def vector_observations_only(env: gym.Env, script: str) -> gym.Env:
+    """`env` as it is where no part of its observation is an image (`image_layout`); a UsageError that names the part
+    where one is, for a `script` that has no CNN."""
+    for path, leaf in _leaves(env.observation_space):
+        if image_layout(leaf):
+            name = env.spec.id if env.spec else type(env.unwrapped).__name__
+            what = f"observation part '{_name(path)}'" if path else "observation"
+            raise UsageError(
+                f"{name}: its {what} is an image (uint8 {leaf.shape}); {script} takes vector observations only"
+            )
+    return env
+
+
 def _leaves(space: Space, path: tuple = ()) -> Iterator[tuple[tuple, Space]]:
     """Every space inside `space` that is not a Dict or Tuple, with its path of keys and indices."""
     if not isinstance(space, Dict | Tuple):

@@ -187,6 +187,25 @@ def test_shaped_actions_reach_the_env_in_their_shape_and_unbounded_ones_are_refu
         ddpg.train(quick_args(tmp_path, env_id="UnboundedAction-v0", total_timesteps=10))
 
 
+class ImageObservationEnv(GridActionEnv):
+    """GridActionEnv seen through a 36x36 RGB camera."""
+
+    observation_space = gym.spaces.Box(0, 255, (36, 36, 3), np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(self.observation_space.shape, np.uint8), super().reset(seed=seed)[1]
+
+    def step(self, action):
+        return np.zeros(self.observation_space.shape, np.uint8), *super().step(action)[1:]
+
+
+def test_an_image_observation_is_refused(tmp_path):
+    gym.register("ImageObservation-v0", entry_point=ImageObservationEnv)
+    with pytest.raises(UsageError, match=r"its observation is an image .*ddpg.py takes vector observations only"):
+        ddpg.train(quick_args(tmp_path, env_id="ImageObservation-v0", total_timesteps=10))
+    assert not any(tmp_path.iterdir())
+
+
 def test_checkpoints_of_the_other_scripts_are_refused(tmp_path):
     ppo = ppo_fc.train(ppo_fc.Args(env_id="Pendulum-v1", total_timesteps=512, run_dir=str(tmp_path), progress=False,
                                    eval_episodes=0))  # fmt: skip

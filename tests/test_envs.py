@@ -229,6 +229,35 @@ def test_spaces_without_text_are_flattened_and_a_1d_box_is_kept():
     np.testing.assert_array_equal(flat_observations(FixedEnv(Discrete(3), 1)).reset()[0], [0, 1, 0])
 
 
+@pytest.mark.parametrize(
+    ("shape", "layout"),
+    [
+        ((84, 84), "hw"),
+        ((4, 84, 84), "chw"),  # an Atari frame stack
+        ((96, 96, 3), "hwc"),  # CarRacing
+        ((3, 36, 36), "chw"),  # the smallest the Nature CNN takes
+        ((36, 35, 3), None),
+        ((7, 7, 3), None),  # MiniGrid's symbolic view stays a vector
+        ((40, 40, 40), None),  # no end axis to take as channels
+        ((3, 84, 4), None),
+        ((84,), None),
+    ],
+)
+def test_the_image_rule_takes_uint8_boxes_of_rank_2_or_3_large_enough_for_the_cnn(shape, layout):
+    assert envs.image_layout(Box(0, 255, shape, np.uint8)) == layout
+    assert envs.image_layout(Box(0, 1, shape, np.float32)) is None  # not uint8: features, not pixels
+
+
+def test_an_image_part_is_refused_by_name_where_a_script_takes_vectors_only():
+    vector = FixedEnv(Box(0, 1, (3,)), np.zeros(3, np.float32))
+    assert envs.vector_observations_only(vector, "ddpg.py") is vector
+    mixed = Dict({"pixels": Box(0, 255, (36, 36, 3), np.uint8), "speed": Box(0, 1, (1,))})
+    with pytest.raises(UsageError, match=r"observation part 'pixels' is an image \(uint8 \(36, 36, 3\)\); ddpg.py"):
+        envs.vector_observations_only(FixedEnv(mixed, None), "ddpg.py")
+    small = FixedEnv(Box(0, 255, (7, 7, 3), np.uint8), None)
+    assert envs.vector_observations_only(small, "ddpg.py") is small
+
+
 def test_spaces_that_cannot_be_flattened_are_named():
     items = Dict({"pos": Box(0, 1, (2,)), "items": Sequence(Box(0, 1, (2,)))})
     with pytest.raises(UsageError, match=r"^observation part 'items' \(Sequence\(Box.*cannot be flattened"):
