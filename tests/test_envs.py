@@ -71,6 +71,14 @@ def test_ids_named_for_their_package_resolve_and_make_in_a_fresh_process(monkeyp
     make_in_fresh_process(resolved)
 
 
+def test_atari_ids_of_both_forms_resolve_through_ale_py_and_make_in_a_fresh_process():
+    # ale-py registers its ids only when imported; neither "ale" nor "breakoutnoframeskip" is a module, so the scan
+    # of the installed packages finds it.
+    resolved = [resolve_env_id(env_id) for env_id in ("ALE/Breakout-v5", "BreakoutNoFrameskip-v4")]
+    assert resolved == ["ale_py:ALE/Breakout-v5", "ale_py:BreakoutNoFrameskip-v4"]
+    make_in_fresh_process(resolved)
+
+
 def write_distribution(folder: Path, module: str, requires: str, body: str) -> None:
     """A package `module` in `folder` with installed metadata (dist-info), as pip would leave it."""
     (folder / module).mkdir(parents=True)
