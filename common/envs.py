@@ -88,7 +88,7 @@ def flat_observations(env: gym.Env) -> gym.Env:
     space = env.observation_space
     text = [(path, leaf) for path, leaf in _leaves(space) if _is_text(leaf)]
     if text:
-        name = env.spec.id if env.spec else type(env.unwrapped).__name__
+        name = _env_name(env)
         if _only_text(space):
             raise UsageError(f"{name}: the observation has only text parts, which the networks cannot take")
         parts = ", ".join(f"'{_name(path)}' ({type(leaf).__name__})" for path, leaf in text)
@@ -120,11 +120,10 @@ def image_layout(space: Space) -> str | None:
     rank 3 with its channels first or last, whose height and width are CNN_MIN_SIDE or more. The channel axis is the
     end axis under CNN_MIN_SIDE: a rank-3 space with both end axes under it, or neither (a volume), is not an image.
     So MiniGrid's 7x7x3 symbolic view is not one, and an 84x84 Atari frame stack of 4 is "chw"."""
-    if not isinstance(space, Box) or space.dtype != np.uint8 or len(space.shape) not in (2, 3):
+    if not isinstance(space, Box) or space.dtype != np.uint8:
         return None
-    large = [side >= CNN_MIN_SIDE for side in space.shape]
-    layouts = {(True, True): "hw", (False, True, True): "chw", (True, True, False): "hwc"}
-    return layouts.get(tuple(large))
+    large = tuple(side >= CNN_MIN_SIDE for side in space.shape)  # any other rank matches no layout
+    return {(True, True): "hw", (False, True, True): "chw", (True, True, False): "hwc"}.get(large)
 
 
 def vector_observations_only(env: gym.Env, script: str) -> gym.Env:
@@ -132,12 +131,14 @@ def vector_observations_only(env: gym.Env, script: str) -> gym.Env:
     where one is, for a `script` that has no CNN."""
     for path, leaf in _leaves(env.observation_space):
         if image_layout(leaf):
-            name = env.spec.id if env.spec else type(env.unwrapped).__name__
             what = f"observation part '{_name(path)}'" if path else "observation"
-            raise UsageError(
-                f"{name}: its {what} is an image (uint8 {leaf.shape}); {script} takes vector observations only"
-            )
+            image = f"an image (uint8 {leaf.shape})"
+            raise UsageError(f"{_env_name(env)}: its {what} is {image}; {script} takes vector observations only")
     return env
+
+
+def _env_name(env: gym.Env) -> str:
+    return env.spec.id if env.spec else type(env.unwrapped).__name__
 
 
 def _leaves(space: Space, path: tuple = ()) -> Iterator[tuple[tuple, Space]]:
