@@ -22,8 +22,16 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
-from common.envs import checked_spaces, env_action, flat_observations, joint_actions, training_envs
+from common import atari, checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
+from common.envs import (
+    checked_spaces,
+    cnn_layout,
+    env_action,
+    flat_observations,
+    image_layout,
+    joint_actions,
+    training_envs,
+)
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.running_norm import RunningNorm
@@ -127,39 +135,94 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = False
-    """if toggled, normalise observations with running statistics (frozen in evaluation)"""
+    """if toggled, normalise observations with running statistics (frozen in evaluation; not images: they are /255)"""
     norm_reward: bool = False
     """if toggled, scale rewards by the running std of the discounted return (NormalizeReward)"""
     norm_reward_clip: float = 10.0
     """with --norm-reward, clip the scaled rewards to [-this, this] (CleanRL's 10)"""
     hidden_size: int = 64
     """width of the two hidden layers of the actor and of the critic"""
+    encoder: Literal["auto", "mlp", "cnn"] = "auto"
+    """auto: a CNN for images (uint8, rank 2 or 3 with channels first or last, 36x36 or more), an MLP otherwise"""
 
 
 def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
         else:
-            env = gym.make(env_id)
-        return joint_actions(flat_observations(env))  # per env: vector observation wrappers refuse SAME_STEP autoreset
+            env = gym.make(env_id, **atari.make_kwargs(env_id))
+        env = atari.preprocessed(env, frame_stack=4)  # CleanRL's Atari wrappers (only for Atari games)
+        # per env: vector observation wrappers refuse SAME_STEP autoreset
+        return joint_actions(flat_observations(env, keep_images=True))
 
     return thunk
 
 
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
+class NatureCNN(nn.Module):
+    """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari.py, on images of `layout` ("hw",
+    "chw" or "hwc"), uint8 ones scaled by 1/255; any leading batch axes."""
+
+    def __init__(self, image_space: gym.spaces.Box, layout: str):
+        super().__init__()
+        self.image_shape, self.layout = image_space.shape, layout
+        self.scale = 1 / 255 if image_space.dtype == np.uint8 else 1.0
+        channels = {"hw": 1, "chw": self.image_shape[0], "hwc": self.image_shape[-1]}[layout]
+        self.convs = nn.Sequential(
+            layer_init(nn.Conv2d(channels, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
+        self.linear = nn.Sequential(layer_init(nn.Linear(conv_size, 512)), nn.ReLU())
+
+    def channels_first(self, x: Tensor) -> Tensor:
+        """A batch of images of this layout as (batch, channels, height, width)."""
+        return x.unsqueeze(1) if self.layout == "hw" else x.permute(0, 3, 1, 2) if self.layout == "hwc" else x
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch_shape = x.shape[: x.dim() - len(self.image_shape)]
+        x = self.channels_first(x.reshape(-1, *self.image_shape)) * self.scale
+        return self.linear(self.convs(x)).reshape(*batch_shape, -1)
+
+
 class Agent(nn.Module):
-    def __init__(self, observation_size: int, action_space: gym.Space, hidden_size: int, norm_obs: bool):
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hidden_size: int,
+        norm_obs: bool,
+        encoder: str = "auto",
+    ):
         super().__init__()
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        layout = cnn_layout(observation_space, encoder)
+        if layout is not None:  # ppo_atari.py's agent: one CNN trunk, then a linear actor and critic
+            self.network = NatureCNN(observation_space, layout)
+            self.obs_norm = nn.Identity()
+            self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+            self.actor = layer_init(nn.Linear(512, self.action_size), std=0.01)
+            if not self.discrete:
+                self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
+            return
+        observation_size = int(np.prod(observation_space.shape))
+        # An image taken as a vector (--encoder mlp) is flattened; a vector stays as it is.
+        self.network = nn.Flatten(start_dim=-len(observation_space.shape))
         self.obs_norm = RunningNorm(observation_size) if norm_obs else nn.Identity()
         self.critic = nn.Sequential(
             layer_init(nn.Linear(observation_size, hidden_size)),
@@ -178,12 +241,17 @@ class Agent(nn.Module):
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
 
+    def features(self, x: Tensor) -> Tensor:
+        """What the actor and critic read at observations `x` (of any dtype): the CNN's features of an image, or the
+        observation as a normalised vector."""
+        return self.obs_norm(self.network(x.float()))
+
     def get_value(self, x: Tensor) -> Tensor:
-        return self.critic(self.obs_norm(x)).squeeze(-1)
+        return self.critic(self.features(x)).squeeze(-1)
 
     def actor_out(self, x: Tensor) -> Tensor:
         """The actor's output at observations `x`: the logits, or the Gaussian mean."""
-        return self.actor(self.obs_norm(x))
+        return self.actor(self.features(x))
 
     def distribution(self, x: Tensor) -> Categorical | Normal:
         """The policy at observations `x`: its one definition, used by the rollout, the update and evaluation."""
@@ -285,7 +353,7 @@ def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict:
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(make_env, args)
-    agent = Agent(int(np.prod(observation_space.shape)), action_space, args.hidden_size, args.norm_obs).to(device)
+    agent = Agent(observation_space, action_space, args.hidden_size, args.norm_obs, args.encoder).to(device)
     if checkpoint is not None:
         checkpoints.load_weights(agent, checkpoint, args.env_id)
     return agent
@@ -317,10 +385,11 @@ def train(args: Args) -> TrainResult:
     envs, reward_normalizer = training_envs(make_env, args, str(run.video_folder), checkpoint)
     combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
 
-    # Rollout storage, in NumPy: filled step by step without conversions.
+    # Rollout storage, in NumPy: filled step by step without conversions. Images stay uint8 until the network.
     obs_shape = envs.single_observation_space.shape
     action_shape = () if agent.discrete else (agent.action_size,)
-    obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=np.float32)
+    obs_dtype = np.uint8 if image_layout(envs.single_observation_space) else np.float32
+    obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=obs_dtype)
     final_obs = np.zeros_like(obs)  # where an episode was truncated: its real last observation
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
@@ -347,8 +416,10 @@ def train(args: Args) -> TrainResult:
             rollout_start = time.time()
 
             # The rollout only acts; log-probs and values come after it, from one torch pass over all its steps.
-            # float32, as the rollout stores them: integer observations (one-hot, MiniGrid's) would not normalise
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np.astype(np.float32))
+            # As the rollout stores them: float32 integer observations (one-hot, MiniGrid's) would not normalise.
+            # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+            numpy_rollout = args.numpy_rollout and len(obs_shape) == 1
+            act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs_np.astype(obs_dtype))
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np = noise.cpu().numpy()
             for step in range(args.num_steps):
@@ -373,7 +444,7 @@ def train(args: Args) -> TrainResult:
                 b_logprobs = check_policy(b_obs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy)
                 b_values = agent.get_value(b_obs)
                 values = b_values.reshape(args.num_steps, args.num_envs)
-                next_value = agent.get_value(torch.as_tensor(next_obs_np, dtype=torch.float32, device=device))
+                next_value = agent.get_value(torch.as_tensor(next_obs_np.astype(obs_dtype), device=device))
                 # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
                 final_values = np.zeros_like(rewards)
                 truncated_only = truncations & ~terminations
@@ -436,9 +507,9 @@ def train(args: Args) -> TrainResult:
                     if approx_kl > args.target_kl:
                         break
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-            if args.norm_obs:
+            if isinstance(agent.obs_norm, RunningNorm):  # --norm-obs, not for a CNN
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
-                agent.obs_norm.merge(*distributed.moments(b_obs))  # all ranks' observations
+                agent.obs_norm.merge(*distributed.moments(agent.network(b_obs.float())))  # all ranks' observations
             update_seconds = time.time() - update_start
 
             var_y = np.var(b_returns.cpu().numpy())
@@ -489,8 +560,7 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
-        obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)
-        policy = agent.distribution(obs_tensor)
+        policy = agent.distribution(torch.as_tensor(obs, device=device))
         action = evaluation.select_action(policy, args.sampling_method, args.temperature, args.sampling_k)
         return env_action(action.cpu().numpy(), agent.action_space)
 

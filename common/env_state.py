@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorEnv, VectorWrapper
 
-from common import distributed
+from common import atari, distributed
 from common.cli import notice
 from common.seeding import restore_rng_state, seed_generators
 
@@ -41,12 +41,21 @@ class EpisodeRecorder(gym.Wrapper):
         super().__init__(env)
         self.episode_start: dict[str, Any] = {"seed": None, "rng": None}
         self.episode_actions: list[Any] | None = None  # None: not replayable (no reset yet, or past MAX_STEPS)
+        self.episode_resets: list[int] = []  # where resets that continue the game (a lost life) came, in the actions
         self.replay_from: dict[str, Any] | None = None  # set through the vector env's set_attr, then `replay`
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is None and self.env.has_wrapper_attr("next_reset_continues"):
+            if self.env.get_wrapper_attr("next_reset_continues"):  # a lost life: the game and its record go on
+                if self.episode_actions is not None:
+                    self.episode_resets.append(len(self.episode_actions))
+                return super().reset(options=options)
         rng = None if seed is not None else generator_state(self.unwrapped)
-        self.episode_start = {"seed": seed, "rng": rng}
+        # A seeded reset seeds an emulator's own generator too; otherwise the replay starts from its saved state.
+        emulator = None if seed is not None else atari.emulator_state(self.unwrapped)
+        self.episode_start = {"seed": seed, "rng": rng, "emulator": emulator}
         self.episode_actions = [] if seed is not None or rng is not None else None
+        self.episode_resets = []
         return super().reset(seed=seed, options=options)
 
     def step(self, action):
@@ -62,8 +71,9 @@ class EpisodeRecorder(gym.Wrapper):
         reach too."""
         if self.episode_actions is None:
             return {"replayable": False}
-        actions = np.array(self.episode_actions)
-        return {"replayable": True, "start": self.episode_start, "actions": actions, "rng": generator_state(self)}
+        actions, resets = np.array(self.episode_actions), np.array(self.episode_resets, dtype=np.int64)
+        record = {"start": self.episode_start, "actions": actions, "resets": resets, "rng": generator_state(self)}
+        return {"replayable": True, **record}
 
     def replay(self) -> tuple[Any, dict[str, Any] | None]:
         """Bring this env to where `replay_from` (another copy's `episode_so_far`) was: the observation there and the
@@ -74,9 +84,18 @@ class EpisodeRecorder(gym.Wrapper):
             generator = np.random.Generator(getattr(np.random, rng["bit_generator"])())
             generator.bit_generator.state = rng
             self.unwrapped.np_random = generator
+        if self.env.has_wrapper_attr("next_reset_continues"):  # this copy's game is not the one the record began
+            self.env.set_wrapper_attr("next_reset_continues", False)
+        if record["start"].get("emulator") is not None:
+            atari.restore_emulator(self.unwrapped, record["start"]["emulator"])
         observation, _ = self.reset(seed=record["start"]["seed"])
-        for action in record["actions"]:
+        resets = set(record.get("resets", np.zeros(0, np.int64)).tolist())
+        for step, action in enumerate(record["actions"]):
+            if step in resets:
+                observation, _ = self.reset()
             observation, *_ = self.step(action)
+        if len(record["actions"]) in resets:  # the record's last step lost a life
+            observation, _ = self.reset()
         return observation, generator_state(self)
 
 

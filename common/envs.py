@@ -14,6 +14,7 @@ import numpy as np
 from gymnasium.spaces import Box, Dict, Discrete, Space, Text, Tuple
 
 from common import distributed
+from common.atari import GameStatistics
 from common.checkpoints import restore_reward_normalizer
 from common.cli import notice, one_line
 from common.env_state import EpisodeRecorder
@@ -82,10 +83,13 @@ def _unknown(env_id: str, name: str) -> UsageError:
     return UsageError(f"unknown env id {env_id!r}{hint}; if a package registers it, pass it as module:{name}")
 
 
-def flat_observations(env: gym.Env) -> gym.Env:
+def flat_observations(env: gym.Env, keep_images: bool = False) -> gym.Env:
     """`env` with a flat 1-D Box observation: Text parts of Dict/Tuple observations left out (one notice line),
-    any non-1-D-Box space flattened with gymnasium's FlattenObservation wrapper."""
+    any non-1-D-Box space flattened with gymnasium's FlattenObservation wrapper; with `keep_images`, an observation
+    of an image's shape (`image_layout`, in any dtype) as it is, for the network to take as an image or flatten."""
     space = env.observation_space
+    if keep_images and image_layout(space, any_dtype=True):
+        return env
     text = [(path, leaf) for path, leaf in _leaves(space) if _is_text(leaf)]
     if text:
         name = _env_name(env)
@@ -115,15 +119,28 @@ CNN_MIN_SIDE = 36
 pixel of 36"""
 
 
-def image_layout(space: Space) -> str | None:
-    """ "hw", "chw" or "hwc" where `space` is an image, None where it is not. An image is a uint8 Box of rank 2, or of
-    rank 3 with its channels first or last, whose height and width are CNN_MIN_SIDE or more. The channel axis is the
-    end axis under CNN_MIN_SIDE: a rank-3 space with both end axes under it, or neither (a volume), is not an image.
-    So MiniGrid's 7x7x3 symbolic view is not one, and an 84x84 Atari frame stack of 4 is "chw"."""
-    if not isinstance(space, Box) or space.dtype != np.uint8:
+def image_layout(space: Space, any_dtype: bool = False) -> str | None:
+    """ "hw", "chw" or "hwc" where `space` is an image, None where it is not. An image is a uint8 Box (of any dtype
+    with `any_dtype`) of rank 2, or of rank 3 with its channels first or last, whose height and width are
+    CNN_MIN_SIDE or more. The channel axis is the end axis under CNN_MIN_SIDE: a rank-3 space with both end axes under
+    it, or neither (a volume), is not an image. So MiniGrid's 7x7x3 symbolic view is not one, and an 84x84 Atari frame
+    stack of 4 is "chw"."""
+    if not isinstance(space, Box) or (space.dtype != np.uint8 and not any_dtype):
         return None
     large = tuple(side >= CNN_MIN_SIDE for side in space.shape)  # any other rank matches no layout
     return {(True, True): "hw", (False, True, True): "chw", (True, True, False): "hwc"}.get(large)
+
+
+def cnn_layout(space: Space, encoder: str) -> str | None:
+    """The layout of the image a CNN reads under --encoder, None for an MLP: with "auto", a CNN for an image
+    (`image_layout`); with "mlp", never; with "cnn", for a Box of an image's shape in any dtype (a UsageError for
+    another)."""
+    if encoder == "mlp":
+        return None
+    if encoder == "cnn" and image_layout(space, any_dtype=True) is None:
+        rule = f"a Box of rank 2, or 3 with channels first or last, at least {CNN_MIN_SIDE}x{CNN_MIN_SIDE}"
+        raise UsageError(f"--encoder cnn needs an image observation ({rule}), not {space}")
+    return image_layout(space, any_dtype=encoder == "cnn")
 
 
 def vector_observations_only(env: gym.Env, script: str) -> gym.Env:
@@ -249,7 +266,7 @@ def training_envs(
     env_id = resolve_env_id(args.env_id)
     indices = distributed.rank() * args.num_envs + np.arange(args.num_envs)  # over all ranks: one env records videos
     env_fns = [make_env(env_id, int(i), args.capture_video, video_folder, args.video_every) for i in indices]
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env(env_fns, args.async_envs))
+    envs = episode_statistics(vector_env(env_fns, args.async_envs))
     if not getattr(args, "norm_reward", False):  # a script without the flag has no normalisation
         return envs, None
     reward_normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
@@ -268,6 +285,14 @@ def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gy
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     with sigint_ignored_by_new_processes():
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def episode_statistics(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
+    """`envs` with gymnasium's vector episode statistics, or for Atari games (`common.atari`), where a lost life ends
+    an episode, the statistics of whole games, reported in the same way."""
+    if all(envs.call("has_wrapper_attr", "next_reset_continues")):
+        return GameStatistics(envs)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 
 def _recorded(env_fn: Callable[[], gym.Env]) -> gym.Env:

@@ -15,7 +15,7 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 from common import distributed
-from common.envs import resolve_env_id
+from common.envs import episode_statistics, resolve_env_id
 from common.errors import UsageError
 from common.run_folder import create_run_folder, run_name
 from common.tracking import finish_tracking, log_episodes, start_tracking, wandb_history
@@ -39,9 +39,7 @@ def play_episodes(
     record for the step (`{name: {field: array}}`, e.g. a hidden state). With `trajectory_path`, the episodes are
     recorded there.
     """
-    env = gym.wrappers.vector.RecordEpisodeStatistics(
-        gym.vector.SyncVectorEnv([env_fn], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    )
+    env = episode_statistics(gym.vector.SyncVectorEnv([env_fn], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
     recorder = TrajectoryRecording(trajectory_path, 1, meta or {}) if trajectory_path is not None else None
     returns: list[float] = []
     lengths: list[int] = []

@@ -65,7 +65,8 @@ class TrajectoryFileError(ValueError):
 def _numeric_info(value: Any, num_envs: int) -> np.ndarray | None:
     """An info entry as a numeric ``(num_envs, ...)`` array, or None when it has no numeric form.
 
-    Object arrays (gymnasium's ``final_obs``) become float arrays with NaN for the envs that have no entry.
+    Object arrays (gymnasium's ``final_obs``) become dense arrays: of integers (uint8 images) in their own dtype with
+    0 for the envs that have no entry (gymnasium's ``_final_obs`` mask says which have one), of floats with NaN.
     """
     if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != num_envs:
         return None
@@ -74,7 +75,11 @@ def _numeric_info(value: Any, num_envs: int) -> np.ndarray | None:
     present = [np.asarray(item) for item in value if item is not None]
     if not present or any(p.shape != present[0].shape or not np.issubdtype(p.dtype, np.number) for p in present):
         return None
-    dense = np.full((num_envs, *present[0].shape), np.nan, dtype=np.result_type(present[0].dtype, np.float32))
+    dtype = present[0].dtype
+    if np.issubdtype(dtype, np.integer) and all(p.dtype == dtype for p in present):
+        dense = np.zeros((num_envs, *present[0].shape), dtype=dtype)
+    else:
+        dense = np.full((num_envs, *present[0].shape), np.nan, dtype=np.result_type(dtype, np.float32))
     for env_index, item in enumerate(value):
         if item is not None:
             dense[env_index] = item
@@ -138,8 +143,15 @@ class TrajectoryWriter:
                 name: {field: self._per_env(f"agents/{name}/{field}", value) for field, value in fields.items()}
                 for name, fields in agents.items()
             }
-        if infos:
-            step["infos"] = unflatten_dict(self._numeric_infos(infos))
+        if infos is not None:
+            numeric = self._numeric_infos(infos)
+            observations = step["observations"]
+            if observations.dtype == np.uint8 and "/final_obs" not in numeric:
+                # Images: final observations at every step, 0 where none (`_final_obs` says), so they stay uint8.
+                numeric["/final_obs"] = np.zeros_like(observations)
+                numeric["/_final_obs"] = np.zeros(self.num_envs, bool)
+            if numeric:
+                step["infos"] = unflatten_dict(numeric)
         self.steps.append(step)
 
     def _per_env(self, name: str, value: Any) -> np.ndarray:
@@ -182,7 +194,9 @@ class TrajectoryWriter:
         path = npz_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
-        np.savez(buffer, **self.to_dict())
+        data = self.to_dict()
+        images = data["/observations"].dtype == np.uint8 and data["/observations"].ndim > 3
+        (np.savez_compressed if images else np.savez)(buffer, **data)  # frames compress well; vectors hardly do
         write_atomically(path, buffer.getbuffer())
         return path
 

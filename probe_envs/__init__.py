@@ -7,12 +7,15 @@ Importing this package registers the ids below with gymnasium:
 - ``RepeatCue-v0``: a memory-length probe, a cue needed up to 127 steps after it was shown.
 - ``ContinuousProbe1-v0`` ... ``ContinuousProbe5-v0``: the same ideas with a Box(-1, 1, (1,)) action.
 - ``CartPoleNoVel-v1``, ``PendulumNoVel-v1``: classic control with velocities hidden (partially observed).
+- ``ImageBandit-v0``, ``ImageMemory-v0`` and their channels-last ``...RGB-v0`` forms: probes 5 and 7 seen as images
+  (``probe_envs.images``).
 
 Each class docstring states the optimal policy and the true values for any discount.
 """
 
 from gymnasium.envs.registration import register, registry
 
+from probe_envs.images import ImageBandit, ImageBanditRGB, ImageMemory, ImageMemoryRGB
 from probe_envs.no_velocity import CartPoleNoVelEnv, PendulumNoVelEnv
 from probe_envs.probes import (
     ContinuousProbe1,
@@ -45,6 +48,10 @@ PROBES = {
     "ContinuousProbe3-v0": ContinuousProbe3,
     "ContinuousProbe4-v0": ContinuousProbe4,
     "ContinuousProbe5-v0": ContinuousProbe5,
+    "ImageBandit-v0": ImageBandit,
+    "ImageBanditRGB-v0": ImageBanditRGB,
+    "ImageMemory-v0": ImageMemory,
+    "ImageMemoryRGB-v0": ImageMemoryRGB,
 }
 """Every probe id and its class."""
 
@@ -72,6 +79,10 @@ __all__ = [
     "ContinuousProbe3",
     "ContinuousProbe4",
     "ContinuousProbe5",
+    "ImageBandit",
+    "ImageBanditRGB",
+    "ImageMemory",
+    "ImageMemoryRGB",
     "PendulumNoVelEnv",
     "Probe1",
     "Probe2",

@@ -40,6 +40,11 @@ CONTINUOUS = dict(
 """CleanRL's continuous-control settings."""
 
 
+def vectors(size: int) -> gym.spaces.Box:
+    """An observation space of `size` numbers, for agents built by hand."""
+    return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+
+
 def run_cli(*flags: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     return run_script("ppo_fc.py", *flags, env=env, timeout=timeout)
 
@@ -100,7 +105,7 @@ def test_sample_draws_from_the_policy_definition(action_space):
     # `sample` turns noise into actions (Gumbel-max, mean + std * noise), so that the rollout can be checked; it must
     # draw from `distribution`, the policy's one definition.
     torch.manual_seed(0)
-    agent = sharp_agent(ppo_fc.Agent)(4, action_space, 16, norm_obs=False)
+    agent = sharp_agent(ppo_fc.Agent)(vectors(4), action_space, 16, norm_obs=False)
     with torch.no_grad():
         if not agent.discrete:
             agent.actor_logstd.normal_()
@@ -119,7 +124,7 @@ def test_sample_draws_from_the_policy_definition(action_space):
 @pytest.mark.parametrize("action_space", [gym.spaces.Discrete(5), gym.spaces.Box(-1, 1, (3,), np.float32)])
 def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_space):
     torch.manual_seed(0)
-    agent = sharp_agent(ppo_fc.Agent)(4, action_space, 16, norm_obs=True)
+    agent = sharp_agent(ppo_fc.Agent)(vectors(4), action_space, 16, norm_obs=True)
     agent.obs_norm.update(torch.randn(100, 4) * 3 + 1)
     observations = (torch.randn(256, 4) * 3 + 1).numpy()
     noise = agent.sampling_noise((256,)).numpy()
@@ -143,7 +148,7 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
 
 def test_the_check_stops_actions_that_are_not_the_definitions():
     torch.manual_seed(0)
-    agent = sharp_agent(ppo_fc.Agent)(4, gym.spaces.Discrete(3), 16, norm_obs=False)
+    agent = sharp_agent(ppo_fc.Agent)(vectors(4), gym.spaces.Discrete(3), 16, norm_obs=False)
     observations = torch.randn(512, 4)
     noise = agent.sampling_noise((512,))
     with torch.no_grad():
@@ -163,7 +168,7 @@ def test_the_check_stops_actions_that_are_not_the_definitions():
 
 def test_the_update_scores_actions_with_the_distribution():
     torch.manual_seed(0)
-    agent = sharp_agent(ppo_fc.Agent)(4, gym.spaces.Discrete(5), 16, norm_obs=True)
+    agent = sharp_agent(ppo_fc.Agent)(vectors(4), gym.spaces.Discrete(5), 16, norm_obs=True)
     agent.obs_norm.update(torch.randn(100, 4) * 3 + 1)
     observations = torch.randn(1000, 4) * 3 + 1
     actions = torch.randint(0, 5, (1000,))
@@ -177,7 +182,7 @@ def test_the_update_scores_actions_with_the_distribution():
 
 def test_value_reads_the_normalised_observation():
     torch.manual_seed(0)
-    agent = sharp_agent(ppo_fc.Agent)(3, gym.spaces.Discrete(2), 8, norm_obs=True)
+    agent = sharp_agent(ppo_fc.Agent)(vectors(3), gym.spaces.Discrete(2), 8, norm_obs=True)
     agent.obs_norm.update(torch.randn(1000, 3) * 5 + 2)
     observations = torch.randn(16, 3) * 5 + 2
     mean, var = agent.obs_norm.mean.float(), agent.obs_norm.var.float()
@@ -272,10 +277,10 @@ NETWORK_EDITS = {
         "return noise.exponential_().log_().neg_() / 3",
         "stop",
     ),
-    "trunk_before_the_actor": ("self.actor(self.obs_norm(x))", "self.actor(self.trunk(self.obs_norm(x)))", "torch"),
+    "trunk_before_the_actor": ("self.actor(self.features(x))", "self.actor(self.trunk(self.features(x)))", "torch"),
     "activation_in_the_actor_output": (
-        "return self.actor(self.obs_norm(x))",
-        "return torch.tanh(self.actor(self.obs_norm(x)))",
+        "return self.actor(self.features(x))",
+        "return torch.tanh(self.actor(self.features(x)))",
         "torch",
     ),
 }
@@ -478,7 +483,7 @@ def test_evaluation_reads_but_never_updates_the_observation_statistics(tmp_path,
 @pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
 def test_temperature_sampling_follows_the_tempered_policy(action_space):
     torch.manual_seed(0)
-    agent = sharp_agent(ppo_fc.Agent)(4, action_space, 16, norm_obs=False)
+    agent = sharp_agent(ppo_fc.Agent)(vectors(4), action_space, 16, norm_obs=False)
     observations = torch.randn(1, 4).expand(50_000, 4)
     with torch.no_grad():
         policy = agent.distribution(observations[:1])
@@ -902,3 +907,56 @@ def test_sampling_from_a_distribution_it_cannot_draw_stops():
     noise = torch.zeros(3, 2)
     with pytest.raises(PolicyMismatch, match="cannot draw from a Laplace"):
         ppo_fc.Agent.sample(torch.distributions.Laplace(torch.zeros(3, 2), torch.ones(3, 2)), noise)
+
+
+# --- images and Atari ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id", ["ImageBandit-v0", "ImageBanditRGB-v0"])  # channels first, channels last
+def test_the_image_bandit_is_learnt_through_the_cnn(tmp_path, env_id):
+    agent = ppo_fc.train(quick_args(tmp_path, env_id=env_id, total_timesteps=10_240)).agent
+    assert isinstance(agent.network, ppo_fc.NatureCNN)
+    for env, observation in visit_states(env_id):
+        value, policy = agent_at(agent, observation)
+        assert value == pytest.approx(1.0, abs=0.1)
+        assert policy.probs[0, env.optimal_action()].item() >= 0.95
+
+
+def test_the_encoder_rule_and_its_override(tmp_path):
+    image = gym.spaces.Box(0, 255, (36, 36, 3), np.uint8)
+    assert isinstance(ppo_fc.Agent(image, gym.spaces.Discrete(2), 8, False).network, ppo_fc.NatureCNN)
+    assert isinstance(ppo_fc.Agent(image, gym.spaces.Discrete(2), 8, False, "mlp").network, torch.nn.Flatten)
+    minigrid_view = gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)  # a symbolic grid, not an image
+    assert isinstance(ppo_fc.Agent(minigrid_view, gym.spaces.Discrete(2), 8, False).network, torch.nn.Flatten)
+    result = run_script("ppo_fc.py", "--env-id", "Probe5-v0", "--encoder", "cnn", "--run-dir", str(tmp_path))
+    assert result.returncode == 2 and result.stderr.startswith("error: --encoder cnn needs an image observation")
+    # --encoder mlp takes the image as a flat vector; it stays uint8 in the rollout and the recording.
+    path = tmp_path / "mlp"
+    args = quick_args(
+        tmp_path, env_id="ImageBandit-v0", encoder="mlp", total_timesteps=1024, save_trajectories=str(path)
+    )
+    ppo_fc.train(args)
+    assert load_trajectories(path)["/observations"].dtype == np.uint8
+
+
+def test_an_atari_episode_is_a_game_with_its_raw_score(tmp_path):
+    pytest.importorskip("ale_py")
+    path = tmp_path / "games"
+    args = quick_args(
+        tmp_path, env_id="BreakoutNoFrameskip-v4", num_envs=2, total_timesteps=1024, update_epochs=1,
+        save_trajectories=str(path),
+    )  # fmt: skip
+    result = ppo_fc.train(args)
+    data = load_trajectories(path)
+    assert data["/observations"].dtype == data["/infos/final_obs"].dtype == np.uint8
+    # A step's own info is in final_info where an episode ended there (gymnasium's SAME_STEP autoreset).
+    ended = data["/terminations"] | data["/truncations"]
+    raw = np.where(ended, data["/infos/final_info/raw_reward"], data["/infos/raw_reward"])
+    game_over = ended & (data["/infos/final_info/game_over"] == 1)
+    assert np.array_equal(data["/rewards"], np.sign(raw))  # the agent learns from clipped rewards
+    games = []
+    for env in range(2):
+        ends = np.flatnonzero(game_over[env])
+        games += [(end, raw[env, start : end + 1].sum()) for start, end in zip([0, *ends[:-1] + 1], ends, strict=True)]
+    assert ended.sum() > len(games) >= 4  # lost lives end episodes too
+    assert sorted(result.episode_returns) == sorted(score for _, score in games) and sum(result.episode_returns) > 0

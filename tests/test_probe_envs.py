@@ -32,7 +32,7 @@ def test_passes_gymnasium_env_checker(env_id):
 
 
 @pytest.mark.parametrize("env_id", ALL_IDS)
-def test_observations_inside_space_with_float32_dtype_and_seeding_reproduces(env_id):
+def test_observations_inside_space_float32_or_uint8_images_and_seeding_reproduces(env_id):
     def rollout(seed):
         env = gym.make(env_id)
         env.action_space.seed(seed)
@@ -49,10 +49,10 @@ def test_observations_inside_space_with_float32_dtype_and_seeding_reproduces(env
     trace = rollout(3)
     assert env_id in gym.registry
     space = gym.make(env_id).observation_space
-    assert space.dtype == np.float32
+    assert space.dtype == (np.uint8 if env_id.startswith("Image") else np.float32)
     for item in trace:
         if isinstance(item, np.ndarray):
-            assert item.dtype == np.float32 and space.contains(item)
+            assert item.dtype == space.dtype and space.contains(item)
     again = rollout(3)
     assert all(np.array_equal(a, b) for a, b in zip(trace, again, strict=True))
 
@@ -237,3 +237,16 @@ def test_suboptimal_actions_do_worse_where_actions_matter():
         env = gym.make(env_id).unwrapped
         env.reset(seed=0)
         assert env.step(bad_action)[1] < env.optimal_value(0.99)
+
+
+@pytest.mark.parametrize("env_id", ["ImageBandit-v0", "ImageBanditRGB-v0", "ImageMemory-v0", "ImageMemoryRGB-v0"])
+def test_an_image_probe_shows_its_cue_as_the_lit_half_and_the_memory_probe_only_first(env_id):
+    env = gym.make(env_id).unwrapped
+    for seed in range(4):
+        observation, _ = env.reset(seed=seed)
+        image = observation[..., 0] if env_id.endswith("RGB-v0") else observation[0]
+        lit = [image[:, :18].mean(), image[:, 18:].mean()]
+        assert lit[env.cue] == 255 and lit[1 - env.cue] == 0
+        if env_id.startswith("ImageMemory"):
+            observation, *_ = env.step(0)
+            assert not observation.any()
