@@ -22,8 +22,16 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
-from common.envs import checked_spaces, env_action, flat_observations, joint_actions, training_envs
+from common import atari, checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
+from common.envs import (
+    checked_spaces,
+    cnn_layout,
+    env_action,
+    flat_observations,
+    image_layout,
+    joint_actions,
+    training_envs,
+)
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.running_norm import RunningNorm
@@ -127,13 +135,15 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = True
-    """if toggled, normalise observations with running statistics, frozen in evaluation (docs/ppo_lstm.md)"""
+    """if toggled, normalise observations with running statistics, frozen in evaluation; not images: they are /255"""
     norm_reward: bool = True
     """if toggled, scale rewards by the running std of the discounted return (docs/ppo_lstm.md)"""
     norm_reward_clip: float = 10.0
     """with --norm-reward, clip the scaled rewards to [-this, this] (CleanRL's 10)"""
     hidden_size: int = 64
-    """width of the encoder, a linear layer with tanh before the recurrent cell"""
+    """width of the encoder, a linear layer with tanh before the recurrent cell (for vectors)"""
+    encoder: Literal["auto", "mlp", "cnn"] = "auto"
+    """auto: the Nature CNN for images (uint8, rank 2 or 3 with channels first or last, 36x36 or more), else a linear"""
     rnn_type: Literal["lstm", "gru"] = "lstm"
     """the recurrent cell: lstm or gru (a GRU is slower on a CPU: docs/ppo_lstm.md)"""
     rnn_hidden_size: int = 128
@@ -149,16 +159,20 @@ class Args:
 def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
         else:
-            env = gym.make(env_id)
-        return joint_actions(flat_observations(env))  # per env: vector observation wrappers refuse SAME_STEP autoreset
+            env = gym.make(env_id, **atari.make_kwargs(env_id))
+        env = atari.preprocessed(
+            env, frame_stack=1
+        )  # CleanRL's Atari wrappers (only for Atari games); the LSTM remembers
+        # per env: vector observation wrappers refuse SAME_STEP autoreset
+        return joint_actions(flat_observations(env, keep_images=True))
 
     return thunk
 
 
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -218,13 +232,54 @@ class TrainingSequences:
         return states[self.starts, :, self.envs].transpose(0, 1)
 
 
-class Core(nn.Module):
-    """The part with memory: an encoder (a linear layer with tanh), then the recurrent cell."""
+class NatureCNN(nn.Module):
+    """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari_lstm.py, on images of `layout`
+    ("hw", "chw" or "hwc"), uint8 ones scaled by 1/255; any leading batch axes."""
 
-    def __init__(self, observation_size: int, hidden_size: int, rnn_type: str, rnn_hidden_size: int, layers: int):
+    def __init__(self, image_space: gym.spaces.Box, layout: str):
         super().__init__()
-        self.encoder = nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh())
-        self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(hidden_size, rnn_hidden_size, layers)
+        self.image_shape, self.layout = image_space.shape, layout
+        self.scale = 1 / 255 if image_space.dtype == np.uint8 else 1.0
+        channels = {"hw": 1, "chw": self.image_shape[0], "hwc": self.image_shape[-1]}[layout]
+        self.convs = nn.Sequential(
+            layer_init(nn.Conv2d(channels, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
+        self.linear = nn.Sequential(layer_init(nn.Linear(conv_size, 512)), nn.ReLU())
+
+    def channels_first(self, x: Tensor) -> Tensor:
+        """A batch of images of this layout as (batch, channels, height, width)."""
+        return x.unsqueeze(1) if self.layout == "hw" else x.permute(0, 3, 1, 2) if self.layout == "hwc" else x
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch_shape = x.shape[: x.dim() - len(self.image_shape)]
+        x = self.channels_first(x.reshape(-1, *self.image_shape)) * self.scale
+        return self.linear(self.convs(x)).reshape(*batch_shape, -1)
+
+
+class Core(nn.Module):
+    """The part with memory: an encoder (a linear layer with tanh, or the Nature CNN for images), then the recurrent
+    cell."""
+
+    def __init__(
+        self, observation_space: gym.Space, layout: str | None, hidden_size: int, rnn_type: str, rnn_hidden_size: int,
+        layers: int,
+    ):  # fmt: skip
+        super().__init__()
+        if layout is not None:  # ppo_atari_lstm.py's: the CNN's 512 features feed the cell
+            self.encoder, encoder_size = NatureCNN(observation_space, layout), 512
+        else:
+            observation_size = int(np.prod(observation_space.shape))
+            self.encoder = nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh())
+            encoder_size = hidden_size
+        self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(encoder_size, rnn_hidden_size, layers)
         for name, parameter in self.rnn.named_parameters():  # CleanRL's initialisation
             if name.startswith("bias"):
                 nn.init.constant_(parameter, 0)
@@ -234,7 +289,7 @@ class Core(nn.Module):
         self.state_size = self.rnn.hidden_size * (2 if isinstance(self.rnn, nn.LSTM) else 1)
 
     def forward(self, x: Tensor, state: Tensor, segments: Segments | None) -> tuple[Tensor, Tensor | None]:
-        """The cell's output along `x` (T, B, obs) from `state` (layers, B, state size), cut into `segments`; for one
+        """The cell's output along `x` (T, B, obs...) from `state` (layers, B, state size), cut into `segments`; for one
         step (`segments` None) also the state after it."""
         features = self.encoder(x)
         if segments is None:
@@ -255,13 +310,17 @@ class Core(nn.Module):
 
 
 class Agent(nn.Module):
-    def __init__(self, observation_size: int, action_space: gym.Space, args: Args):
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, args: Args):
         super().__init__()
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
-        self.obs_norm = RunningNorm(observation_size) if args.norm_obs else nn.Identity()
-        core = (observation_size, args.hidden_size, args.rnn_type, args.rnn_hidden_size, args.rnn_layers)
+        layout = cnn_layout(observation_space, args.encoder)
+        # An image goes to the CNN as it is; a vector, or an image taken as one (--encoder mlp), flat and normalised.
+        self.flatten = nn.Identity() if layout else nn.Flatten(start_dim=2)  # after the (T, B) axes
+        observation_size = int(np.prod(observation_space.shape))
+        self.obs_norm = RunningNorm(observation_size) if args.norm_obs and not layout else nn.Identity()
+        core = (observation_space, layout, args.hidden_size, args.rnn_type, args.rnn_hidden_size, args.rnn_layers)
         self.core = Core(*core)
         self.critic_core = None if args.shared_core else Core(*core)
         self.state_size = sum(core.state_size for core in self.cores())
@@ -283,7 +342,7 @@ class Agent(nn.Module):
     def forward(self, x: Tensor, state: Tensor, episode_starts: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Along observations `x` (T, B, obs) from `state` (layers, B, state size), zero wherever `episode_starts`
         (T, B): the actor's output and the value at each step; for one step (T = 1) also the state after it."""
-        x = self.obs_norm(x)
+        x = self.obs_norm(self.flatten(x.float()))
         state = state * ~episode_starts[0, None, :, None]
         segments = Segments(episode_starts) if len(x) > 1 else None
         actor_hidden, next_state = self.core(x, state[..., : self.core.state_size], segments)
@@ -297,7 +356,7 @@ class Agent(nn.Module):
     def bootstrap_value(self, obs: np.ndarray, state: np.ndarray) -> np.ndarray:
         """The values of a batch of observations, each one step on from its `state` (which the caller resets)."""
         device = next(self.parameters()).device
-        x, state = torch.as_tensor(obs, dtype=torch.float32, device=device)[None], torch.as_tensor(state, device=device)
+        x, state = torch.as_tensor(obs, device=device)[None], torch.as_tensor(state, device=device)
         return self(x, state, torch.zeros(x.shape[:2], dtype=torch.bool, device=device))[1][0].cpu().numpy()
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
@@ -414,7 +473,7 @@ def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict:
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(make_env, args)
-    agent = Agent(int(np.prod(observation_space.shape)), action_space, args).to(device)
+    agent = Agent(observation_space, action_space, args).to(device)
     if checkpoint is not None:
         checkpoints.load_weights(agent, checkpoint, args.env_id)
     return agent
@@ -444,10 +503,11 @@ def train(args: Args) -> TrainResult:
     envs, reward_normalizer = training_envs(make_env, args, str(run.video_folder), checkpoint)
     combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
 
-    # Rollout storage, (num_steps, num_envs, ...).
+    # Rollout storage, (num_steps, num_envs, ...). Images stay uint8 until the network.
     obs_shape = envs.single_observation_space.shape
     action_shape = () if agent.discrete else (agent.action_size,)
-    obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=np.float32)
+    obs_dtype = np.uint8 if image_layout(envs.single_observation_space) else np.float32
+    obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=obs_dtype)
     final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)  # where an episode was truncated
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations, truncations, episode_starts = np.zeros((3, args.num_steps, args.num_envs), dtype=bool)
@@ -481,8 +541,10 @@ def train(args: Args) -> TrainResult:
             rollout_start = time.time()
 
             # The rollout only acts: log-probs and values come after it, from one torch pass along its sequences.
-            # (float32 observations, as stored: integer ones, one-hot or MiniGrid's, would not normalise.)
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs_np.astype(np.float32))
+            # (Observations as stored: float32 integer ones, one-hot or MiniGrid's, would not normalise.)
+            # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+            numpy_rollout = args.numpy_rollout and len(obs_shape) == 1
+            act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs_np.astype(obs_dtype))
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np, initial_state = noise.cpu().numpy(), rnn_state.copy()
             for step in range(args.num_steps):
@@ -578,9 +640,10 @@ def train(args: Args) -> TrainResult:
                     if approx_kl > args.target_kl:
                         break
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-            if args.norm_obs:
+            if isinstance(agent.obs_norm, RunningNorm):  # --norm-obs, not for a CNN
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
-                agent.obs_norm.merge(*distributed.moments(s_obs.reshape(-1, *obs_shape)))  # all ranks' observations
+                flat_obs = agent.flatten(s_obs.float()).flatten(0, 1)
+                agent.obs_norm.merge(*distributed.moments(flat_obs))  # all ranks' observations
             update_seconds = time.time() - update_start
 
             var_y = np.var(returns.cpu().numpy())
@@ -658,7 +721,7 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> tuple[np.ndarray, dict]:
         nonlocal state
-        obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)[None]
+        obs_tensor = torch.as_tensor(obs, device=device)[None]
         starts = torch.as_tensor(episode_starts, device=device)[None]
         acted_from = state * ~starts[0, None, :, None]
         actor_out, _, state = agent(obs_tensor, state, starts)

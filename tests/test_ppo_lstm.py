@@ -65,7 +65,8 @@ def sharp_recurrent_agent_class(seed: int = 0) -> type[ppo_lstm.Agent]:
 
 def sharp_recurrent_agent(seed: int = 0, **settings) -> ppo_lstm.Agent:
     """A sharp agent for 4 observations and 3 actions."""
-    return sharp_recurrent_agent_class(seed)(4, gym.spaces.Discrete(3), ppo_lstm.Args(**settings))
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    return sharp_recurrent_agent_class(seed)(observation_space, gym.spaces.Discrete(3), ppo_lstm.Args(**settings))
 
 
 # --- the hidden state ----------------------------------------------------------------------------------------------
@@ -357,8 +358,8 @@ def test_the_defaults_learn_to_remember_within_a_small_budget(tmp_path):
 def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(tmp_path, monkeypatch, capsys):
     source = (REPO / "ppo_lstm.py").read_text()
     edits = {  # the edit a researcher makes: the cell's module, and a layer norm on its input
-        'self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(hidden_size, rnn_hidden_size, layers)': (
-            "self.rnn = nn.GRU(hidden_size, rnn_hidden_size, 2)"
+        'self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(encoder_size, rnn_hidden_size, layers)': (
+            "self.rnn = nn.GRU(encoder_size, rnn_hidden_size, 2)"
         ),
         "nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh())": (
             "nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh(), nn.LayerNorm(hidden_size))"
@@ -607,3 +608,38 @@ def test_a_policy_whose_draws_sample_cannot_make_stops_the_run(tmp_path, monkeyp
     monkeypatch.setattr(ppo_lstm.Agent, "distribution", laplace)
     with pytest.raises(PolicyMismatch, match="cannot draw from a Laplace"):
         ppo_lstm.train(quick_args(tmp_path, env_id="ContinuousProbe1-v0", num_steps=64, total_timesteps=256))
+
+
+# --- images and Atari ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"])  # channels first, channels last
+def test_the_image_memory_probe_is_remembered_through_the_cnn(tmp_path, env_id):
+    result = ppo_lstm.train(quick_args(tmp_path, env_id=env_id, total_timesteps=10_240))
+    assert isinstance(result.agent.core.encoder, ppo_lstm.NatureCNN)
+    for env, value, policy in play_optimally(result.agent, env_id):
+        assert value == pytest.approx(env.optimal_value(0.99), abs=0.1), (env.t, env.cue)
+        if env.t == env.horizon - 1:  # the cue was in the first frame only
+            assert policy.probs[0, env.optimal_action()].item() >= 0.9, env.cue
+
+
+def test_an_atari_run_resumes_mid_game_as_an_uninterrupted_run(tmp_path, capsys):
+    pytest.importorskip("ale_py")
+    # ALE/Breakout-v5 has sticky actions, drawn by the emulator's own generator. By the checkpoint a game has ended
+    # (the next began from the emulator's state, unseeded), and the games it cuts have lost lives.
+    settings = dict(env_id="ALE/Breakout-v5", num_envs=2, num_steps=128, num_minibatches=2, total_timesteps=3 * 256)
+    whole = ppo_lstm.train(quick_args(tmp_path / "whole", **settings, checkpoint_every=2, save_model=True))
+    records = torch.load(whole.run_dir / "checkpoints" / "step_512.pt", weights_only=True)["episodes"]["envs"]
+    assert any(record["start"]["seed"] is None for record in records)
+    assert any(len(record["resets"]) for record in records)
+    copy = tmp_path / "copy" / whole.run_dir.name
+    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_768.pt", "latest.pt"))
+    time.sleep(1.1)  # as in the CartPole resume test: event files sort by the second they were opened
+    resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_512.pt"), progress=False))
+    assert "new episodes" not in capsys.readouterr().err
+    for (name, expected), actual in zip(
+        whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
+    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 512]
+    assert resumed.episode_returns == ended_after
