@@ -28,11 +28,13 @@ _registered_by: dict[str, str] = {}
 def resolve_env_id(env_id: str) -> str:
     """An id that gym.make accepts in any process (also in AsyncVectorEnv worker subprocesses started with spawn).
 
-    An id written `module:id`, or registered by gymnasium or by code the caller imported, comes back unchanged.
+    An id written `module:id`, or registered by gymnasium or by code the caller imported (with a class as its entry
+    point), comes back unchanged; one whose entry point names another package comes back as `package:id`.
     Otherwise the installed package that registers it is imported (first the one the id's prefix names, then those
     that require gymnasium) and the id comes back as `module:id`, also on later calls, so workers import it too."""
     if env_id in gym.registry:
-        return f"{_registered_by[env_id]}:{env_id}" if env_id in _registered_by else env_id
+        module = _registered_by.get(env_id) or _entry_point_package(env_id)
+        return f"{module}:{env_id}" if module else env_id
     module, _, name = env_id.rpartition(":")
     if module:
         if not _imports(module):
@@ -44,6 +46,14 @@ def resolve_env_id(env_id: str) -> str:
         if _imports(module) and env_id in gym.registry:
             return f"{_registered_by.get(env_id, module)}:{env_id}"
     raise _unknown(env_id, env_id)
+
+
+def _entry_point_package(env_id: str) -> str | None:
+    """The package of a registered id's entry point where it is not gymnasium's own (a package imported before, by
+    the caller or another part of the program, such as ale_py): a spawned worker must import it too."""
+    entry_point = gym.spec(env_id).entry_point
+    package = entry_point.split(":")[0].split(".")[0] if isinstance(entry_point, str) else None
+    return package if package and package != "gymnasium" else None
 
 
 def _candidate_modules(env_id: str) -> Iterator[str]:

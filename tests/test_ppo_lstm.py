@@ -180,13 +180,13 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, mon
 def test_integer_observations_reach_the_agent_as_float32(tmp_path, monkeypatch, capsys):
     # Taxi-v4's one-hot observations are int64 and a random policy's episodes are truncated at 200 steps: the trial of
     # the NumPy copy and the truncation bootstrap saw them raw, and the normalisation cast its statistics to int64.
-    seen, forward = set(), ppo_lstm.Agent.forward
+    seen, forward = set(), ppo_lstm.RunningNorm.forward
 
-    def recording_forward(self, x, state, episode_starts):
+    def recording_forward(self, x):  # what the normalisation, the network's first layer, is given
         seen.add(x.dtype)
-        return forward(self, x, state, episode_starts)
+        return forward(self, x)
 
-    monkeypatch.setattr(ppo_lstm.Agent, "forward", recording_forward)
+    monkeypatch.setattr(ppo_lstm.RunningNorm, "forward", recording_forward)
     result = ppo_lstm.train(quick_args(tmp_path, env_id="Taxi-v4", num_steps=256, total_timesteps=2048))
     assert 200 in result.episode_lengths  # Taxi-v4 truncates at 200 steps: the bootstrap ran
     assert seen == {torch.float32}
