@@ -187,6 +187,7 @@ class NatureCNN(nn.Module):
         with torch.no_grad():
             conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
         self.linear = nn.Sequential(layer_init(nn.Linear(conv_size, 512)), nn.ReLU())
+        self.convs.to(memory_format=torch.channels_last)  # oneDNN's convolutions: 1.5x faster on a CPU
 
     def channels_first(self, x: Tensor) -> Tensor:
         """A batch of images of this layout as (batch, channels, height, width)."""
@@ -195,6 +196,7 @@ class NatureCNN(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         batch_shape = x.shape[: x.dim() - len(self.image_shape)]
         x = self.channels_first(x.reshape(-1, *self.image_shape)) * self.scale
+        x = x.contiguous(memory_format=torch.channels_last)
         return self.linear(self.convs(x)).reshape(*batch_shape, -1)
 
 
@@ -241,34 +243,31 @@ class Agent(nn.Module):
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
 
-    def features(self, x: Tensor) -> Tensor:
-        """What the actor and critic read at observations `x` (of any dtype): the CNN's features of an image, or the
-        observation as a normalised vector."""
-        return self.obs_norm(self.network(x.float()))
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The actor's output (the logits, or the Gaussian mean) and the value at observations `x` (of any dtype).
+        Both read one hidden vector: the CNN's features of an image (computed once), or the normalised observation."""
+        hidden = self.obs_norm(self.network(x.float()))
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
     def get_value(self, x: Tensor) -> Tensor:
-        return self.critic(self.features(x)).squeeze(-1)
+        return self(x)[1]
 
-    def actor_out(self, x: Tensor) -> Tensor:
-        """The actor's output at observations `x`: the logits, or the Gaussian mean."""
-        return self.actor(self.features(x))
-
-    def distribution(self, x: Tensor) -> Categorical | Normal:
-        """The policy at observations `x`: its one definition, used by the rollout, the update and evaluation."""
-        actor_out = self.actor_out(x)
+    def distribution(self, actor_out: Tensor) -> Categorical | Normal:
+        """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
         if self.discrete:
             return Categorical(logits=actor_out, validate_args=False)  # validating costs more than the network
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
     def get_action_and_value(self, x: Tensor, action: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`."""
-        policy = self.distribution(x)
+        actor_out, value = self(x)
+        policy = self.distribution(actor_out)
         if action is None:
             action = policy.sample()
         if self.discrete:
-            return action, policy.log_prob(action), policy.entropy(), self.get_value(x)
+            return action, policy.log_prob(action), policy.entropy(), value
         # Independent action dimensions: log-probabilities and entropies add up.
-        return action, policy.log_prob(action).sum(-1), policy.entropy().sum(-1), self.get_value(x)
+        return action, policy.log_prob(action).sum(-1), policy.entropy().sum(-1), value
 
     def sampling_noise(self, batch_shape: tuple[int, ...]) -> Tensor:
         """The randomness of `sample` for a batch of observations. A rollout draws all of its steps' in one call."""
@@ -293,13 +292,13 @@ PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[PolicyFunction, bool]:
-    """`Agent.sample(Agent.distribution(obs), noise)` on NumPy arrays, and whether it is a NumPy copy (with
+    """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a NumPy copy (with
     `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the torch policy does on `obs`)."""
     device = next(agent.parameters()).device
 
     @torch.no_grad()
     def torch_act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        policy = agent.distribution(torch.as_tensor(obs, device=device))
+        policy = agent.distribution(agent(torch.as_tensor(obs, device=device))[0])
         return agent.sample(policy, torch.as_tensor(noise, device=device)).cpu().numpy()
 
     def numpy_act() -> PolicyFunction:  # common/stand_in.py
@@ -310,10 +309,10 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
     return (act, True) if act is not None else (torch_act, False)
 
 
-def check_policy(obs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool) -> Tensor:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at `obs`, after checking that the
-    actions are its draws with `noise`."""
-    policy = agent.distribution(obs)
+def check_policy(actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool) -> Tensor:
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
+    `actor_outs`, after checking that the actions are its draws with `noise`."""
+    policy = agent.distribution(actor_outs)
     if agent.discrete:
         stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
         stand_in.check_draws(actions, probs=policy.probs)
@@ -441,8 +440,8 @@ def train(args: Args) -> TrainResult:
             with torch.no_grad():
                 b_obs = torch.as_tensor(obs, device=device).reshape(-1, *obs_shape)
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
-                b_logprobs = check_policy(b_obs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy)
-                b_values = agent.get_value(b_obs)
+                actor_outs, b_values = agent(b_obs)
+                b_logprobs = check_policy(actor_outs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy)
                 values = b_values.reshape(args.num_steps, args.num_envs)
                 next_value = agent.get_value(torch.as_tensor(next_obs_np.astype(obs_dtype), device=device))
                 # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
@@ -560,7 +559,7 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
-        policy = agent.distribution(torch.as_tensor(obs, device=device))
+        policy = agent.distribution(agent(torch.as_tensor(obs, device=device))[0])
         action = evaluation.select_action(policy, args.sampling_method, args.temperature, args.sampling_k)
         return env_action(action.cpu().numpy(), agent.action_space)
 

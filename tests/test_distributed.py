@@ -213,7 +213,7 @@ def test_two_ranks_learn_the_probes(tmp_path, env_id):
     for env, observation in visit_states(env_id):
         x = torch.as_tensor(observation[None], dtype=torch.float32)
         with torch.no_grad():
-            value, policy = agent.get_value(x).item(), agent.distribution(x)
+            value, policy = agent.get_value(x).item(), agent.distribution(agent(x)[0])
         assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
         assert policy.probs[0, env.optimal_action()].item() >= 0.95, observation
 

@@ -110,7 +110,7 @@ def test_sample_draws_from_the_policy_definition(action_space):
         if not agent.discrete:
             agent.actor_logstd.normal_()
         observation = torch.randn(1, 4).expand(100_000, 4)
-        policy = agent.distribution(observation)
+        policy = agent.distribution(agent(observation)[0])
         actions = agent.sample(policy, agent.sampling_noise((100_000,)))
     if agent.discrete:
         frequencies = torch.bincount(actions, minlength=3) / 100_000
@@ -133,8 +133,9 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     assert numpy_copy and not torch_copy
     actions = numpy_policy(observations, noise)
     with torch.no_grad():
-        log_probs = ppo_fc.check_policy(*map(torch.as_tensor, (observations, noise, actions)), agent, True)
-        expected = agent.distribution(torch.as_tensor(observations)).log_prob(torch.as_tensor(actions))
+        actor_outs = agent(torch.as_tensor(observations))[0]
+        log_probs = ppo_fc.check_policy(actor_outs, *map(torch.as_tensor, (noise, actions)), agent, True)
+        expected = agent.distribution(agent(torch.as_tensor(observations))[0]).log_prob(torch.as_tensor(actions))
     torch.testing.assert_close(log_probs, expected if agent.discrete else expected.sum(-1))
     if agent.discrete:
         assert (actions == torch_policy(observations, noise)).mean() > 0.99 and len(np.unique(actions)) > 2
@@ -152,18 +153,19 @@ def test_the_check_stops_actions_that_are_not_the_definitions():
     observations = torch.randn(512, 4)
     noise = agent.sampling_noise((512,))
     with torch.no_grad():
-        actions = agent.sample(agent.distribution(observations), noise)
-        ppo_fc.check_policy(observations, noise, actions, agent, True)
-        colder = torch.argmax(agent.distribution(observations).logits * 2 + noise, -1)
+        actor_outs = agent(observations)[0]
+        actions = agent.sample(agent.distribution(actor_outs), noise)
+        ppo_fc.check_policy(actor_outs, noise, actions, agent, True)
+        colder = torch.argmax(agent.distribution(actor_outs).logits * 2 + noise, -1)
         with pytest.raises(PolicyMismatch, match=r"actions differ.*--no-numpy-rollout"):
-            ppo_fc.check_policy(observations, noise, colder, agent, True)
+            ppo_fc.check_policy(actor_outs, noise, colder, agent, True)
         with pytest.raises(PolicyMismatch, match=r"actions differ.*dropout"):
-            ppo_fc.check_policy(observations, noise, colder, agent, False)
+            ppo_fc.check_policy(actor_outs, noise, colder, agent, False)
         # Actions made with the policy's own rule but another noise are not draws from the policy.
         cold_noise = noise * 0.3
-        cold_actions = agent.sample(agent.distribution(observations), cold_noise)
+        cold_actions = agent.sample(agent.distribution(actor_outs), cold_noise)
         with pytest.raises(PolicyMismatch, match=r"not draws"):
-            ppo_fc.check_policy(observations, cold_noise, cold_actions, agent, True)
+            ppo_fc.check_policy(actor_outs, cold_noise, cold_actions, agent, True)
 
 
 def test_the_update_scores_actions_with_the_distribution():
@@ -174,7 +176,7 @@ def test_the_update_scores_actions_with_the_distribution():
     actions = torch.randint(0, 5, (1000,))
     with torch.no_grad():
         _, log_probs, entropy, _ = agent.get_action_and_value(observations, actions)
-        policy = agent.distribution(observations)
+        policy = agent.distribution(agent(observations)[0])
     torch.testing.assert_close(log_probs, policy.log_prob(actions))
     torch.testing.assert_close(entropy, policy.entropy())
     assert entropy.std() > 0.05  # policies of differing sharpness
@@ -277,10 +279,10 @@ NETWORK_EDITS = {
         "return noise.exponential_().log_().neg_() / 3",
         "stop",
     ),
-    "trunk_before_the_actor": ("self.actor(self.features(x))", "self.actor(self.trunk(self.features(x)))", "torch"),
+    "trunk_before_the_actor": ("return self.actor(hidden),", "return self.actor(self.trunk(hidden)),", "torch"),
     "activation_in_the_actor_output": (
-        "return self.actor(self.features(x))",
-        "return torch.tanh(self.actor(self.features(x)))",
+        "return self.actor(hidden),",
+        "return torch.tanh(self.actor(hidden)),",
         "torch",
     ),
 }
@@ -338,7 +340,7 @@ def agent_at(agent: ppo_fc.Agent, observation: np.ndarray):
     """The agent's value and policy at one observation."""
     x = torch.as_tensor(observation[None], dtype=torch.float32)
     with torch.no_grad():
-        return agent.get_value(x).item(), agent.distribution(x)
+        return agent.get_value(x).item(), agent.distribution(agent(x)[0])
 
 
 @pytest.mark.parametrize(
@@ -474,10 +476,10 @@ def test_evaluation_reads_but_never_updates_the_observation_statistics(tmp_path,
     # The statistics matter: without them the agent would act otherwise, so the equal returns above say something.
     observations = torch.as_tensor(np.random.default_rng(0).normal(0, 0.5, (256, 4)), dtype=torch.float32)
     with torch.no_grad():
-        trained_actions = result.agent.distribution(observations).mode
+        trained_actions = result.agent.distribution(result.agent(observations)[0]).mode
         result.agent.obs_norm.mean.zero_()
         result.agent.obs_norm.var.fill_(1)
-        assert (result.agent.distribution(observations).mode != trained_actions).any()
+        assert (result.agent.distribution(result.agent(observations)[0]).mode != trained_actions).any()
 
 
 @pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
@@ -486,9 +488,9 @@ def test_temperature_sampling_follows_the_tempered_policy(action_space):
     agent = sharp_agent(ppo_fc.Agent)(vectors(4), action_space, 16, norm_obs=False)
     observations = torch.randn(1, 4).expand(50_000, 4)
     with torch.no_grad():
-        policy = agent.distribution(observations[:1])
+        policy = agent.distribution(agent(observations[:1])[0])
         for temperature in (0.5, 2.0):
-            actions = select_action(agent.distribution(observations), "temperature", temperature, 2)
+            actions = select_action(agent.distribution(agent(observations)[0]), "temperature", temperature, 2)
             if agent.discrete:
                 expected = torch.softmax(policy.logits[0] / temperature, -1)
                 assert (expected - policy.probs[0]).abs().max() > 0.05  # a temperature that changes the policy
@@ -725,7 +727,7 @@ def test_a_multidiscrete_action_is_one_choice_of_a_cell_and_is_learnt(tmp_path):
     result = ppo_fc.train(quick_args(tmp_path, env_id="GridCellBandit-v0", total_timesteps=8192, eval_episodes=5))
     assert result.eval_returns == [1.0] * 5
     with torch.no_grad():
-        probabilities = torch.softmax(result.agent.actor_out(torch.zeros(1, 1)), -1)[0]
+        probabilities = torch.softmax(result.agent(torch.zeros(1, 1))[0], -1)[0]
     # Row 2 (the third of 3), column 0 is choice 2 * 2 + 0: the last part varies fastest. Uniform would be 1/6.
     assert probabilities.shape == (6,) and probabilities.argmax() == 4 and probabilities[4] > 2 / 6
 
