@@ -26,7 +26,7 @@ from common import checkpoints, cli, distributed, env_state, evaluation, run_sta
 from common.envs import checked_spaces, flat_observations, training_envs, vector_observations_only
 from common.errors import UsageError, check_finite
 from common.interrupt import GracefulInterrupt
-from common.seeding import seed_and_pick_device
+from common.seeding import seed_and_pick_device, threads_for
 from common.train_result import TrainResult
 from common.trajectories import RolloutRecorder
 
@@ -47,8 +47,8 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, use a GPU when one is available"""
-    torch_threads: int = 1
-    """CPU threads for torch and NumPy's BLAS (0 keeps their defaults)"""
+    torch_threads: int | None = None
+    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
     track: bool = False
     """if toggled, track the run with Weights and Biases (works with WANDB_MODE=offline)"""
     wandb_project_name: str = "onefile-rl"
@@ -275,6 +275,7 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     agent = Agent(int(np.prod(observation_space.shape)), action_space, args.hidden_size).to(device)
     if checkpoint is not None:
         checkpoints.load_weights(agent, checkpoint, args.env_id)
+    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
     return agent
 
 

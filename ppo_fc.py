@@ -35,7 +35,7 @@ from common.envs import (
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.running_norm import RunningNorm
-from common.seeding import seed_and_pick_device
+from common.seeding import seed_and_pick_device, threads_for
 from common.train_result import TrainResult
 from common.trajectories import RolloutRecorder
 
@@ -58,8 +58,8 @@ class Args:
     """if toggled, use a GPU when one is available"""
     dist_backend: str | None = None
     """under torchrun: the process group's backend (default: nccl on a GPU, gloo on the CPU)"""
-    torch_threads: int = 1
-    """CPU threads for torch and NumPy's BLAS (0 keeps their defaults; 1 is fastest for small networks)"""
+    torch_threads: int | None = None
+    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
     track: bool = False
     """if toggled, track the run with Weights and Biases (works with WANDB_MODE=offline)"""
     wandb_project_name: str = "onefile-rl"
@@ -355,6 +355,7 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     agent = Agent(observation_space, action_space, args.hidden_size, args.norm_obs, args.encoder).to(device)
     if checkpoint is not None:
         checkpoints.load_weights(agent, checkpoint, args.env_id)
+    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
     return agent
 
 

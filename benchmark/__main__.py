@@ -345,10 +345,14 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
     return list(jobs.values()), plans
 
 
-def run_job(job: Job, logs: Path) -> Job:
-    """Run the job's process; record how it ended, then what it printed (raw env) or the run it made (the rest)."""
+def run_job(job: Job, logs: Path, threads: int | None = None) -> Job:
+    """Run the job's process, with `threads` as each of its processes' share of the cores (OMP_NUM_THREADS, which the
+    scripts' default --torch-threads reads, where not set already); record how it ended, then what it printed (raw
+    env) or the run it made (the rest)."""
     job.revision, start = git_revision(logs.parent), time.perf_counter()
-    process = subprocess.run(job.command, cwd=REPO, capture_output=True, text=True)
+    environment = {"OMP_NUM_THREADS": str(threads)} if threads else {}
+    environment = {**environment, **os.environ}
+    process = subprocess.run(job.command, cwd=REPO, capture_output=True, text=True, env=environment)
     job.wall_seconds, job.returncode = time.perf_counter() - start, process.returncode
     (logs / f"{job.id}.stdout").write_text(process.stdout)
     (logs / f"{job.id}.stderr").write_text(process.stderr)
@@ -426,13 +430,14 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path, stores: Stores = Stores(
     run that has a store in `stores` is stored there as it ends."""
     waiting = sorted(jobs, key=lambda job: -1 if job.seed is None else job.seed)
     running: dict[Future[Job], int] = {}
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)  # a process's share: no core runs two threads
     done = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         while waiting or running:
             # In order, none skipping ahead: single processes started past a torchrun job could keep it waiting.
             while waiting and sum(running.values()) + workers_taken(waiting[0], workers) <= workers:
                 job = waiting.pop(0)
-                running[pool.submit(run_job, job, logs)] = workers_taken(job, workers)
+                running[pool.submit(run_job, job, logs, threads)] = workers_taken(job, workers)
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 del running[future]

@@ -30,6 +30,7 @@ from benchmark.events import safe_name
 from benchmark.registry import SCRIPTS, load_script, resolve_args
 from common.envs import flat_observations, resolve_env_id
 from common.resident_memory import rss_mb
+from common.seeding import threads_for
 
 
 @dataclass
@@ -146,12 +147,14 @@ def sb3(args: Sb3Args) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     settings = json.loads(args.settings)
-    torch.set_num_threads(settings["torch_threads"])
+    if settings["torch_threads"]:
+        torch.set_num_threads(settings["torch_threads"])
     exp_name = args.label or f"sb3_{args.algo}"
     run_path = Path(args.run_dir) / f"{safe_name(args.env_id)}__{exp_name}__{args.seed}__{int(time.time())}"
     writer = SummaryWriter(str(run_path))
     envs = make_sb3_envs(args.env_id, settings, args.seed)
     model = build_sb3_model(args.algo, settings, envs, args.seed)
+    threads_for(settings["torch_threads"], model.policy)  # left out: by the network, by the scripts' own rule
 
     class Logger(BaseCallback):
         """Every finished episode (Monitor's raw return), and SPS and resident memory about every 512 steps."""

@@ -42,7 +42,7 @@ def floor_agent(name: str, flags: list[str]) -> tuple[ModuleType, Any, torch.nn.
     torch.manual_seed(args.seed)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    return script, args, script.build_agent(args, None, torch.device("cpu"))
+    return script, args, script.build_agent(args, None, torch.device("cpu"))  # which sets the default threads
 
 
 def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -11,18 +12,43 @@ from threadpoolctl import threadpool_limits
 from common import distributed
 
 
-def seed_and_pick_device(seed: int, torch_deterministic: bool, torch_threads: int, cuda: bool) -> torch.device:
-    """Seed python, NumPy and torch, set the CPU threads of torch and of NumPy's BLAS (0 keeps their defaults), and
-    return the device: a GPU when `cuda` and one is available (under torchrun, the local rank's), else the CPU.
+def seed_and_pick_device(seed: int, torch_deterministic: bool, torch_threads: int | None, cuda: bool) -> torch.device:
+    """Seed python, NumPy and torch, set the CPU threads of torch and of NumPy's BLAS (0 keeps their defaults; None
+    leaves them to `threads_for`, once the network is built), and return the device: a GPU when `cuda` and one is
+    available (under torchrun, the local rank's), else the CPU.
 
     NumPy's BLAS counts too: the rollouts' NumPy stand-ins multiply a few rows at a time, and OpenBLAS's own threads
     made an 8-row product 12 times slower (790 against 64 µs) when the cores were shared with other runs."""
     seed_generators(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
     if torch_threads:
-        torch.set_num_threads(torch_threads)
-        threadpool_limits(torch_threads, user_api="blas")
+        _set_threads(torch_threads)
     return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() and cuda else torch.device("cpu")
+
+
+LARGE_LAYER = 256
+"""the width from which a linear layer counts as large for `threads_for`"""
+
+
+def threads_for(torch_threads: int | None, *networks: torch.nn.Module) -> None:
+    """The default of --torch-threads (None), chosen by the network: every core (OMP_NUM_THREADS, where set, as the
+    harness sets it for its parallel jobs) for networks with a convolution or a linear layer of LARGE_LAYER units or
+    more, whose products two threads made 1.3-1.6 times faster; one thread for the others, whose small products gain
+    little or lose (docs/benchmark.md, "Threads"). A number given is kept."""
+    if torch_threads is not None:
+        return
+    modules = [module for network in networks for module in network.modules()]
+    large = any(
+        isinstance(module, torch.nn.Conv2d)
+        or (isinstance(module, torch.nn.Linear) and max(module.in_features, module.out_features) >= LARGE_LAYER)
+        for module in modules
+    )
+    _set_threads(int(os.environ.get("OMP_NUM_THREADS", len(os.sched_getaffinity(0)))) if large else 1)
+
+
+def _set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+    threadpool_limits(threads, user_api="blas")
 
 
 def seed_generators(seed: int) -> None:

@@ -10,6 +10,8 @@ settings.load_profile("default")
 # Headless machines: pygame (classic-control rendering) must not look for a display or audio device.
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+# pytest -n 2 runs two workers on the two cores: one thread each, also where a network's default is every core.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 to end (results.json, figures, failures)."""
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -332,10 +333,11 @@ def test_the_distributed_suites_run_ppo_fc_in_one_and_two_processes_with_the_sam
 
 
 def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_processes(tmp_path, monkeypatch):
-    lock, running, started, peaks = threading.Lock(), [], [], []
+    lock, running, started, peaks, shares = threading.Lock(), [], [], [], set()
 
-    def run_job(job, logs):  # stands in for the process: who runs beside whom
+    def run_job(job, logs, threads):  # stands in for the process: who runs beside whom
         with lock:
+            shares.add(threads)
             running.append(job)
             started.append(job.id)
             peaks.append((len(running), sum(other.nproc for other in running)))
@@ -354,11 +356,13 @@ def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_pr
             jobs.append(job)
         started.clear()
         peaks.clear()
+        shares.clear()
         scheduler = threading.Thread(target=harness.run_jobs, args=(jobs, workers, tmp_path), daemon=True)
         scheduler.start()
         scheduler.join(timeout=10)
         assert not scheduler.is_alive(), f"a job of 2 processes never started with --workers {workers}"
         assert started == [job.id for job in jobs]  # in their order
+        assert shares == {max(1, len(os.sched_getaffinity(0)) // workers)}  # threads: the cores, shared, never more
         if workers == 1:  # a job of 2 processes runs alone, and so does every other
             assert max(count for count, _ in peaks) == 1
         else:

@@ -500,3 +500,25 @@ def test_running_norm_passes_some_features_as_they_are_and_only_scales_others_al
     plain = RunningNorm(4)
     plain.update(torch.as_tensor(batch))
     np.testing.assert_allclose(plain(x)[0], (x[0] - batch.mean(0)) / batch.std(0), rtol=1e-5)
+
+
+def test_the_default_threads_follow_the_network(monkeypatch):
+    import ppo_fc
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # what the harness sets for a job's share of the cores
+    before = torch.get_num_threads()
+    vectors = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    try:
+        seeding.threads_for(None, ppo_fc.Agent(vectors, gym.spaces.Discrete(2), 64, False))
+        assert torch.get_num_threads() == 1  # small products: threads do not pay
+        seeding.threads_for(None, ppo_fc.Agent(image, gym.spaces.Discrete(2), 64, False))
+        assert torch.get_num_threads() == 2  # the CNN: every core of the share
+        seeding.threads_for(
+            None, torch.nn.Sequential(torch.nn.Linear(3, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+        )
+        assert torch.get_num_threads() == 2  # ddpg's 256-unit layers too
+        seeding.threads_for(1, ppo_fc.Agent(image, gym.spaces.Discrete(2), 64, False))
+        assert torch.get_num_threads() == 2  # a number given is kept (seed_and_pick_device set it)
+    finally:
+        torch.set_num_threads(before)
