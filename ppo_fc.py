@@ -168,12 +168,11 @@ def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_con
 
 class NatureCNN(nn.Module):
     """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari.py, on images of `layout` ("hw",
-    "chw" or "hwc"), uint8 ones scaled by 1/255; any leading batch axes."""
+    "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes."""
 
     def __init__(self, image_space: gym.spaces.Box, layout: str):
         super().__init__()
         self.image_shape, self.layout = image_space.shape, layout
-        self.scale = 1 / 255 if image_space.dtype == np.uint8 else 1.0
         channels = {"hw": 1, "chw": self.image_shape[0], "hwc": self.image_shape[-1]}[layout]
         self.convs = nn.Sequential(
             layer_init(nn.Conv2d(channels, 32, 8, stride=4)),
@@ -195,7 +194,7 @@ class NatureCNN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         batch_shape = x.shape[: x.dim() - len(self.image_shape)]
-        x = self.channels_first(x.reshape(-1, *self.image_shape)) * self.scale
+        x = self.channels_first(x.reshape(-1, *self.image_shape)) / 255.0
         x = x.contiguous(memory_format=torch.channels_last)
         return self.linear(self.convs(x)).reshape(*batch_shape, -1)
 

@@ -64,6 +64,7 @@ from benchmark.report import (
 )
 from benchmark.stored import load_run, store_run, stored_path
 from common.errors import UsageError
+from common.seeding import available_cores
 
 REPO = Path(__file__).resolve().parent.parent
 STDERR_TAIL_LINES = 12
@@ -430,7 +431,7 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path, stores: Stores = Stores(
     run that has a store in `stores` is stored there as it ends."""
     waiting = sorted(jobs, key=lambda job: -1 if job.seed is None else job.seed)
     running: dict[Future[Job], int] = {}
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)  # a process's share: no core runs two threads
+    threads = max(1, available_cores() // workers)  # a process's share: no core runs two threads
     done = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         while waiting or running:

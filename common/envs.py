@@ -95,10 +95,10 @@ def _unknown(env_id: str, name: str) -> UsageError:
 
 def flat_observations(env: gym.Env, keep_images: bool = False) -> gym.Env:
     """`env` with a flat 1-D Box observation: Text parts of Dict/Tuple observations left out (one notice line),
-    any non-1-D-Box space flattened with gymnasium's FlattenObservation wrapper; with `keep_images`, an observation
-    of an image's shape (`image_layout`, in any dtype) as it is, for the network to take as an image or flatten."""
+    any non-1-D-Box space flattened with gymnasium's FlattenObservation wrapper; with `keep_images`, an image
+    (`image_layout`) as it is, for the network to take through its CNN or flatten (--encoder mlp)."""
     space = env.observation_space
-    if keep_images and image_layout(space, any_dtype=True):
+    if keep_images and image_layout(space):
         return env
     text = [(path, leaf) for path, leaf in _leaves(space) if _is_text(leaf)]
     if text:
@@ -129,13 +129,12 @@ CNN_MIN_SIDE = 36
 pixel of 36"""
 
 
-def image_layout(space: Space, any_dtype: bool = False) -> str | None:
-    """ "hw", "chw" or "hwc" where `space` is an image, None where it is not. An image is a uint8 Box (of any dtype
-    with `any_dtype`) of rank 2, or of rank 3 with its channels first or last, whose height and width are
-    CNN_MIN_SIDE or more. The channel axis is the end axis under CNN_MIN_SIDE: a rank-3 space with both end axes under
-    it, or neither (a volume), is not an image. So MiniGrid's 7x7x3 symbolic view is not one, and an 84x84 Atari frame
-    stack of 4 is "chw"."""
-    if not isinstance(space, Box) or (space.dtype != np.uint8 and not any_dtype):
+def image_layout(space: Space) -> str | None:
+    """ "hw", "chw" or "hwc" where `space` is an image, None where it is not. An image is a uint8 Box of rank 2, or of
+    rank 3 with its channels first or last, whose height and width are CNN_MIN_SIDE or more. The channel axis is the
+    end axis under CNN_MIN_SIDE: a rank-3 space with both end axes under it, or neither (a volume), is not an image.
+    So MiniGrid's 7x7x3 symbolic view is not one, and an 84x84 Atari frame stack of 4 is "chw"."""
+    if not isinstance(space, Box) or space.dtype != np.uint8:
         return None
     large = tuple(side >= CNN_MIN_SIDE for side in space.shape)  # any other rank matches no layout
     return {(True, True): "hw", (False, True, True): "chw", (True, True, False): "hwc"}.get(large)
@@ -143,14 +142,13 @@ def image_layout(space: Space, any_dtype: bool = False) -> str | None:
 
 def cnn_layout(space: Space, encoder: str) -> str | None:
     """The layout of the image a CNN reads under --encoder, None for an MLP: with "auto", a CNN for an image
-    (`image_layout`); with "mlp", never; with "cnn", for a Box of an image's shape in any dtype (a UsageError for
-    another)."""
+    (`image_layout`); with "mlp", never; with "cnn", always (a UsageError where the observation is not an image)."""
     if encoder == "mlp":
         return None
-    if encoder == "cnn" and image_layout(space, any_dtype=True) is None:
-        rule = f"a Box of rank 2, or 3 with channels first or last, at least {CNN_MIN_SIDE}x{CNN_MIN_SIDE}"
+    if encoder == "cnn" and image_layout(space) is None:
+        rule = f"a uint8 Box of rank 2, or 3 with channels first or last, at least {CNN_MIN_SIDE}x{CNN_MIN_SIDE}"
         raise UsageError(f"--encoder cnn needs an image observation ({rule}), not {space}")
-    return image_layout(space, any_dtype=encoder == "cnn")
+    return image_layout(space)
 
 
 def vector_observations_only(env: gym.Env, script: str) -> gym.Env:

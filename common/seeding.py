@@ -21,6 +21,9 @@ def seed_and_pick_device(seed: int, torch_deterministic: bool, torch_threads: in
     made an 8-row product 12 times slower (790 against 64 µs) when the cores were shared with other runs."""
     seed_generators(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
+    # float32, not TF32, in cuDNN's convolutions: the rollout's actions (a few frames a call) are checked against one
+    # pass over all of them, and TF32's rounding (1e-3 in a log-probability) fails that check once a policy sharpens.
+    torch.backends.cudnn.allow_tf32 = False
     if torch_threads:
         _set_threads(torch_threads)
     return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() and cuda else torch.device("cpu")
@@ -43,7 +46,12 @@ def threads_for(torch_threads: int | None, *networks: torch.nn.Module) -> None:
         or (isinstance(module, torch.nn.Linear) and max(module.in_features, module.out_features) >= LARGE_LAYER)
         for module in modules
     )
-    _set_threads(int(os.environ.get("OMP_NUM_THREADS", len(os.sched_getaffinity(0)))) if large else 1)
+    _set_threads(int(os.environ.get("OMP_NUM_THREADS") or available_cores()) if large else 1)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (all of the machine's where the OS cannot say)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _set_threads(threads: int) -> None:

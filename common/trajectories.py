@@ -146,7 +146,7 @@ class TrajectoryWriter:
         if infos is not None:
             numeric = self._numeric_infos(infos)
             observations = step["observations"]
-            if observations.dtype == np.uint8 and "/final_obs" not in numeric:
+            if observations.dtype == np.uint8 and observations.ndim > 2 and "/final_obs" not in numeric:
                 # Images: final observations at every step, 0 where none (`_final_obs` says), so they stay uint8.
                 numeric["/final_obs"] = np.zeros_like(observations)
                 numeric["/_final_obs"] = np.zeros(self.num_envs, bool)

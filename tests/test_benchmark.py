@@ -2,7 +2,6 @@
 to end (results.json, figures, failures)."""
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, load_script, re
 from benchmark.report import Row, SpeedNumbers, results_table, row_numbers, speed_numbers, speed_table
 from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
 from common.envs import env_spaces, resolve_env_id
+from common.seeding import available_cores
 from common.trajectories import TrajectoryFileError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -362,7 +362,7 @@ def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_pr
         scheduler.join(timeout=10)
         assert not scheduler.is_alive(), f"a job of 2 processes never started with --workers {workers}"
         assert started == [job.id for job in jobs]  # in their order
-        assert shares == {max(1, len(os.sched_getaffinity(0)) // workers)}  # threads: the cores, shared, never more
+        assert shares == {max(1, available_cores() // workers)}  # threads: the cores, shared, never more
         if workers == 1:  # a job of 2 processes runs alone, and so does every other
             assert max(count for count, _ in peaks) == 1
         else:

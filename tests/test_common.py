@@ -522,3 +522,17 @@ def test_the_default_threads_follow_the_network(monkeypatch):
         assert torch.get_num_threads() == 2  # a number given is kept (seed_and_pick_device set it)
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_default_threads_need_no_affinity_call_and_tf32_is_off(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # macOS and Windows have none
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert seeding.available_cores() == os.cpu_count()
+    before = torch.get_num_threads()
+    try:
+        seeding.threads_for(None, torch.nn.Linear(256, 256))
+        assert torch.get_num_threads() == os.cpu_count()
+    finally:
+        torch.set_num_threads(before)
+    seeding.seed_and_pick_device(1, True, 1, cuda=False)
+    assert not torch.backends.cudnn.allow_tf32  # the rollout's checks need float32 convolutions on a GPU

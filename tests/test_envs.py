@@ -274,3 +274,16 @@ def test_spaces_that_cannot_be_flattened_are_named():
         flat_observations(FixedEnv(Sequence(Discrete(2)), None))
     with pytest.raises(UsageError, match="only text parts"):
         flat_observations(FixedEnv(Dict({"mission": Text(5)}), None))
+
+
+def test_images_are_kept_for_the_cnn_and_every_other_box_is_flattened_as_before():
+    class Boxed(gym.Env):
+        action_space = Discrete(2)
+
+        def __init__(self, space):
+            self.observation_space = space
+
+    image, features = Box(0, 255, (3, 40, 40), np.uint8), Box(0.0, 1.0, (40, 40), np.float32)
+    assert flat_observations(Boxed(image), keep_images=True).observation_space == image
+    assert flat_observations(Boxed(image)).observation_space.shape == (4800,)  # the scripts without a CNN
+    assert flat_observations(Boxed(features), keep_images=True).observation_space.shape == (1600,)  # not pixels

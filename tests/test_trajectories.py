@@ -292,3 +292,26 @@ def test_an_info_key_of_one_dtype_in_one_file_and_with_gaps_in_the_next_reads_ba
     data = load_trajectories(tmp_path / "r")
     assert data["/infos/length"].dtype == data["/infos/_length"].dtype == np.float64
     assert data["/infos/length"][0].tolist()[:4] == [0, 1, 2, 3] and np.isnan(data["/infos/length"][0, 4])
+
+
+def test_final_observations_of_images_stay_uint8_and_vectors_keep_nan_where_none(tmp_path):
+    for shape, kept in [((1, 36, 36), True), ((6,), False)]:
+        writer = TrajectoryWriter(num_envs=2)
+        observations = np.zeros((2, *shape), dtype=np.uint8)
+        final = np.array([None, observations[1] + 7], dtype=object)
+        writer.add_step(observations, [0, 1], [0.0, 1.0], [False, True], [False, False], infos={})
+        writer.add_step(
+            observations,
+            [0, 1],
+            [0.0, 1.0],
+            [False, True],
+            [False, False],
+            infos={"final_obs": final, "_final_obs": np.array([False, True])},
+        )
+        data = writer.to_dict()
+        if kept:  # 0 where there is none; `_final_obs` says which steps have one
+            assert data["/infos/final_obs"].dtype == np.uint8 and data["/infos/_final_obs"].tolist() == [
+                [False, False], [False, True]
+            ]  # fmt: skip
+        else:  # a uint8 vector is recorded as before: NaN at the steps without an entry
+            assert np.isnan(data["/infos/final_obs"][:, 0]).all() and (data["/infos/final_obs"][1, 1] == 7).all()
