@@ -65,8 +65,9 @@ class TrajectoryFileError(ValueError):
 def _numeric_info(value: Any, num_envs: int) -> np.ndarray | None:
     """An info entry as a numeric ``(num_envs, ...)`` array, or None when it has no numeric form.
 
-    Object arrays (gymnasium's ``final_obs``) become dense arrays: of integers (uint8 images) in their own dtype with
-    0 for the envs that have no entry (gymnasium's ``_final_obs`` mask says which have one), of floats with NaN.
+    Object arrays (gymnasium's ``final_obs``) become dense arrays: of integer images (uint8 frames) in their own dtype
+    with 0 for the envs that have no entry (gymnasium's ``_final_obs`` mask says which have one), of the rest as floats
+    with NaN.
     """
     if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != num_envs:
         return None
@@ -76,7 +77,7 @@ def _numeric_info(value: Any, num_envs: int) -> np.ndarray | None:
     if not present or any(p.shape != present[0].shape or not np.issubdtype(p.dtype, np.number) for p in present):
         return None
     dtype = present[0].dtype
-    if np.issubdtype(dtype, np.integer) and all(p.dtype == dtype for p in present):
+    if np.issubdtype(dtype, np.integer) and present[0].ndim >= 2 and all(p.dtype == dtype for p in present):
         dense = np.zeros((num_envs, *present[0].shape), dtype=dtype)
     else:
         dense = np.full((num_envs, *present[0].shape), np.nan, dtype=np.result_type(dtype, np.float32))
