@@ -241,3 +241,56 @@ def test_a_checkpoint_writes_the_logs_up_to_it(tmp_path):
     assert checkpoint < 693, "killed after the next logged iteration: the test shows nothing"
     assert json.loads((run / "wandb_run.json").read_text())["last_step"] == 600
     assert [step for step, _ in read_scalars(run)["charts/episodic_return"]] == [600, 600, 600]
+
+
+def assert_whole_in_minari(recording: Path, dataset_id: str) -> None:
+    """The recording's finished episodes, read back by minari.load_dataset: uint8 frames, and each episode's last
+    observation the final one the env reported (the `_final_obs` mask marks it; 0 elsewhere)."""
+    minari = pytest.importorskip("minari")
+    from common.minari_export import export_to_minari
+
+    data = load_trajectories(recording)
+    assert data["/observations"].dtype == data["/infos/final_obs"].dtype == np.uint8
+    export_to_minari(data, dataset_id)
+    finished = [episode for episode in split_episodes(data) if episode.finished]
+    dataset = minari.load_dataset(dataset_id)
+    assert len(dataset) == len(finished) > 0
+    for episode, exported in zip(finished, dataset.iterate_episodes(), strict=True):
+        assert exported.observations.dtype == np.uint8
+        np.testing.assert_array_equal(exported.observations[:-1], episode.data["/observations"])
+        assert episode.data["/infos/_final_obs"][-1]
+        np.testing.assert_array_equal(exported.observations[-1], episode.data["/infos/final_obs"][-1])
+
+
+def test_image_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    # Killed: the files written before the kill read back, frames and final frames uint8.
+    killed = tmp_path / "killed"
+    flags = ["--env-id", "ImageMemory-v0", "--total-timesteps", "200000", "--run-dir", str(tmp_path / "runs")]
+    flags += ["--no-progress", "--save-trajectories", str(killed)]
+    process = subprocess.Popen([sys.executable, "ppo_fc.py", *flags], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    stop_when(process, lambda: len(list(killed.glob("steps_*.npz"))) >= 2)
+    assert_whole_in_minari(killed, "images/killed-v0")
+    # A clean end, on Atari: games of several episodes (lives), compressed frames.
+    pytest.importorskip("ale_py")
+    clean, runs = tmp_path / "clean", tmp_path / "atari"
+    flags = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--total-timesteps", "1024"]
+    flags += ["--run-dir", str(runs), "--no-progress", "--eval-episodes", "0", "--save-trajectories", str(clean)]
+    assert run_script("ppo_fc.py", *flags).returncode == 0
+    assert_whole_in_minari(clean, "breakout/clean-v0")
+
+
+def test_an_atari_checkpoint_evaluates_whole_games_in_a_fresh_process(tmp_path):
+    pytest.importorskip("ale_py")
+    runs = tmp_path / "runs"
+    flags = ["--env-id", "ALE/Breakout-v5", "--num-envs", "2", "--total-timesteps", "512", "--run-dir", str(runs)]
+    assert run_script("ppo_fc.py", *flags, "--no-progress", "--eval-episodes", "0").returncode == 0
+    (run,) = runs.iterdir()
+    flags = ["--eval-checkpoint", str(run / "checkpoints" / "latest.pt"), "--eval-episodes", "2"]
+    evaluated = run_script("ppo_fc.py", *flags, "--sampling-method", "basic", "--run-dir", str(tmp_path / "eval"))
+    assert evaluated.returncode == 0, evaluated.stderr
+    (eval_run,) = (tmp_path / "eval").iterdir()
+    returns = [value for _, value in read_scalars(eval_run)["eval/episodic_return"]]
+    lengths = [value for _, value in read_scalars(eval_run)["eval/episodic_length"]]
+    assert len(returns) == 2 and all(value == int(value) >= 0 for value in returns)  # raw scores of whole games
+    assert min(lengths) > 100  # five lives of a random-ish Breakout agent: a single life is shorter
