@@ -218,27 +218,25 @@ class Agent(nn.Module):
             self.obs_norm = nn.Identity()
             self.critic = layer_init(nn.Linear(512, 1), std=1.0)
             self.actor = layer_init(nn.Linear(512, self.action_size), std=0.01)
-            if not self.discrete:
-                self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
-            return
-        observation_size = int(np.prod(observation_space.shape))
-        # An image taken as a vector (--encoder mlp) is flattened; a vector stays as it is.
-        self.network = nn.Flatten(start_dim=-len(observation_space.shape))
-        self.obs_norm = RunningNorm(observation_size) if norm_obs else nn.Identity()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(observation_size, hidden_size)),
-            nn.Tanh(),
-            layer_init(nn.Linear(hidden_size, hidden_size)),
-            nn.Tanh(),
-            layer_init(nn.Linear(hidden_size, 1), std=1.0),
-        )
-        self.actor = nn.Sequential(  # logits (discrete) or the Gaussian mean (continuous)
-            layer_init(nn.Linear(observation_size, hidden_size)),
-            nn.Tanh(),
-            layer_init(nn.Linear(hidden_size, hidden_size)),
-            nn.Tanh(),
-            layer_init(nn.Linear(hidden_size, self.action_size), std=0.01),
-        )
+        else:
+            observation_size = int(np.prod(observation_space.shape))
+            # An image taken as a vector (--encoder mlp) is flattened; a vector stays as it is.
+            self.network = nn.Flatten(start_dim=-len(observation_space.shape))
+            self.obs_norm = RunningNorm(observation_size) if norm_obs else nn.Identity()
+            self.critic = nn.Sequential(
+                layer_init(nn.Linear(observation_size, hidden_size)),
+                nn.Tanh(),
+                layer_init(nn.Linear(hidden_size, hidden_size)),
+                nn.Tanh(),
+                layer_init(nn.Linear(hidden_size, 1), std=1.0),
+            )
+            self.actor = nn.Sequential(  # logits (discrete) or the Gaussian mean (continuous)
+                layer_init(nn.Linear(observation_size, hidden_size)),
+                nn.Tanh(),
+                layer_init(nn.Linear(hidden_size, hidden_size)),
+                nn.Tanh(),
+                layer_init(nn.Linear(hidden_size, self.action_size), std=0.01),
+            )
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
 
