@@ -255,9 +255,9 @@ def test_recorded_log_probs_and_values_are_the_acting_agents(tmp_path, env_id):
 NETWORK_EDITS = {
     "relu": ("nn.Tanh()", "nn.ReLU()", "numpy"),
     "layer_norm": (
-        "            nn.Tanh(),\n            layer_init(nn.Linear(hidden_size, self.action_size)",
-        "            nn.LayerNorm(hidden_size),\n            nn.Tanh(),\n"
-        "            layer_init(nn.Linear(hidden_size, self.action_size)",
+        "                nn.Tanh(),\n                layer_init(nn.Linear(hidden_size, self.action_size)",
+        "                nn.LayerNorm(hidden_size),\n                nn.Tanh(),\n"
+        "                layer_init(nn.Linear(hidden_size, self.action_size)",
         "numpy",
     ),
     "scaled_linear_subclass": (
@@ -299,7 +299,7 @@ def test_an_edited_copy_acts_with_its_own_policy_or_stops(tmp_path, monkeypatch,
     if edit == "trunk_before_the_actor":
         trunk = "self.trunk = nn.Sequential(nn.Linear(observation_size, observation_size), nn.Tanh())"
         source = source.replace(
-            "        self.actor = nn.Sequential(", f"        {trunk}\n        self.actor = nn.Sequential("
+            "            self.actor = nn.Sequential(", f"            {trunk}\n            self.actor = nn.Sequential("
         )
     (tmp_path / "copy").mkdir()
     (tmp_path / "copy" / "ppo_fc.py").write_text(source)
