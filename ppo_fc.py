@@ -24,12 +24,18 @@ from torch.utils.tensorboard import SummaryWriter
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import atari, checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
 from common.envs import (
+    IMAGE,
+    VECTOR,
     checked_spaces,
     cnn_layout,
     env_action,
     flat_observations,
-    image_layout,
     joint_actions,
+    observation_at,
+    observation_map,
+    observation_tensor,
+    observation_zeros,
+    store_observation,
     training_envs,
 )
 from common.errors import PolicyMismatch, UsageError, check_finite
@@ -155,7 +161,7 @@ def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folde
             env = gym.make(env_id, **atari.make_kwargs(env_id))
         env = atari.preprocessed(env, frame_stack=4)  # CleanRL's Atari wrappers (only for Atari games)
         # per env: vector observation wrappers refuse SAME_STEP autoreset
-        return joint_actions(flat_observations(env, keep_images=True))
+        return joint_actions(flat_observations(env, keep_images=True, image_parts=True))
 
     return thunk
 
@@ -168,9 +174,10 @@ def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_con
 
 class NatureCNN(nn.Module):
     """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari.py, on images of `layout` ("hw",
-    "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes."""
+    "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. A vector of `vector_size` (a Dict observation's
+    other parts) joins the convolutions' output, so that the 512 units can combine the two."""
 
-    def __init__(self, image_space: gym.spaces.Box, layout: str):
+    def __init__(self, image_space: gym.spaces.Box, layout: str, vector_size: int = 0):
         super().__init__()
         self.image_shape, self.layout = image_space.shape, layout
         channels = {"hw": 1, "chw": self.image_shape[0], "hwc": self.image_shape[-1]}[layout]
@@ -185,18 +192,20 @@ class NatureCNN(nn.Module):
         )
         with torch.no_grad():
             conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
-        self.linear = nn.Sequential(layer_init(nn.Linear(conv_size, 512)), nn.ReLU())
+        self.linear = nn.Sequential(layer_init(nn.Linear(conv_size + vector_size, 512)), nn.ReLU())
         self.convs.to(memory_format=torch.channels_last)  # oneDNN's convolutions: 1.5x faster on a CPU
 
     def channels_first(self, x: Tensor) -> Tensor:
         """A batch of images of this layout as (batch, channels, height, width)."""
         return x.unsqueeze(1) if self.layout == "hw" else x.permute(0, 3, 1, 2) if self.layout == "hwc" else x
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, vector: Tensor | None = None) -> Tensor:
         batch_shape = x.shape[: x.dim() - len(self.image_shape)]
         x = self.channels_first(x.reshape(-1, *self.image_shape)) / 255.0
-        x = x.contiguous(memory_format=torch.channels_last)
-        return self.linear(self.convs(x)).reshape(*batch_shape, -1)
+        x = self.convs(x.contiguous(memory_format=torch.channels_last))
+        if vector is not None:
+            x = torch.cat([x, vector.reshape(len(x), -1)], -1)
+        return self.linear(x).reshape(*batch_shape, -1)
 
 
 class Agent(nn.Module):
@@ -212,16 +221,22 @@ class Agent(nn.Module):
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
-        layout = cnn_layout(observation_space, encoder)
-        if layout is not None:  # ppo_atari.py's agent: one CNN trunk, then a linear actor and critic
-            self.network = NatureCNN(observation_space, layout)
-            self.obs_norm = nn.Identity()
+        # A Dict observation is an image and a vector (common.envs.image_and_vector): the vector joins the image's
+        # CNN features (or, with --encoder mlp, its flattened pixels).
+        self.parts = isinstance(observation_space, gym.spaces.Dict)
+        image_space = observation_space[IMAGE] if self.parts else observation_space
+        vector_size = int(np.prod(observation_space[VECTOR].shape)) if self.parts else 0
+        layout = cnn_layout(image_space, encoder)
+        self.cnn = layout is not None
+        if self.cnn:  # ppo_atari.py's agent: one CNN trunk, then a linear actor and critic
+            self.network = NatureCNN(image_space, layout, vector_size)
+            self.obs_norm = RunningNorm(vector_size) if norm_obs and vector_size else nn.Identity()  # not the image
             self.critic = layer_init(nn.Linear(512, 1), std=1.0)
             self.actor = layer_init(nn.Linear(512, self.action_size), std=0.01)
         else:
-            observation_size = int(np.prod(observation_space.shape))
+            observation_size = int(np.prod(image_space.shape)) + vector_size
             # An image taken as a vector (--encoder mlp) is flattened; a vector stays as it is.
-            self.network = nn.Flatten(start_dim=-len(observation_space.shape))
+            self.network = nn.Flatten(start_dim=-len(image_space.shape))
             self.obs_norm = RunningNorm(observation_size) if norm_obs else nn.Identity()
             self.critic = nn.Sequential(
                 layer_init(nn.Linear(observation_size, hidden_size)),
@@ -240,11 +255,24 @@ class Agent(nn.Module):
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor | dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """The actor's output (the logits, or the Gaussian mean) and the value at observations `x` (of any dtype).
-        Both read one hidden vector: the CNN's features of an image (computed once), or the normalised observation."""
-        hidden = self.obs_norm(self.network(x.float()))
+        Both read one hidden vector: the CNN's features of an image (computed once; a Dict's normalised vector joins
+        its 512 units), or the normalised observation."""
+        if self.cnn and self.parts:
+            hidden = self.network(x[IMAGE].float(), self.obs_norm(x[VECTOR]))
+        else:
+            hidden = self.obs_norm(self.normalised_part(x))
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
+
+    def normalised_part(self, x: Tensor | dict[str, Tensor]) -> Tensor:
+        """What `obs_norm` normalises: a Dict's vector with the CNN, else the observation as one vector (an image's
+        pixels flattened with --encoder mlp, a Dict's vector after them)."""
+        if not self.parts:
+            return self.network(x.float())
+        if self.cnn:
+            return x[VECTOR]
+        return torch.cat([self.network(x[IMAGE].float()), x[VECTOR]], -1)
 
     def get_value(self, x: Tensor) -> Tensor:
         return self(x)[1]
@@ -295,7 +323,7 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
 
     @torch.no_grad()
     def torch_act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        policy = agent.distribution(agent(torch.as_tensor(obs, device=device))[0])
+        policy = agent.distribution(agent(observation_tensor(obs, device))[0])
         return agent.sample(policy, torch.as_tensor(noise, device=device)).cpu().numpy()
 
     def numpy_act() -> PolicyFunction:  # common/stand_in.py
@@ -383,11 +411,10 @@ def train(args: Args) -> TrainResult:
     combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
 
     # Rollout storage, in NumPy: filled step by step without conversions. Images stay uint8 until the network.
-    obs_shape = envs.single_observation_space.shape
+    observation_space = envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
-    obs_dtype = np.uint8 if image_layout(envs.single_observation_space) else np.float32
-    obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=obs_dtype)
-    final_obs = np.zeros_like(obs)  # where an episode was truncated: its real last observation
+    obs = observation_zeros(observation_space, args.num_steps, args.num_envs)  # float32, or uint8 for images
+    final_obs = observation_map(np.zeros_like, obs)  # where an episode was truncated: its real last observation
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations, truncations = np.zeros((2, args.num_steps, args.num_envs), dtype=bool)
@@ -404,6 +431,9 @@ def train(args: Args) -> TrainResult:
         log.flush(global_step)  # and the logs up to the checkpoint
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
+    def as_stored(observation: np.ndarray | dict) -> np.ndarray | dict:
+        return observation_map(lambda part, stored: part.astype(stored.dtype), observation, obs)
+
     saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     with GracefulInterrupt() as interrupt, closing(envs), log:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -415,14 +445,15 @@ def train(args: Args) -> TrainResult:
             # The rollout only acts; log-probs and values come after it, from one torch pass over all its steps.
             # As the rollout stores them: float32 integer observations (one-hot, MiniGrid's) would not normalise.
             # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-            numpy_rollout = args.numpy_rollout and len(obs_shape) == 1
-            act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs_np.astype(obs_dtype))
+            numpy_rollout = args.numpy_rollout and not agent.parts and len(observation_space.shape) == 1
+            act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored(next_obs_np))
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np = noise.cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
-                obs[step] = env_obs = next_obs_np  # the env's, in its dtype, for the recorder
-                actions[step] = act(obs[step], noise_np[step])
+                store_observation(obs, step, next_obs_np)
+                env_obs = next_obs_np  # the env's, in its dtype, for the recorder
+                actions[step] = act(observation_at(obs, step), noise_np[step])
                 sent_action = env_action(actions[step], agent.action_space)
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
@@ -431,22 +462,23 @@ def train(args: Args) -> TrainResult:
                 recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
 
                 if args.bootstrap_truncation and truncated.any():
-                    final_obs[step, truncated] = np.stack(infos["final_obs"][truncated])
+                    last_obs = observation_map(lambda *parts: np.stack(parts), *infos["final_obs"][truncated])
+                    store_observation(final_obs, (step, truncated), last_obs)
                 log.episodes.record(infos, global_step)
             combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             with torch.no_grad():
-                b_obs = torch.as_tensor(obs, device=device).reshape(-1, *obs_shape)
+                b_obs = observation_map(lambda part: torch.as_tensor(part, device=device).flatten(0, 1), obs)
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
                 actor_outs, b_values = agent(b_obs)
                 b_logprobs = check_policy(actor_outs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy)
                 values = b_values.reshape(args.num_steps, args.num_envs)
-                next_value = agent.get_value(torch.as_tensor(next_obs_np.astype(obs_dtype), device=device))
+                next_value = agent.get_value(observation_tensor(as_stored(next_obs_np), device))
                 # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
                 final_values = np.zeros_like(rewards)
                 truncated_only = truncations & ~terminations
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = torch.as_tensor(final_obs[truncated_only], device=device)
+                    last_obs = observation_tensor(observation_at(final_obs, truncated_only), device)
                     final_values[truncated_only] = agent.get_value(last_obs).cpu().numpy()
                 advantages = compute_gae(
                     rewards, values.cpu().numpy(), next_value.cpu().numpy(), terminations, truncations, final_values,
@@ -466,7 +498,8 @@ def train(args: Args) -> TrainResult:
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
                 for i, mb_inds in enumerate(minibatches):
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    mb_obs = observation_at(b_obs, mb_inds)
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())
@@ -504,9 +537,9 @@ def train(args: Args) -> TrainResult:
                     if approx_kl > args.target_kl:
                         break
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-            if isinstance(agent.obs_norm, RunningNorm):  # --norm-obs, not for a CNN
+            if isinstance(agent.obs_norm, RunningNorm):  # --norm-obs, never of an image through the CNN
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
-                agent.obs_norm.merge(*distributed.moments(agent.network(b_obs.float())))  # all ranks' observations
+                agent.obs_norm.merge(*distributed.moments(agent.normalised_part(b_obs)))  # all ranks' observations
             update_seconds = time.time() - update_start
 
             var_y = np.var(b_returns.cpu().numpy())
@@ -557,7 +590,7 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
-        policy = agent.distribution(agent(torch.as_tensor(obs, device=device))[0])
+        policy = agent.distribution(agent(observation_tensor(obs, device))[0])
         action = evaluation.select_action(policy, args.sampling_method, args.temperature, args.sampling_k)
         return env_action(action.cpu().numpy(), agent.action_space)
 

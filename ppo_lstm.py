@@ -24,12 +24,18 @@ from torch.utils.tensorboard import SummaryWriter
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import atari, checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
 from common.envs import (
+    IMAGE,
+    VECTOR,
     checked_spaces,
     cnn_layout,
     env_action,
     flat_observations,
-    image_layout,
     joint_actions,
+    observation_at,
+    observation_map,
+    observation_tensor,
+    observation_zeros,
+    store_observation,
     training_envs,
 )
 from common.errors import PolicyMismatch, UsageError, check_finite
@@ -167,7 +173,7 @@ def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folde
             env, frame_stack=1
         )  # CleanRL's Atari wrappers (only for Atari games); the LSTM remembers
         # per env: vector observation wrappers refuse SAME_STEP autoreset
-        return joint_actions(flat_observations(env, keep_images=True))
+        return joint_actions(flat_observations(env, keep_images=True, image_parts=True))
 
     return thunk
 
@@ -234,9 +240,10 @@ class TrainingSequences:
 
 class NatureCNN(nn.Module):
     """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari_lstm.py, on images of `layout`
-    ("hw", "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes."""
+    ("hw", "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. A vector of `vector_size` (a Dict
+    observation's other parts) joins the convolutions' output, so that the 512 units can combine the two."""
 
-    def __init__(self, image_space: gym.spaces.Box, layout: str):
+    def __init__(self, image_space: gym.spaces.Box, layout: str, vector_size: int = 0):
         super().__init__()
         self.image_shape, self.layout = image_space.shape, layout
         channels = {"hw": 1, "chw": self.image_shape[0], "hwc": self.image_shape[-1]}[layout]
@@ -251,18 +258,20 @@ class NatureCNN(nn.Module):
         )
         with torch.no_grad():
             conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
-        self.linear = nn.Sequential(layer_init(nn.Linear(conv_size, 512)), nn.ReLU())
+        self.linear = nn.Sequential(layer_init(nn.Linear(conv_size + vector_size, 512)), nn.ReLU())
         self.convs.to(memory_format=torch.channels_last)  # oneDNN's convolutions: 1.5x faster on a CPU
 
     def channels_first(self, x: Tensor) -> Tensor:
         """A batch of images of this layout as (batch, channels, height, width)."""
         return x.unsqueeze(1) if self.layout == "hw" else x.permute(0, 3, 1, 2) if self.layout == "hwc" else x
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, vector: Tensor | None = None) -> Tensor:
         batch_shape = x.shape[: x.dim() - len(self.image_shape)]
         x = self.channels_first(x.reshape(-1, *self.image_shape)) / 255.0
-        x = x.contiguous(memory_format=torch.channels_last)
-        return self.linear(self.convs(x)).reshape(*batch_shape, -1)
+        x = self.convs(x.contiguous(memory_format=torch.channels_last))
+        if vector is not None:
+            x = torch.cat([x, vector.reshape(len(x), -1)], -1)
+        return self.linear(x).reshape(*batch_shape, -1)
 
 
 class Core(nn.Module):
@@ -274,10 +283,13 @@ class Core(nn.Module):
         layers: int,
     ):  # fmt: skip
         super().__init__()
+        parts = isinstance(observation_space, gym.spaces.Dict)  # an image and a vector (common.envs.image_and_vector)
+        image_space = observation_space[IMAGE] if parts else observation_space
+        vector_size = int(np.prod(observation_space[VECTOR].shape)) if parts else 0
         if layout is not None:  # ppo_atari_lstm.py's: the CNN's 512 features feed the cell
-            self.encoder, encoder_size = NatureCNN(observation_space, layout), 512
+            self.encoder, encoder_size = NatureCNN(image_space, layout, vector_size), 512
         else:
-            observation_size = int(np.prod(observation_space.shape))
+            observation_size = int(np.prod(image_space.shape)) + vector_size
             self.encoder = nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh())
             encoder_size = hidden_size
         self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(encoder_size, rnn_hidden_size, layers)
@@ -292,7 +304,7 @@ class Core(nn.Module):
     def forward(self, x: Tensor, state: Tensor, segments: Segments | None) -> tuple[Tensor, Tensor | None]:
         """The cell's output along `x` (T, B, obs...) from `state` (layers, B, state size), cut into `segments`; for one
         step (`segments` None) also the state after it."""
-        features = self.encoder(x)
+        features = self.encoder(x[IMAGE], x[VECTOR]) if isinstance(x, dict) else self.encoder(x)
         if segments is None:
             output, next_state = self.rnn(features, self.cell_state(state))
             return output, self.flat_state(next_state)
@@ -316,11 +328,17 @@ class Agent(nn.Module):
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
-        layout = cnn_layout(observation_space, args.encoder)
         # An image goes to the CNN as it is; a vector, or an image taken as one (--encoder mlp), flat and normalised.
+        # A Dict observation is an image and a vector (common.envs.image_and_vector): the vector, normalised, joins
+        # the image's CNN features (or, with --encoder mlp, its flattened pixels).
+        self.parts = isinstance(observation_space, gym.spaces.Dict)
+        image_space = observation_space[IMAGE] if self.parts else observation_space
+        vector_size = int(np.prod(observation_space[VECTOR].shape)) if self.parts else 0
+        layout = cnn_layout(image_space, args.encoder)
+        self.cnn = layout is not None
         self.flatten = nn.Identity() if layout else nn.Flatten(start_dim=2)  # after the (T, B) axes
-        observation_size = int(np.prod(observation_space.shape))
-        self.obs_norm = RunningNorm(observation_size) if args.norm_obs and not layout else nn.Identity()
+        normalised_size = vector_size if layout else int(np.prod(image_space.shape)) + vector_size
+        self.obs_norm = RunningNorm(normalised_size) if args.norm_obs and normalised_size else nn.Identity()
         core = (observation_space, layout, args.hidden_size, args.rnn_type, args.rnn_hidden_size, args.rnn_layers)
         self.core = Core(*core)
         self.critic_core = None if args.shared_core else Core(*core)
@@ -343,9 +361,12 @@ class Agent(nn.Module):
     def forward(self, x: Tensor, state: Tensor, episode_starts: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """Along observations `x` (T, B, obs) from `state` (layers, B, state size), zero wherever `episode_starts`
         (T, B): the actor's output and the value at each step; for one step (T = 1) also the state after it."""
-        x = self.obs_norm(self.flatten(x.float()))
+        if self.parts and self.cnn:
+            x = {IMAGE: x[IMAGE], VECTOR: self.obs_norm(x[VECTOR])}
+        else:
+            x = self.obs_norm(self.normalised_part(x))
         state = state * ~episode_starts[0, None, :, None]
-        segments = Segments(episode_starts) if len(x) > 1 else None
+        segments = Segments(episode_starts) if len(episode_starts) > 1 else None
         actor_hidden, next_state = self.core(x, state[..., : self.core.state_size], segments)
         critic_hidden = actor_hidden
         if self.critic_core is not None:
@@ -353,12 +374,23 @@ class Agent(nn.Module):
             next_state = torch.cat([next_state, critic_state], -1) if segments is None else None
         return self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state
 
+    def normalised_part(self, x: Tensor | dict[str, Tensor]) -> Tensor:
+        """What `obs_norm` normalises: a Dict's vector with the CNN, else the observation flat (an image as it is for
+        the CNN, its pixels flattened with --encoder mlp, then a Dict's vector)."""
+        if not self.parts:
+            return self.flatten(x.float())
+        if self.cnn:
+            return x[VECTOR]
+        return torch.cat([self.flatten(x[IMAGE].float()), x[VECTOR]], -1)
+
     @torch.no_grad()
-    def bootstrap_value(self, obs: np.ndarray, state: np.ndarray) -> np.ndarray:
+    def bootstrap_value(self, obs: np.ndarray | dict, state: np.ndarray) -> np.ndarray:
         """The values of a batch of observations, each one step on from its `state` (which the caller resets)."""
         device = next(self.parameters()).device
-        x, state = torch.as_tensor(obs, device=device)[None], torch.as_tensor(state, device=device)
-        return self(x, state, torch.zeros(x.shape[:2], dtype=torch.bool, device=device))[1][0].cpu().numpy()
+        x = observation_map(lambda part: part[None], observation_tensor(obs, device))
+        state = torch.as_tensor(state, device=device)
+        starts = torch.zeros(1, state.shape[1], dtype=torch.bool, device=device)
+        return self(x, state, starts)[1][0].cpu().numpy()
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
@@ -402,7 +434,8 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
     @torch.no_grad()
     def torch_step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
         as_tensor = lambda array: torch.as_tensor(array, device=device)  # noqa: E731
-        actor_out, _, next_state = agent(as_tensor(obs)[None], as_tensor(state), as_tensor(starts)[None])
+        x = observation_map(lambda part: part[None], observation_tensor(obs, device))
+        actor_out, _, next_state = agent(x, as_tensor(state), as_tensor(starts)[None])
         action = agent.sample(agent.distribution(actor_out[0]), as_tensor(noise))
         return action.cpu().numpy(), next_state.cpu().numpy()
 
@@ -506,10 +539,9 @@ def train(args: Args) -> TrainResult:
     combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
 
     # Rollout storage, (num_steps, num_envs, ...). Images stay uint8 until the network.
-    obs_shape = envs.single_observation_space.shape
+    observation_space = envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
-    obs_dtype = np.uint8 if image_layout(envs.single_observation_space) else np.float32
-    obs = np.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=obs_dtype)
+    obs = observation_zeros(observation_space, args.num_steps, args.num_envs)  # float32, or uint8 for images
     final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)  # where an episode was truncated
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations, truncations, episode_starts = np.zeros((3, args.num_steps, args.num_envs), dtype=bool)
@@ -545,16 +577,18 @@ def train(args: Args) -> TrainResult:
             # The rollout only acts: log-probs and values come after it, from one torch pass along its sequences.
             # (Observations as stored: float32 integer ones, one-hot or MiniGrid's, would not normalise.)
             # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-            numpy_rollout = args.numpy_rollout and len(obs_shape) == 1
-            act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs_np.astype(obs_dtype))
+            numpy_rollout = args.numpy_rollout and not agent.parts and len(observation_space.shape) == 1
+            as_stored = observation_map(lambda part, stored: part.astype(stored.dtype), next_obs_np, obs)
+            act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored)
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np, initial_state = noise.cpu().numpy(), rnn_state.copy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
-                obs[step], episode_starts[step] = next_obs_np, next_starts
+                store_observation(obs, step, next_obs_np)
+                episode_starts[step] = next_starts
                 env_obs = next_obs_np  # the env's, in its dtype, for the recorder
                 states[step] = rnn_state * ~next_starts[None, :, None]
-                actions[step], rnn_state = act(obs[step], rnn_state, next_starts, noise_np[step])
+                actions[step], rnn_state = act(observation_at(obs, step), rnn_state, next_starts, noise_np[step])
                 sent_action = env_action(actions[step], agent.action_space)
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
@@ -565,14 +599,14 @@ def train(args: Args) -> TrainResult:
                 # Truncated episodes bootstrap from the value of their last observation, seen with their memory.
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = np.stack(infos["final_obs"][truncated_only])
+                    last_obs = observation_map(lambda *parts: np.stack(parts), *infos["final_obs"][truncated_only])
                     final_values[step, truncated_only] = agent.bootstrap_value(last_obs, rnn_state[:, truncated_only])
                 next_starts = terminated | truncated
                 log.episodes.record(infos, global_step)
             combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             with torch.no_grad():
-                t_obs, t_starts = torch.as_tensor(obs, device=device), torch.as_tensor(episode_starts, device=device)
+                t_obs, t_starts = observation_tensor(obs, device), torch.as_tensor(episode_starts, device=device)
                 t_actions, t_states = torch.as_tensor(actions, device=device), torch.as_tensor(states, device=device)
                 actor_outs, values, _ = agent(t_obs, torch.as_tensor(initial_state, device=device), t_starts)
                 logprobs = check_policy(agent, actor_outs, noise, t_actions, numpy_copy)
@@ -589,7 +623,7 @@ def train(args: Args) -> TrainResult:
             rollout_seconds = time.time() - rollout_start
 
             update_start = time.time()
-            s_obs, s_starts, s_actions = sequences(t_obs), sequences(t_starts), sequences(t_actions)
+            s_obs, s_starts, s_actions = observation_map(sequences, t_obs), sequences(t_starts), sequences(t_actions)
             s_states = sequences.initial_states(t_states)
             s_logprobs, s_actor_outs = sequences(logprobs), sequences(actor_outs)
             s_values, s_advantages, s_returns = sequences(values), sequences(advantages), sequences(returns)
@@ -600,7 +634,8 @@ def train(args: Args) -> TrainResult:
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(s_advantages[:, minibatches].transpose(0, 1))
                 for i, mb in enumerate(minibatches):
-                    actor_out, newvalue, _ = agent(s_obs[:, mb], s_states[:, mb], s_starts[:, mb])
+                    mb_obs = observation_at(s_obs, np.s_[:, mb])
+                    actor_out, newvalue, _ = agent(mb_obs, s_states[:, mb], s_starts[:, mb])
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's on these sequences
                         recorded = (s_actor_outs[:, mb], s_values[:, mb])
                         check_replay(s_states[:, mb], s_starts[:, mb], (actor_out, newvalue), recorded)
@@ -642,9 +677,9 @@ def train(args: Args) -> TrainResult:
                     if approx_kl > args.target_kl:
                         break
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-            if isinstance(agent.obs_norm, RunningNorm):  # --norm-obs, not for a CNN
+            if isinstance(agent.obs_norm, RunningNorm):  # --norm-obs, never of an image through the CNN
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
-                flat_obs = agent.flatten(s_obs.float()).flatten(0, 1)
+                flat_obs = agent.normalised_part(s_obs).flatten(0, 1)
                 agent.obs_norm.merge(*distributed.moments(flat_obs))  # all ranks' observations
             update_seconds = time.time() - update_start
 
@@ -723,7 +758,7 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> tuple[np.ndarray, dict]:
         nonlocal state
-        obs_tensor = torch.as_tensor(obs, device=device)[None]
+        obs_tensor = observation_map(lambda part: part[None], observation_tensor(obs, device))
         starts = torch.as_tensor(episode_starts, device=device)[None]
         acted_from = state * ~starts[0, None, :, None]
         actor_out, _, state = agent(obs_tensor, state, starts)

@@ -24,8 +24,23 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
-from common.envs import checked_spaces, env_action, flat_observations, joint_actions, training_envs
+from common import atari, checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
+from common.envs import (
+    IMAGE,
+    VECTOR,
+    checked_spaces,
+    cnn_layout,
+    env_action,
+    flat_observations,
+    image_layout,
+    joint_actions,
+    observation_at,
+    observation_map,
+    observation_tensor,
+    observation_zeros,
+    store_observation,
+    training_envs,
+)
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.running_norm import RunningNorm
@@ -127,7 +142,7 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = True
-    """if toggled, normalise the env's observations by running statistics, not the previous action"""
+    """if toggled, normalise the env's observations by running statistics, not the previous action (not images: /255)"""
     norm_reward: bool = True
     """if toggled, scale rewards by the running std of the discounted return (docs/ppo_transformer.md)"""
     norm_reward_clip: float = 10.0
@@ -142,11 +157,14 @@ class Args:
     """K: each step attends to itself and the K - 1 steps before it in its episode, in every layer"""
     prev_action_reward: bool = True
     """if toggled, each observation carries the previous action and reward (zeros at an episode's first step)"""
+    encoder: Literal["auto", "mlp", "cnn"] = "auto"
+    """auto: a CNN for images (uint8, rank 2 or 3 with channels first or last, 36x36 or more), an MLP otherwise"""
 
 
 class PreviousActionReward(gym.Wrapper):
     """Appends the previous action (one-hot when discrete, as the env took it) and the env's own reward to the flat
-    observation; zeros at an episode's first step. Inside the env, so evaluation, trajectory files and a resumed
+    observation, or to the VECTOR part of an image's (an image alone gets one): they join the CNN's features, never
+    the pixels. Zeros at an episode's first step. Inside the env, so evaluation, trajectory files and a resumed
     episode's replay see them as training does."""
 
     def __init__(self, env: gym.Env):
@@ -154,16 +172,29 @@ class PreviousActionReward(gym.Wrapper):
         self.discrete = isinstance(env.action_space, gym.spaces.Discrete)
         self.action_size = int(env.action_space.n) if self.discrete else int(np.prod(env.action_space.shape))
         space, extra = env.observation_space, np.full(self.action_size + 1, np.inf, dtype=np.float32)
-        low, high = space.low.astype(np.float32), space.high.astype(np.float32)
-        self.observation_space = gym.spaces.Box(np.concatenate([low, -extra]), np.concatenate([high, extra]))
+        self.image = image_layout(space) is not None
+        if self.image:
+            space = gym.spaces.Dict({IMAGE: space, VECTOR: gym.spaces.Box(-extra, extra)})
+        elif isinstance(space, gym.spaces.Dict):
+            vector = space[VECTOR]
+            low, high = np.concatenate([vector.low, -extra]), np.concatenate([vector.high, extra])
+            space = gym.spaces.Dict({IMAGE: space[IMAGE], VECTOR: gym.spaces.Box(low, high)})
+        else:
+            low, high = space.low.astype(np.float32), space.high.astype(np.float32)
+            space = gym.spaces.Box(np.concatenate([low, -extra]), np.concatenate([high, extra]))
+        self.observation_space = space
 
-    def with_previous(self, obs: np.ndarray, action=None, reward: float = 0.0) -> np.ndarray:
+    def with_previous(self, obs: np.ndarray | dict, action=None, reward: float = 0.0) -> np.ndarray | dict:
         previous = np.zeros(self.action_size + 1, dtype=np.float32)
         if action is not None and self.discrete:
             previous[int(action) - int(self.env.action_space.start)] = 1.0
         elif action is not None:
             previous[:-1] = np.asarray(action, dtype=np.float32).reshape(-1)
         previous[-1] = reward
+        if self.image:
+            return {IMAGE: obs, VECTOR: previous}
+        if isinstance(obs, dict):
+            return {IMAGE: obs[IMAGE], VECTOR: np.concatenate([obs[VECTOR], previous])}
         return np.concatenate([np.asarray(obs, dtype=np.float32), previous])
 
     def reset(self, **kwargs):
@@ -181,21 +212,57 @@ def make_env(
 ):  # fmt: skip
     def thunk():
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
             env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
         else:
-            env = gym.make(env_id)
-        env = joint_actions(flat_observations(env))  # per env: vector observation wrappers refuse SAME_STEP autoreset
+            env = gym.make(env_id, **atari.make_kwargs(env_id))
+        # CleanRL's Atari wrappers (only for Atari games); one frame, as the memory sees the steps before it
+        env = atari.preprocessed(env, frame_stack=1)
+        # per env: vector observation wrappers refuse SAME_STEP autoreset
+        env = joint_actions(flat_observations(env, keep_images=True, image_parts=True))
         actions_known = isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))  # others: refused later
         return PreviousActionReward(env) if prev_action_reward and actions_known else env
 
     return thunk
 
 
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
+
+
+class NatureCNN(nn.Module):
+    """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari.py, on images of `layout` ("hw",
+    "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. It makes each step's token, with the vector."""
+
+    def __init__(self, image_space: gym.spaces.Box, layout: str):
+        super().__init__()
+        self.image_shape, self.layout = image_space.shape, layout
+        channels = {"hw": 1, "chw": self.image_shape[0], "hwc": self.image_shape[-1]}[layout]
+        self.convs = nn.Sequential(
+            layer_init(nn.Conv2d(channels, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
+        self.linear = nn.Sequential(layer_init(nn.Linear(conv_size, 512)), nn.ReLU())
+        self.convs.to(memory_format=torch.channels_last)  # oneDNN's convolutions: 1.5x faster on a CPU
+
+    def channels_first(self, x: Tensor) -> Tensor:
+        """A batch of images of this layout as (batch, channels, height, width)."""
+        return x.unsqueeze(1) if self.layout == "hw" else x.permute(0, 3, 1, 2) if self.layout == "hwc" else x
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch_shape = x.shape[: x.dim() - len(self.image_shape)]
+        x = self.channels_first(x.reshape(-1, *self.image_shape)) / 255.0
+        x = x.contiguous(memory_format=torch.channels_last)
+        return self.linear(self.convs(x)).reshape(*batch_shape, -1)
 
 
 # The transformer, read like nanoGPT's model.py: a config, attention, MLP, block. Tokens are (batch, time, d_model).
@@ -285,23 +352,32 @@ def window_mask(episodes: Tensor, context_len: int) -> Tensor:
 
 
 class Agent(nn.Module):
-    def __init__(self, observation_size: int, action_space: gym.Space, args: Args):
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, args: Args):
         super().__init__()
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.config = TransformerConfig(args.d_model, args.n_heads, args.n_layers, args.context_len)
+        # An observation is a vector, an image, or both (common.envs.image_and_vector). The image goes through the
+        # CNN (or is flattened, with --encoder mlp); the vector (the previous action and reward included) joins it.
+        parts = observation_space if isinstance(observation_space, gym.spaces.Dict) else None
+        image_space = parts[IMAGE] if parts else observation_space if image_layout(observation_space) else None
+        vector_space = parts[VECTOR] if parts else None if image_space else observation_space
+        layout = cnn_layout(image_space or observation_space, args.encoder)
+        self.image_rank = len(image_space.shape) if image_space else 0
+        self.image_encoder = NatureCNN(image_space, layout) if layout else None
+        image_size = 512 if layout else int(np.prod(image_space.shape)) if image_space else 0
+        vector_size = int(np.prod(vector_space.shape)) if vector_space else 0
         # The previous action and reward (appended by PreviousActionReward) are the agent's own doing: normalised like
         # the rest, a one-hot of an action taken a share p of the time grows as 1/sqrt(p) when taken, and one answer
         # of four was never given on RepeatPreviousEasy (docs/ppo_transformer.md). The action goes in as it is, the
         # reward divided by its running root mean square.
         previous = self.action_size + 1 if args.prev_action_reward else 0
-        action_part = slice(observation_size - previous, observation_size - 1) if previous else None
-        reward_part = slice(observation_size - 1, observation_size) if previous else None
-        self.obs_norm = (
-            RunningNorm(observation_size, as_is=action_part, scaled_only=reward_part) if args.norm_obs else None
-        )
-        self.embed = layer_init(nn.Linear(observation_size, args.d_model))
+        action_part = slice(vector_size - previous, vector_size - 1) if previous else None
+        reward_part = slice(vector_size - 1, vector_size) if previous else None
+        normalised = args.norm_obs and vector_size > 0
+        self.obs_norm = RunningNorm(vector_size, as_is=action_part, scaled_only=reward_part) if normalised else None
+        self.embed = layer_init(nn.Linear(image_size + vector_size, args.d_model))
         self.blocks = nn.ModuleList(Block(self.config) for _ in range(args.n_layers))
         self.ln_f = nn.LayerNorm(args.d_model)
         self.actor = layer_init(nn.Linear(args.d_model, self.action_size), std=0.01)  # logits or mean
@@ -327,7 +403,7 @@ class Agent(nn.Module):
         """The actor's output and the value at each of the steps `obs` (B, T, obs), whose `positions` (B, T) are their
         steps within their episodes, attending where `mask` (B, 1, T, cached + T) allows to themselves and to the
         `cached` keys and values of each layer; also each layer's keys and values attended to."""
-        x = self.embed(obs if self.obs_norm is None else self.obs_norm(obs))
+        x = self.embed(self.token_input(obs))
         rotation = rotary(positions, self.config.d_model // self.config.n_heads)
         keys_values = []
         for block, layer_cache in zip(self.blocks, cached or [None] * len(self.blocks), strict=True):
@@ -335,6 +411,19 @@ class Agent(nn.Module):
             keys_values.append(layer_keys_values)
         x = self.ln_f(x)
         return self.actor(x), self.critic(x).squeeze(-1), keys_values
+
+    def token_input(self, obs: Tensor | dict[str, Tensor]) -> Tensor:
+        """What each step's token is made from: the image's CNN features (or its flattened pixels), then the vector,
+        normalised with --norm-obs. Images come as uint8 and become float only here."""
+        image, vector = (
+            (obs[IMAGE], obs[VECTOR]) if isinstance(obs, dict) else (obs, None) if self.image_rank else (None, obs)
+        )
+        if vector is not None and self.obs_norm is not None:
+            vector = self.obs_norm(vector)
+        if image is None:
+            return vector
+        image = self.image_encoder(image) if self.image_encoder else image.flatten(-self.image_rank).float()
+        return image if vector is None or vector.shape[-1] == 0 else torch.cat([image, vector], -1)
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
@@ -363,11 +452,11 @@ class Context:
     def after(cls, agent: Agent, obs: Tensor, positions: Tensor, valid: Tensor) -> Context:
         """The context after the steps `obs` (B, T, obs) at `positions`, of which those `valid` (B, T) belong to the
         current episode (they end the sequence): recomputed with the current parameters. T must be L(K-1)."""
-        if obs.shape[1] == 0:  # K = 1: a step attends to itself only
+        if positions.shape[1] == 0:  # K = 1: a step attends to itself only
             return cls.empty(agent, len(obs))
         episodes = first_of_each_run(valid).cumsum(1)
         _, _, keys_values = agent(obs, positions, window_mask(episodes, agent.config.context_len))
-        kept = obs.shape[1] - (agent.config.context_len - 1)
+        kept = positions.shape[1] - (agent.config.context_len - 1)
         return cls(agent, [(k[:, :, kept:], v[:, :, kept:]) for k, v in keys_values], valid[:, kept:])
 
     @classmethod
@@ -387,7 +476,9 @@ class Context:
         keys_values = self.keys_values if envs is None else [(k[envs], v[envs]) for k, v in self.keys_values]
         valid = (self.valid if envs is None else self.valid[envs]) & ~starts[:, None]
         mask = torch.cat([valid, valid.new_ones(len(valid), 1)], 1)[:, None, None, :]
-        actor_out, value, keys_values = self.agent(obs[:, None], positions[:, None], mask, keys_values)
+        actor_out, value, keys_values = self.agent(
+            observation_at(obs, np.s_[:, None]), positions[:, None], mask, keys_values
+        )
         if keep:
             self.keys_values = [(k[:, :, 1:], v[:, :, 1:]) for k, v in keys_values]
             self.valid = mask[:, 0, 0, 1:]
@@ -457,7 +548,7 @@ def env_maker(args: Args):
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(env_maker(args), args)
-    agent = Agent(int(np.prod(observation_space.shape)), action_space, args).to(device)
+    agent = Agent(observation_space, action_space, args).to(device)
     if checkpoint is not None:
         checkpoints.load_weights(agent, checkpoint, args.env_id)
     threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
@@ -489,9 +580,9 @@ def train(args: Args) -> TrainResult:
 
     # Rollout storage, (num_steps, num_envs, ...).
     num_envs, prefix = args.num_envs, agent.receptive_field
-    obs_shape = envs.single_observation_space.shape
+    observation_space = envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
-    obs = np.zeros((args.num_steps, num_envs, *obs_shape), dtype=np.float32)
+    obs = observation_zeros(observation_space, args.num_steps, num_envs)  # images stay uint8
     positions = np.zeros((args.num_steps, num_envs), dtype=np.int64)  # each step's index within its episode
     final_values = np.zeros((args.num_steps, num_envs), dtype=np.float32)  # where an episode was truncated
     rewards = np.zeros((args.num_steps, num_envs), dtype=np.float32)
@@ -506,7 +597,7 @@ def train(args: Args) -> TrainResult:
     recorder = RolloutRecorder(args, num_envs, checkpoint, carried, reward_normalizer)
     next_starts = carried.get("episode_starts", np.ones(num_envs, dtype=bool))
     next_positions = carried.get("episode_positions", np.zeros(num_envs, dtype=np.int64))
-    context_obs = carried.get("context_obs", np.zeros((num_envs, prefix, *obs_shape), dtype=np.float32))
+    context_obs = carried.get("context_obs", observation_zeros(observation_space, num_envs, prefix))
     context_positions = carried.get("context_positions", np.zeros((num_envs, prefix), dtype=np.int64))
     context_valid = carried.get("context_valid", np.zeros((num_envs, prefix), dtype=bool))
     log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step)
@@ -523,6 +614,8 @@ def train(args: Args) -> TrainResult:
         return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
 
     as_tensor = partial(torch.as_tensor, device=device)
+
+    obs_tensor = partial(observation_tensor, device=device)
     saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     with GracefulInterrupt() as interrupt, closing(envs), log:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -533,19 +626,19 @@ def train(args: Args) -> TrainResult:
 
             # The rollout acts through the key/value context; after it, one pass along each env's sequence gives
             # the log-probs and values, and must give what the rollout acted on.
-            t_context_obs, t_context_positions = as_tensor(context_obs), as_tensor(context_positions)
+            t_context_obs, t_context_positions = obs_tensor(context_obs), as_tensor(context_positions)
             t_context_valid = as_tensor(context_valid)
             with torch.no_grad():
                 context = Context.after(agent, t_context_obs, t_context_positions, t_context_valid)
             for step in range(args.num_steps):
                 global_step += num_envs * world_size
-                obs[step], episode_starts[step] = next_obs_np, next_starts
+                store_observation(obs, step, next_obs_np)
+                episode_starts[step] = next_starts
                 env_obs = next_obs_np  # the env's, in its dtype, for the recorder
                 positions[step] = next_positions
                 with torch.no_grad():
-                    actor_out, value = context.step(
-                        as_tensor(obs[step]), as_tensor(positions[step]), as_tensor(next_starts)
-                    )
+                    step_obs = obs_tensor(observation_at(obs, step))
+                    actor_out, value = context.step(step_obs, as_tensor(positions[step]), as_tensor(next_starts))
                     action = agent.distribution(actor_out).sample()
                 acted_outs[step], acted_values[step] = actor_out, value
                 actions[step] = action.cpu().numpy()
@@ -559,7 +652,9 @@ def train(args: Args) -> TrainResult:
                 # Truncated episodes bootstrap from the value of their last observation, seen with their context.
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = as_tensor(np.stack(infos["final_obs"][truncated_only]), dtype=torch.float32)
+                    last_obs = obs_tensor(
+                        observation_map(lambda *parts: np.stack(parts), *infos["final_obs"][truncated_only])
+                    )
                     where = as_tensor(truncated_only)
                     with torch.no_grad():
                         _, last_value = context.step(
@@ -576,7 +671,10 @@ def train(args: Args) -> TrainResult:
             combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             # Each env's sequence: its carried context, then its rollout; one episode id per step.
-            s_obs = torch.cat([t_context_obs, as_tensor(obs).transpose(0, 1)], 1)
+            s_obs = observation_map(
+                lambda carried_part, part: torch.cat([carried_part, as_tensor(part).transpose(0, 1)], 1),
+                t_context_obs, obs,
+            )  # fmt: skip
             s_positions = torch.cat([t_context_positions, as_tensor(positions).T], 1)
             s_starts = torch.cat([first_of_each_run(t_context_valid), as_tensor(episode_starts).T], 1)
             s_valid = torch.cat([t_context_valid, torch.ones_like(s_starts[:, prefix:])], 1)
@@ -595,9 +693,7 @@ def train(args: Args) -> TrainResult:
                 logprobs = check_draws(agent, actor_outs, t_actions)
                 next_starts_t = as_tensor(next_starts)
                 next_positions_t = as_tensor(next_positions)
-                _, next_value = context.step(
-                    as_tensor(next_obs_np, dtype=torch.float32), next_positions_t, next_starts_t, keep=False
-                )
+                _, next_value = context.step(obs_tensor(next_obs_np), next_positions_t, next_starts_t, keep=False)
                 advantages = compute_gae(
                     rewards, values.T.cpu().numpy(), next_value.cpu().numpy(), terminations, truncations, final_values,
                     args.gamma, args.gae_lambda,
@@ -606,8 +702,9 @@ def train(args: Args) -> TrainResult:
                 returns = advantages + values
             # The next rollout's context: each env's last L(K-1) steps, those of the episode its next step continues.
             current = (s_episodes == s_episodes[:, -1:]) & s_valid & ~next_starts_t[:, None]
-            kept = s_obs.shape[1] - prefix
-            context_obs, context_positions = s_obs[:, kept:].cpu().numpy(), s_positions[:, kept:].cpu().numpy()
+            kept = s_positions.shape[1] - prefix
+            context_obs = observation_map(lambda part: part.cpu().numpy(), observation_at(s_obs, np.s_[:, kept:]))
+            context_positions = s_positions[:, kept:].cpu().numpy()
             context_valid = current[:, kept:].cpu().numpy()
             # With a continuous policy, also the unclipped sample that `logprobs` belong to.
             sampled = {} if agent.discrete else {"actions": actions}
@@ -621,7 +718,8 @@ def train(args: Args) -> TrainResult:
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(advantages[minibatches])
                 for i, mb in enumerate(minibatches):
-                    actor_out, newvalue, _ = agent(s_obs[mb], s_positions[mb], s_mask[mb])
+                    mb_obs = observation_at(s_obs, mb)
+                    actor_out, newvalue, _ = agent(mb_obs, s_positions[mb], s_mask[mb])
                     actor_out, newvalue = actor_out[:, prefix:], newvalue[:, prefix:]  # only the rollout's steps
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         check_outputs(
@@ -669,9 +767,12 @@ def train(args: Args) -> TrainResult:
                     if approx_kl > args.target_kl:
                         break
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-            if args.norm_obs:
+            if agent.obs_norm is not None:  # --norm-obs, where there is a vector
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
-                agent.obs_norm.merge(*distributed.moments(as_tensor(obs).reshape(-1, *obs_shape)))  # all ranks'
+                vectors = obs[VECTOR] if isinstance(obs, dict) else obs
+                agent.obs_norm.merge(
+                    *distributed.moments(as_tensor(vectors).reshape(-1, vectors.shape[-1]))
+                )  # all ranks'
             update_seconds = time.time() - update_start
 
             var_y = np.var(returns.cpu().numpy())
@@ -738,9 +839,8 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> tuple[np.ndarray, dict]:
         nonlocal position
         position = np.where(episode_starts, 0, position + 1)
-        obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device)
         starts = torch.as_tensor(episode_starts, device=device)
-        actor_out, _ = context.step(obs_tensor, torch.as_tensor(position, device=device), starts)
+        actor_out, _ = context.step(observation_tensor(obs, device), torch.as_tensor(position, device=device), starts)
         action = evaluation.select_action(
             agent.distribution(actor_out), args.sampling_method, args.temperature, args.sampling_k
         )

@@ -110,6 +110,8 @@ class Run:
             "ddpg-mujoco",
             "distributed",
             "distributed-speed",
+            "atari",
+            "atari-transformer",
         ]
         | None
     ) = None
@@ -329,7 +331,7 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
                 add("script", script_case.key, script_case.script, script_case, seed, command)
         if args.baselines:
             script = SCRIPTS[case.script]
-            settings = script.sb3_settings(resolve_args(case.script, case.flags))
+            settings = script.sb3_settings(resolve_args(case.script, [*case.flags, "--env-id", case.env_id]))
             plan.baseline_group = (
                 f"sb3_{script.sb3_algo}__{env_name}__{case.total_timesteps}__{settings_hash(settings)}"
             )

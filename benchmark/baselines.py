@@ -28,6 +28,7 @@ import numpy as np
 import probe_envs  # noqa: F401  (registers the probe ids)
 from benchmark.events import safe_name
 from benchmark.registry import SCRIPTS, load_script, resolve_args
+from common import atari
 from common.envs import flat_observations, resolve_env_id
 from common.resident_memory import rss_mb
 from common.seeding import threads_for
@@ -201,12 +202,28 @@ def sb3_vec_env(env_id: str, num_envs: int, seed: int, async_envs: bool = False)
     return make_vec_env(partial(flat_env, env_id), n_envs=num_envs, seed=seed, vec_env_cls=vec_env_cls)
 
 
-def make_sb3_envs(env_id: str, settings: dict[str, Any], seed: int) -> Any:
-    """The SB3 vector env of `settings`: `sb3_vec_env`, in VecNormalize when observations or rewards are
-    normalised."""
+def sb3_atari_env(env_id: str, num_envs: int, seed: int, frame_stack: int, async_envs: bool = False) -> Any:
+    """SB3's Atari envs (`make_atari_env`: Monitor, then AtariWrapper) with `frame_stack` frames (VecFrameStack),
+    made as the scripts make the id (the `-v5` ids with frameskip=1: AtariWrapper skips 4)."""
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
+
+    env_id = resolve_env_id(env_id)
+    vec_env_cls = SubprocVecEnv if async_envs else DummyVecEnv
+    envs = make_atari_env(env_id, num_envs, seed, vec_env_cls=vec_env_cls, env_kwargs=atari.make_kwargs(env_id))
+    return VecFrameStack(envs, frame_stack) if frame_stack > 1 else envs
+
+
+def make_sb3_envs(env_id: str, settings: dict[str, Any], seed: int, num_envs: int | None = None) -> Any:
+    """The SB3 vector env of `settings` (`num_envs` of them, default the settings'): `sb3_atari_env` for an Atari
+    game, else `sb3_vec_env`; in VecNormalize when observations or rewards are normalised."""
     from stable_baselines3.common.vec_env import VecNormalize
 
-    envs = sb3_vec_env(env_id, settings["num_envs"], seed, settings.get("async_envs", False))
+    num_envs, async_envs = num_envs or settings["num_envs"], settings.get("async_envs", False)
+    if "atari_frame_stack" in settings:
+        envs = sb3_atari_env(env_id, num_envs, seed, settings["atari_frame_stack"], async_envs)
+    else:
+        envs = sb3_vec_env(env_id, num_envs, seed, async_envs)
     if not (settings.get("norm_obs") or settings.get("norm_reward")):
         return envs
     return VecNormalize(
@@ -245,13 +262,14 @@ def build_sb3_model(algo: str, settings: dict[str, Any], envs: Any, seed: int) -
         return algorithm("MlpPolicy", envs, action_noise=action_noise, policy_kwargs=policy_kwargs, **common)
     policy_kwargs = {"net_arch": {"pi": hidden, "vf": hidden}, "activation_fn": activation}
     policy_kwargs.update(settings.get("policy_kwargs", {}))
+    encoder = "Cnn" if "atari_frame_stack" in settings else "Mlp"
     if algo == "recurrent_ppo":
         from sb3_contrib import RecurrentPPO
 
-        return RecurrentPPO("MlpLstmPolicy", envs, policy_kwargs=policy_kwargs, **common)
+        return RecurrentPPO(f"{encoder}LstmPolicy", envs, policy_kwargs=policy_kwargs, **common)
     from stable_baselines3 import PPO
 
-    return PPO("MlpPolicy", envs, policy_kwargs=policy_kwargs, **common)
+    return PPO(f"{encoder}Policy", envs, policy_kwargs=policy_kwargs, **common)
 
 
 def evaluate_sb3(model: Any, train_envs: Any, args: Sb3Args) -> list[float]:
@@ -261,10 +279,12 @@ def evaluate_sb3(model: Any, train_envs: Any, args: Sb3Args) -> list[float]:
 
     if not args.eval_episodes:
         return []
-    env = sb3_vec_env(args.env_id, 1, args.seed + 10_000)
+    unnormalised = {**json.loads(args.settings), "norm_obs": False, "norm_reward": False, "async_envs": False}
+    env = make_sb3_envs(args.env_id, unnormalised, args.seed + 10_000, num_envs=1)
     if isinstance(train_envs, VecNormalize):
         env = VecNormalize(env, training=False, norm_reward=False, norm_obs=train_envs.norm_obs)
-        env.obs_rms = train_envs.obs_rms
+        if train_envs.norm_obs:  # SB3 makes no statistics without it
+            env.obs_rms = train_envs.obs_rms
     returns, _ = evaluate_policy(
         model, env, n_eval_episodes=args.eval_episodes, deterministic=True, return_episode_rewards=True
     )

@@ -320,6 +320,27 @@ DISTRIBUTED_SPEED_CASES: tuple[Case, ...] = (
     *distributed_variants(Case("ppo_fc", "Hopper-v5", 100_000)),
 )
 
+# Atari: CleanRL's Atari settings (ppo_atari.py's and ppo_atari_lstm.py's; 8 envs of 128 steps, learning rate 2.5e-4,
+# clip 0.1), each beside its SB3 counterpart on SB3's AtariWrapper. 100k agent steps (400k frames) is the Atari 100k
+# budget; at CleanRL's 10M a run takes about 9 hours on this 2-core machine (docs/ppo_fc.md "Images and Atari").
+ATARI_GAMES = ("BreakoutNoFrameskip-v4", "SpaceInvadersNoFrameskip-v4")
+ATARI_FLAGS = {
+    "ppo_fc": ("--num-envs", "8", "--clip-coef", "0.1"),
+    "ppo_lstm": (
+        "--num-envs", "8", "--learning-rate", "2.5e-4", "--clip-coef", "0.1", "--num-minibatches", "4",
+        "--update-epochs", "4", "--ent-coef", "0.01", "--clip-vloss", "--no-norm-reward",
+    ),
+}  # fmt: skip
+ATARI_CASES: tuple[Case, ...] = tuple(
+    Case(script, game, 100_000, flags=flags) for game in ATARI_GAMES for script, flags in ATARI_FLAGS.items()
+)
+# ppo_transformer.py with ppo_atari_lstm.py's settings (its own --no-norm-adv and --target-kl 0.02 set back to
+# CleanRL's), beside ppo_lstm.py with the same, on Breakout.
+TRANSFORMER_ATARI = Case(
+    "ppo_transformer", ATARI_GAMES[0], 100_000, flags=(*ATARI_FLAGS["ppo_lstm"], "--norm-adv", "--target-kl", "None"),
+    compare_with="ppo_lstm",
+)  # fmt: skip
+
 REFERENCE_MARGIN = 0.05
 """a "reference" case passes when its mean evaluation reaches the reference's less this share of the task's range
 (maximum less the random policy's return)"""
@@ -354,6 +375,10 @@ SUITES: dict[str, Suite] = {
     ),
     # ppo_lstm's --bptt-len lengths (whole rollouts, 32, 8) in the README; run with --workers 1 for their SPS.
     "bptt": Suite((("ppo_lstm", "CartPoleNoVel-v1", 500_000), *BPTT_VARIANTS), (1, 2, 3)),
+    # ppo_fc.py and ppo_lstm.py on two Atari games, beside SB3 with --baselines (docs/ppo_fc.md, docs/ppo_lstm.md);
+    # whole games are too long to evaluate deterministically (a policy that never fires plays on): training returns
+    "atari": Suite(ATARI_CASES, (1, 2, 3), eval_episodes=0),
+    "atari-transformer": Suite((TRANSFORMER_ATARI,), (1, 2, 3), eval_episodes=0),
     "ddpg": Suite((DDPG_PENDULUM,), (1, 2, 3)),  # ddpg.py on Pendulum-v1 (docs/ddpg.md)
     # with --baselines: ddpg.py's wall-clock to solve Pendulum-v1 against SB3's TD3 as DDPG, in the same run
     # ddpg.py with 1, 4 and 8 envs on Pendulum-v1; run with --workers 1 for their SPS.

@@ -18,8 +18,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from common.atari import is_atari_id
 from common.cli import parse_args
-from common.envs import training_envs
+from common.envs import resolve_env_id, training_envs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -93,7 +94,16 @@ def ppo_sb3_settings(args: Any) -> dict[str, Any]:
             "max_grad_norm": args.max_grad_norm,
             "target_kl": args.target_kl,
         },
+        **atari_sb3_settings(args, frame_stack=4),
     }
+
+
+def atari_sb3_settings(args: Any, frame_stack: int) -> dict[str, Any]:
+    """For an Atari game: SB3's AtariWrapper with the script's `frame_stack` (its make_env's), and SB3's Nature CNN
+    with linear heads, as the script's CNN has (no hidden layers, no normalised pixels). Nothing for other envs."""
+    if not is_atari_id(resolve_env_id(args.env_id)):
+        return {}
+    return {"atari_frame_stack": frame_stack, "hidden_sizes": [], "norm_obs": False}
 
 
 PPO_UNMATCHED = {
@@ -103,8 +113,8 @@ PPO_UNMATCHED = {
     "dist_backend": "the process group's backend under torchrun: how ranks exchange values, not what is computed",
     "bootstrap_truncation": "SB3's PPO always bootstraps truncated episodes from their last observation's value, as "
     "the script's default does (a case with --no-bootstrap-truncation has no SB3 equivalent)",
-    "encoder": "the harness's cases have vector observations, where the default takes an MLP as SB3's MlpPolicy does; "
-    "an image case would need SB3's CnnPolicy, which the harness does not build yet",
+    "encoder": "the default's: SB3's CnnPolicy for an Atari game (its Nature CNN), its MlpPolicy for vectors (a case "
+    "with another --encoder has no counterpart)",
 }  # fmt: skip
 
 
@@ -112,7 +122,7 @@ def recurrent_ppo_sb3_settings(args: Any) -> dict[str, Any]:
     """A recurrent PPO script's settings as sb3-contrib RecurrentPPO's: PPO's, with the recurrent cell's size, its
     layers and whether the critic has its own, and linear heads on the cell's output as the script has. (With a shared
     LSTM, RecurrentPPO stops the value loss's gradient at the LSTM; the script's shared core lets it through.)"""
-    settings = ppo_sb3_settings(args)
+    settings = {**ppo_sb3_settings(args), **atari_sb3_settings(args, frame_stack=1)}
     settings["hidden_sizes"] = []  # no MLP between the cell and the heads
     settings["policy_kwargs"] = {
         "lstm_hidden_size": args.rnn_hidden_size,
@@ -137,7 +147,7 @@ def transformer_ppo_sb3_settings(args: Any) -> dict[str, Any]:
     """A transformer PPO script's settings as sb3-contrib RecurrentPPO's (SB3 has no transformer policy): PPO's, with
     the memory suite reference's memory in place of the transformer (an LSTM of 128 units for the actor and one for the
     critic, linear heads on them)."""
-    settings = ppo_sb3_settings(args)
+    settings = {**ppo_sb3_settings(args), **atari_sb3_settings(args, frame_stack=1)}
     settings["policy_kwargs"] = {
         "lstm_hidden_size": 128,
         "n_lstm_layers": 1,
@@ -148,7 +158,7 @@ def transformer_ppo_sb3_settings(args: Any) -> dict[str, Any]:
 
 
 TRANSFORMER_PPO_UNMATCHED = {
-    **{name: reason for name, reason in PPO_UNMATCHED.items() if name not in ("numpy_rollout", "encoder")},
+    **{name: reason for name, reason in PPO_UNMATCHED.items() if name != "numpy_rollout"},
     **dict.fromkeys(
         ("d_model", "n_heads", "n_layers", "context_len"),
         "RecurrentPPO has an LSTM, not a transformer: the counterpart's memory is the memory suite reference's LSTM",

@@ -25,20 +25,25 @@ def is_atari(env: gym.Env) -> bool:
     return type(env.unwrapped).__module__.startswith("ale_py")
 
 
+def is_atari_id(env_id: str) -> bool:
+    """Whether `env_id` (also `module:id`) names one of ale-py's Atari games."""
+    entry_point = _spec(env_id).entry_point
+    return isinstance(entry_point, str) and entry_point.startswith("ale_py")
+
+
 def make_kwargs(env_id: str) -> dict[str, Any]:
     """What `gym.make(env_id)` needs besides the id: frameskip=1 for an ale-py id that skips frames by itself (the
     `ALE/...-v5` ids skip 4), so that `AtariPreprocessing` skips them with its max over the last two frames."""
+    if is_atari_id(env_id) and _spec(env_id).kwargs.get("frameskip", 1) != 1:
+        return {"frameskip": 1}
+    return {}
+
+
+def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
     module, _, name = env_id.rpartition(":")
     if module:
         importlib.import_module(module)  # a spawned worker has not imported it yet
-    spec = gym.spec(name)
-    if (
-        isinstance(spec.entry_point, str)
-        and spec.entry_point.startswith("ale_py")
-        and spec.kwargs.get("frameskip", 1) != 1
-    ):
-        return {"frameskip": 1}
-    return {}
+    return gym.spec(name)
 
 
 def preprocessed(env: gym.Env, frame_stack: int) -> gym.Env:

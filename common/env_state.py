@@ -127,9 +127,15 @@ def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarr
     if all(record["replayable"] for record in state["envs"]):
         envs.unwrapped.set_attr("replay_from", state["envs"])
         replayed = envs.unwrapped.call("replay")
+        saved = state["observations"]
+        per_env = (
+            [{key: part[i] for key, part in saved.items()} for i in range(len(replayed))]
+            if isinstance(saved, dict)  # an image and a vector (common.envs.image_and_vector)
+            else saved
+        )
         if all(
-            np.array_equal(np.asarray(observation, saved.dtype), saved) and _equal(rng, record["rng"])
-            for (observation, rng), saved, record in zip(replayed, state["observations"], state["envs"], strict=True)
+            _equal_observations(observation, saved) and _equal(rng, record["rng"])
+            for (observation, rng), saved, record in zip(replayed, per_env, state["envs"], strict=True)
         ):
             for wrapper, name, key in _wrapper_arrays(envs):
                 if key in state["wrappers"]:
@@ -173,6 +179,13 @@ def _own_state(checkpoint: dict | None, seed: int) -> dict | None:
     )
     seed_generators(seed)
     return None
+
+
+def _equal_observations(replayed: Any, saved: Any) -> bool:
+    """Whether a replayed observation is the saved one, in the saved dtype (each part of a dict)."""
+    if isinstance(saved, dict):
+        return replayed.keys() == saved.keys() and all(_equal_observations(replayed[k], saved[k]) for k in saved)
+    return np.array_equal(np.asarray(replayed, saved.dtype), saved)
 
 
 def _equal(a: Any, b: Any) -> bool:

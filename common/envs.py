@@ -11,6 +11,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium.spaces import Box, Dict, Discrete, Space, Text, Tuple
 
 from common import distributed
@@ -93,10 +94,11 @@ def _unknown(env_id: str, name: str) -> UsageError:
     return UsageError(f"unknown env id {env_id!r}{hint}; if a package registers it, pass it as module:{name}")
 
 
-def flat_observations(env: gym.Env, keep_images: bool = False) -> gym.Env:
+def flat_observations(env: gym.Env, keep_images: bool = False, image_parts: bool = False) -> gym.Env:
     """`env` with a flat 1-D Box observation: Text parts of Dict/Tuple observations left out (one notice line),
     any non-1-D-Box space flattened with gymnasium's FlattenObservation wrapper; with `keep_images`, an image
-    (`image_layout`) as it is, for the network to take through its CNN or flatten (--encoder mlp)."""
+    (`image_layout`) as it is, for the network to take through its CNN or flatten (--encoder mlp); with
+    `image_parts` too, a Dict or Tuple with one image part as `image_and_vector` makes it."""
     space = env.observation_space
     if keep_images and image_layout(space):
         return env
@@ -115,6 +117,8 @@ def flat_observations(env: gym.Env, keep_images: bool = False) -> gym.Env:
             kept, drop_text = _without_text(space)
             env = gym.wrappers.TransformObservation(env, drop_text, kept)
         space = env.observation_space
+    if keep_images and image_parts and sum(1 for _, leaf in _leaves(space) if image_layout(leaf)) == 1:
+        return image_and_vector(env)
     for path, leaf in _leaves(space):
         if not _flattenable(leaf):
             what = f"observation part '{_name(path)}' ({leaf})" if path else f"observation space {leaf}"
@@ -122,6 +126,74 @@ def flat_observations(env: gym.Env, keep_images: bool = False) -> gym.Env:
     if isinstance(space, Box) and len(space.shape) == 1:
         return env
     return gym.wrappers.FlattenObservation(env)
+
+
+IMAGE, VECTOR = "image", "vector"
+"""the two parts of an observation of an image and a vector (`image_and_vector`)"""
+
+
+def image_and_vector(env: gym.Env) -> gym.Env:
+    """`env`, whose Dict or Tuple observation has one image part (`image_layout`), with a Dict observation of two:
+    IMAGE, that image as it is, and VECTOR, the other parts flattened into one float32 vector (empty where there are
+    none). The networks take the image through their CNN and concatenate the vector to its features."""
+    space = env.observation_space
+    leaves = list(_leaves(space))
+    image_path, image_space = next((path, leaf) for path, leaf in leaves if image_layout(leaf))
+    rest = Tuple([leaf for path, leaf in leaves if path != image_path])
+    for path, leaf in leaves:
+        if path != image_path and not _flattenable(leaf):
+            raise UsageError(f"observation part '{_name(path)}' ({leaf}) cannot be flattened to a vector")
+    flat_rest = gym.spaces.flatten_space(rest)
+    vector_space = Box(flat_rest.low.astype(np.float32), flat_rest.high.astype(np.float32), dtype=np.float32)
+
+    def split(observation: Any) -> dict[str, np.ndarray]:
+        values = [_part(observation, path) for path, _ in leaves]
+        others = tuple(value for (path, _), value in zip(leaves, values, strict=True) if path != image_path)
+        vector = gym.spaces.flatten(rest, others).astype(np.float32)
+        return {IMAGE: np.asarray(_part(observation, image_path)), VECTOR: vector}
+
+    return gym.wrappers.TransformObservation(env, split, Dict({IMAGE: image_space, VECTOR: vector_space}))
+
+
+def _part(value: Any, path: tuple) -> Any:
+    for key in path:
+        value = value[key]
+    return value
+
+
+def observation_map(function: Callable[..., Any], *observations: Any) -> Any:
+    """`function` of the observations' arrays, or of each part of `image_and_vector` ones (dicts of arrays): the
+    function gets the same part of each."""
+    if isinstance(observations[0], dict):
+        return {key: function(*(observation[key] for observation in observations)) for key in observations[0]}
+    return function(*observations)
+
+
+def observation_at(observation: Any, index: Any) -> Any:
+    """`observation[index]`, of each part of an `image_and_vector` one."""
+    return observation_map(lambda part: part[index], observation)
+
+
+def store_observation(buffer: Any, index: Any, observation: Any) -> None:
+    """`buffer[index] = observation`, for each part of an `image_and_vector` one."""
+    observation_map(lambda stored, part: stored.__setitem__(index, part), buffer, observation)
+
+
+def observation_tensor(observation: Any, device: torch.device | str = "cpu") -> Any:
+    """An observation (or batch) as the networks take it, on `device`: images as they are (uint8; they become float
+    inside the network), everything else as float32; each part of an `image_and_vector` one."""
+    as_tensor = lambda part: torch.as_tensor(  # noqa: E731
+        part, dtype=None if part.dtype == np.uint8 else torch.float32, device=device
+    )
+    return observation_map(as_tensor, observation)
+
+
+def observation_zeros(space: Space, *leading: int) -> Any:
+    """Zeros for observations of `space` with the `leading` axes (steps, envs): uint8 for an image, else float32 (a
+    dict of the two for an `image_and_vector` observation)."""
+    if isinstance(space, Dict):
+        return {key: observation_zeros(part, *leading) for key, part in space.items()}
+    return np.zeros((*leading, *space.shape), dtype=np.uint8 if image_layout(space) else np.float32)
 
 
 CNN_MIN_SIDE = 36

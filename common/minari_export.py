@@ -155,17 +155,22 @@ def _meta(data: Mapping[str, np.ndarray]) -> dict[str, Any]:
 def _episode_buffer(episode_buffer: type, episode: Episode) -> Any:
     """One finished episode as Minari's EpisodeBuffer: T + 1 observations and infos, T of everything else."""
     steps = episode.data
-    observations = steps["/observations"]
     where = f"the episode of env {episode.env} that ends at step {episode.start + episode.length - 1}"
-    if FINAL_OBS not in steps:
+    if not _parts(steps, FINAL_OBS):
         raise UsageError(f"{where} has no final observation: the data lacks {FINAL_OBS} (a SAME_STEP vector env's)")
-    final = steps[FINAL_OBS][-1]
-    if final.shape != observations.shape[1:]:
-        raise UsageError(f"{where}: final observation of shape {final.shape}, observations {observations.shape[1:]}")
-    if np.issubdtype(final.dtype, np.floating) and np.isnan(final).all():
-        raise UsageError(f"{where} has no final observation ({FINAL_OBS} is NaN there); it cannot be exported")
+    observations, finals = _parts(steps, "/observations"), _parts(steps, FINAL_OBS)
+    if observations.keys() != finals.keys():
+        raise UsageError(f"{where}: final observations of parts {list(finals)}, observations {list(observations)}")
+    with_final = {}
+    for part, observed in observations.items():
+        final = finals[part][-1]
+        if final.shape != observed.shape[1:]:
+            raise UsageError(f"{where}: final observation of shape {final.shape}, observations {observed.shape[1:]}")
+        if np.issubdtype(final.dtype, np.floating) and np.isnan(final).all():
+            raise UsageError(f"{where} has no final observation ({FINAL_OBS} is NaN there); it cannot be exported")
+        with_final[part] = np.concatenate([observed, final[None].astype(observed.dtype)])
     return episode_buffer(
-        observations=np.concatenate([observations, final[None].astype(observations.dtype)]),
+        observations=with_final.pop("") if "" in with_final else with_final,
         actions=steps["/actions"],
         rewards=steps["/rewards"],
         terminations=steps["/terminations"],
@@ -178,7 +183,7 @@ def _infos(steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """The per-step extras as Minari's nested, T + 1 long infos (see the module's docstring for the alignment)."""
     infos: dict[str, Any] = {}
     for key, values in steps.items():
-        if key in NOT_INFOS or key in FINAL_OBS_KEYS:
+        if key in NOT_INFOS or key in FINAL_OBS_KEYS or key.startswith(("/observations/", FINAL_OBS + "/")):
             continue
         missing = np.full((1, *values.shape[1:]), np.nan if values.dtype.kind in "fc" else 0, dtype=values.dtype)
         if key.startswith("/infos/"):  # returned by step t: belongs to the observation the step led to
@@ -197,7 +202,8 @@ def _infos(steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
 def _spaces(env_id: str | None, data: Mapping[str, np.ndarray]) -> tuple[gym.Env | None, gym.Space, gym.Space]:
     """The env to name in the dataset (None: no env spec) and the observation and action spaces to store: the env's
     where the recorded arrays fit them, else the data's."""
-    observations, actions = data["/observations"], data["/actions"]
+    parts, actions = _parts(data, "/observations"), data["/actions"]
+    observations = parts.get("", parts)  # one array, or a dict of an image and a vector (common.envs.image_and_vector)
     env, reason = _made_env(env_id) if env_id is not None else (None, "")
     observation_space = action_space = None
     if env is not None:
@@ -209,7 +215,7 @@ def _spaces(env_id: str | None, data: Mapping[str, np.ndarray]) -> tuple[gym.Env
         ]:
             if fitting is None:  # e.g. ppo_transformer's observations, which carry the previous action and reward
                 reason = f"{reason}; " * bool(reason) + (
-                    f"the recorded {name} ({array.dtype}, shape {array.shape[2:]}) do not fit its space {space}"
+                    f"the recorded {name} ({_described(array)}) do not fit its space {space}"
                 )
     if reason:
         from_data = [
@@ -242,8 +248,20 @@ def _made_env(env_id: str) -> tuple[gym.Env | None, str]:
     return env, "" if remakeable else "has a spec that cannot be saved and remade"
 
 
-def _fits(array: np.ndarray, space: gym.Space) -> bool:
-    """Whether the recorded ``(num_envs, T, ...)`` array has the space's shape and a dtype of its kind."""
+def _parts(data: Mapping[str, np.ndarray], key: str) -> dict[str, np.ndarray]:
+    """The arrays of `key` by part: {"": the array} where it is one, {part: array} for `key/part` entries."""
+    if key in data:
+        return {"": data[key]}
+    return {name.removeprefix(key + "/"): value for name, value in data.items() if name.startswith(key + "/")}
+
+
+def _fits(array: np.ndarray | dict[str, np.ndarray], space: gym.Space) -> bool:
+    """Whether the recorded ``(num_envs, T, ...)`` array (or dict of them) has the space's shape and a dtype of its
+    kind."""
+    if isinstance(array, dict):
+        return isinstance(space, gym.spaces.Dict) and array.keys() == space.keys() and all(
+            _fits(part, space[key]) for key, part in array.items()
+        )  # fmt: skip
     return (
         space.shape is not None
         and array.shape[2:] == space.shape
@@ -251,8 +269,16 @@ def _fits(array: np.ndarray, space: gym.Space) -> bool:
     )
 
 
-def _box_of(array: np.ndarray) -> gym.spaces.Box:
-    """The widest Box of the recorded array's shape and dtype."""
+def _described(array: np.ndarray | dict[str, np.ndarray]) -> str:
+    if isinstance(array, dict):
+        return ", ".join(f"{key}: {_described(part)}" for key, part in array.items())
+    return f"{array.dtype}, shape {array.shape[2:]}"
+
+
+def _box_of(array: np.ndarray | dict[str, np.ndarray]) -> gym.Space:
+    """The widest Box of the recorded array's shape and dtype (a Dict of them for a dict of arrays)."""
+    if isinstance(array, dict):
+        return gym.spaces.Dict({key: _box_of(part) for key, part in array.items()})
     dtype = array.dtype
     if dtype.kind == "f":
         low, high = -np.inf, np.inf

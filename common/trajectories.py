@@ -29,6 +29,7 @@ import warnings
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from common.data_helpers import (
     list_of_dicts_to_flattened_dict_of_lists,
     unflatten_dict,
 )
+from common.envs import observation_map
 from common.errors import UsageError
 from common.run_folder import create_run_folder, write_atomically
 
@@ -56,6 +58,33 @@ STEP_KEYS = ("/observations", "/actions", "/rewards", "/terminations", "/truncat
 """Keys every trajectory file holds."""
 SILENTLY_SKIPPED_INFOS = frozenset({"/final_info"})
 """Info keys that are never numeric and left out without a warning: gymnasium's finished episodes' info dicts."""
+
+
+def _image_of(observations: Any) -> tuple[str, np.ndarray | None]:
+    """The uint8 images (num_envs, ...) among per-env `observations` (an array, or a dict of parts), and their key
+    below `/observations` ("" for the whole); None where there are none."""
+    parts = flatten_dict(observations) if isinstance(observations, Mapping) else {"": observations}
+    for key, part in parts.items():
+        if part.dtype == np.uint8 and part.ndim > 2:
+            return ("/" + key.strip("/")) if key else "", part
+    return "", None
+
+
+def _with_parts(infos: dict[str, Any]) -> dict[str, Any]:
+    """`infos` with an object array of dicts (gymnasium's `final_obs` of Dict observations) split into one object
+    array per part, under `key/part`."""
+    split = {}
+    for key, value in infos.items():
+        dicts = isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1
+        first = next((item for item in value if item is not None), None) if dicts else None
+        if not isinstance(first, Mapping):
+            split[key] = value
+            continue
+        for part in first:
+            column = np.empty(len(value), dtype=object)
+            column[:] = [None if item is None else item[part] for item in value]
+            split[f"{key}/{part}"] = column
+    return split
 
 
 class TrajectoryFileError(ValueError):
@@ -132,7 +161,7 @@ class TrajectoryWriter:
         terminations = self._per_env("terminations", terminations).astype(bool)
         truncations = self._per_env("truncations", truncations).astype(bool)
         step: dict[str, Any] = {
-            "observations": self._per_env("observations", observations),
+            "observations": observation_map(partial(self._per_env, "observations"), observations),
             "actions": self._per_env("actions", actions),
             "rewards": self._per_env("rewards", rewards),
             "terminations": terminations,
@@ -146,10 +175,10 @@ class TrajectoryWriter:
             }
         if infos is not None:
             numeric = self._numeric_infos(infos)
-            observations = step["observations"]
-            if observations.dtype == np.uint8 and observations.ndim > 2 and "/final_obs" not in numeric:
+            image_key, image = _image_of(step["observations"])
+            if image is not None and f"/final_obs{image_key}" not in numeric:
                 # Images: final observations at every step, 0 where none (`_final_obs` says), so they stay uint8.
-                numeric["/final_obs"] = np.zeros_like(observations)
+                numeric[f"/final_obs{image_key}"] = np.zeros_like(image)
                 numeric["/_final_obs"] = np.zeros(self.num_envs, bool)
             if numeric:
                 step["infos"] = unflatten_dict(numeric)
@@ -165,7 +194,7 @@ class TrajectoryWriter:
 
     def _numeric_infos(self, infos: Mapping[str, Any]) -> dict[str, np.ndarray]:
         numeric = {}
-        for key, value in flatten_dict(infos).items():
+        for key, value in _with_parts(flatten_dict(infos)).items():
             array = _numeric_info(value, self.num_envs)
             if array is not None:
                 numeric[key] = array
@@ -196,7 +225,9 @@ class TrajectoryWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         data = self.to_dict()
-        images = data["/observations"].dtype == np.uint8 and data["/observations"].ndim > 3
+        images = any(
+            value.dtype == np.uint8 and value.ndim > 3 for key, value in data.items() if key.startswith("/observations")
+        )
         (np.savez_compressed if images else np.savez)(buffer, **data)  # frames compress well; vectors hardly do
         write_atomically(path, buffer.getbuffer())
         return path
@@ -233,7 +264,10 @@ class TrajectoryRecording:
     def add_step(self, observations: Any, *step: Any, **fields: Any) -> None:
         """:meth:`TrajectoryWriter.add_step`, then a file written once `flush_steps` steps or `flush_bytes` wait."""
         self.buffer.add_step(observations, *step, **fields)
-        self.buffered_bytes += self.buffer.steps[-1]["observations"].nbytes
+        observations = self.buffer.steps[-1]["observations"]
+        self.buffered_bytes += sum(
+            part.nbytes for part in (observations.values() if isinstance(observations, dict) else [observations])
+        )
         if len(self.buffer) >= self.flush_steps or self.buffered_bytes >= self.flush_bytes:
             self.flush()
 
@@ -292,7 +326,7 @@ class RolloutRecorder:
             return
         if self.reward_normalizer is not None:
             reward = reward * np.sqrt(self.reward_normalizer.return_rms.var + self.reward_normalizer.epsilon)
-        self.rollout.append(((np.array(obs), action, reward, terminated, truncated), infos))
+        self.rollout.append(((observation_map(np.array, obs), action, reward, terminated, truncated), infos))
 
     def end_rollout(self, **agent_fields: Any) -> None:
         """The agent's fields for the rollout's steps, each (steps, num_envs, ...): recorded under `policy`."""
@@ -436,7 +470,7 @@ def load_trajectories(path: str | Path) -> dict[str, np.ndarray]:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         reason = "it holds pickled data" if "pickle" in str(exc) else str(exc)
         raise TrajectoryFileError(f"{str(path)!r} is not a readable .npz trajectory file ({reason})") from None
-    missing = [key for key in STEP_KEYS if key not in data]
+    missing = [key for key in STEP_KEYS if key not in data and not any(k.startswith(key + "/") for k in data)]
     if missing:
         raise TrajectoryFileError(f"{str(path)!r} is not a trajectory file: it lacks {', '.join(missing)}")
     shape = data["/rewards"].shape

@@ -7,15 +7,15 @@ Importing this package registers the ids below with gymnasium:
 - ``RepeatCue-v0``: a memory-length probe, a cue needed up to 127 steps after it was shown.
 - ``ContinuousProbe1-v0`` ... ``ContinuousProbe5-v0``: the same ideas with a Box(-1, 1, (1,)) action.
 - ``CartPoleNoVel-v1``, ``PendulumNoVel-v1``: classic control with velocities hidden (partially observed).
-- ``ImageBandit-v0``, ``ImageMemory-v0`` and their channels-last ``...RGB-v0`` forms: probes 5 and 7 seen as images
-  (``probe_envs.images``).
+- ``ImageBandit-v0``, ``ImageMemory-v0`` and their channels-last ``...RGB-v0`` forms: probes 5 and 7 seen as images;
+  ``ImageVectorBandit-v0``: a Dict of an image and a vector, both needed (``probe_envs.images``).
 
 Each class docstring states the optimal policy and the true values for any discount.
 """
 
 from gymnasium.envs.registration import register, registry
 
-from probe_envs.images import ImageBandit, ImageBanditRGB, ImageMemory, ImageMemoryRGB
+from probe_envs.images import ImageBandit, ImageBanditRGB, ImageMemory, ImageMemoryRGB, ImageVectorBandit
 from probe_envs.no_velocity import CartPoleNoVelEnv, PendulumNoVelEnv
 from probe_envs.probes import (
     ContinuousProbe1,
@@ -52,6 +52,7 @@ PROBES = {
     "ImageBanditRGB-v0": ImageBanditRGB,
     "ImageMemory-v0": ImageMemory,
     "ImageMemoryRGB-v0": ImageMemoryRGB,
+    "ImageVectorBandit-v0": ImageVectorBandit,
 }
 """Every probe id and its class."""
 
@@ -83,6 +84,7 @@ __all__ = [
     "ImageBanditRGB",
     "ImageMemory",
     "ImageMemoryRGB",
+    "ImageVectorBandit",
     "PendulumNoVelEnv",
     "Probe1",
     "Probe2",

@@ -4,11 +4,15 @@ for 1), so an agent must read it through its CNN. 36x36 is the Nature CNN's smal
 - ``ImageBandit-v0`` / ``ImageBanditRGB-v0``: Probe5 (one step, reward +1 for the action equal to the cue, else -1).
 - ``ImageMemory-v0`` / ``ImageMemoryRGB-v0``: Probe7 (the cue in the first frame only, then blank frames; +1 at the
   fourth step for the action equal to the cue).
+- ``ImageVectorBandit-v0``: a Dict observation of an image and a vector part, both needed: the right action is the
+  lit half, flipped where the Discrete part ``flip`` is 1.
 
 The plain ids are channels first, (1, 36, 36); the RGB ids are channels last, (36, 36, 3), as rendered frames are.
 Values and optimal actions are the vector probes' (their docstrings state them)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -61,3 +65,28 @@ class ImageMemoryRGB(ImageMemory):
     """ImageMemory with channels last, (36, 36, 3)."""
 
     channels_last = True
+
+
+class ImageVectorBandit(ImageBanditRGB):
+    """A Dict observation, {"flip": Discrete(2), "pixels": the cue's image, channels last}: one step, reward +1 for the
+    action equal to the lit half XOR flip, else -1. Breaks: a network that reads only the image, or only the vector
+    (either alone earns 0 on average); V* = 1."""
+
+    def __init__(self, render_mode: str | None = None):
+        super().__init__(render_mode)
+        self.observation_space = spaces.Dict({"flip": spaces.Discrete(2), "pixels": self.observation_space})
+        self.flip = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed, options=options)
+        self.flip = int(self.np_random.integers(2))
+        return self._observation(), {}
+
+    def _observation(self):
+        return {"flip": self.flip, "pixels": self._image(self.cue)}
+
+    def _reward(self, action):
+        return 1.0 if int(action) == self.optimal_action() else -1.0
+
+    def optimal_action(self):
+        return self.cue ^ self.flip

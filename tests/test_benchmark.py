@@ -626,6 +626,24 @@ def test_sb3_baselines_write_runs_the_reader_understands(algo, env_id, settings,
     assert run.sps is not None and run.peak_rss_mb is not None and run.eval_returns == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.parametrize("script_name", ["ppo_fc", "ppo_lstm", "ppo_transformer"])
+def test_an_atari_baseline_gets_sb3_s_atari_stack_with_the_script_s_frames_and_its_nature_cnn(script_name):
+    pytest.importorskip("ale_py")
+    args = resolve_args(script_name, ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2"])
+    settings = json.loads(json.dumps(SCRIPTS[script_name].sb3_settings(args)))
+    script_envs = SCRIPTS[script_name].vector_env(load_script(script_name), args)
+    space = script_envs.single_observation_space
+    script_envs.close()
+    image = space["image"] if isinstance(space, gym.spaces.Dict) else space  # the transformer's: image and vector
+    frames = image.shape[0] if len(image.shape) == 3 else 1
+    assert settings["atari_frame_stack"] == frames and settings["hidden_sizes"] == []
+    envs = make_sb3_envs("BreakoutNoFrameskip-v4", settings, seed=1)
+    model = build_sb3_model(SCRIPTS[script_name].sb3_algo, settings, envs, seed=1)
+    assert type(model.policy.features_extractor).__name__ == "NatureCNN"
+    assert model.observation_space.shape == (frames, 84, 84)  # SB3 puts the channels first
+    envs.close()
+
+
 def test_raw_env_steps_the_scripts_own_env_stack():
     command = [sys.executable, "-m", "benchmark.baselines", "raw-env", "--script", "ppo_fc", "--env-id", "Probe1-v0"]
     command += ["--flags", json.dumps(["--num-envs", "3", "--norm-reward"]), "--steps", "3000", "--repeats", "1"]

@@ -28,6 +28,7 @@ from helpers import (
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_fc
+from common.envs import observation_map, observation_tensor
 from common.errors import PolicyMismatch, TrainingDiverged
 from common.evaluation import select_action
 from common.seeding import seed_and_pick_device
@@ -922,6 +923,25 @@ def test_the_image_bandit_is_learnt_through_the_cnn(tmp_path, env_id):
         value, policy = agent_at(agent, observation)
         assert value == pytest.approx(1.0, abs=0.1)
         assert policy.probs[0, env.optimal_action()].item() >= 0.95
+
+
+def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
+    # The right action is the lit half XOR the Discrete part: neither part alone earns anything, and the heads being
+    # linear, the two must meet before the 512 units (the convolutions leave 64 features of a 36x36 image).
+    agent = ppo_fc.train(
+        quick_args(tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=20_480, learning_rate=1e-3)
+    ).agent
+    assert isinstance(agent.network, ppo_fc.NatureCNN) and agent.network.linear[0].in_features == 64 + 2
+    env, seen = ppo_fc.make_env("ImageVectorBandit-v0")(), set()  # the script's stack: an image and a vector
+    for seed in range(16):
+        observation, _ = env.reset(seed=seed)
+        probe = env.unwrapped
+        seen.add((probe.cue, probe.flip))
+        with torch.no_grad():
+            actor_out, value = agent(observation_tensor(observation_map(lambda part: part[None], observation)))
+        assert value.item() == pytest.approx(1.0, abs=0.1), seen
+        assert agent.distribution(actor_out).probs[0, probe.optimal_action()].item() >= 0.95, seen
+    assert len(seen) == 4
 
 
 def test_the_encoder_rule_and_its_override(tmp_path):

@@ -28,6 +28,7 @@ import ppo_fc
 import ppo_lstm
 from benchmark.cases import CONTINUOUS_FLAGS
 from common.cli import parse_args
+from common.envs import observation_map, observation_tensor
 from common.errors import PolicyMismatch, TrainingDiverged
 from common.minari_export import export_to_minari
 from common.trajectories import load_trajectories, split_episodes
@@ -621,6 +622,24 @@ def test_the_image_memory_probe_is_remembered_through_the_cnn(tmp_path, env_id):
         assert value == pytest.approx(env.optimal_value(0.99), abs=0.1), (env.t, env.cue)
         if env.t == env.horizon - 1:  # the cue was in the first frame only
             assert policy.probs[0, env.optimal_action()].item() >= 0.9, env.cue
+
+
+def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
+    # The right action is the lit half XOR the Discrete part: neither part alone earns anything.
+    agent = ppo_lstm.train(quick_args(tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=10_240)).agent
+    assert isinstance(agent.core.encoder, ppo_lstm.NatureCNN) and agent.core.encoder.linear[0].in_features == 64 + 2
+    assert agent.obs_norm.mean.shape == (2,)  # --norm-obs: the vector part only
+    env, seen = ppo_lstm.make_env("ImageVectorBandit-v0")(), set()  # the script's stack: an image and a vector
+    for seed in range(16):
+        observation, _ = env.reset(seed=seed)
+        probe = env.unwrapped
+        seen.add((probe.cue, probe.flip))
+        x = observation_map(lambda part: part[None, None], observation_tensor(observation))
+        with torch.no_grad():
+            actor_out, value, _ = agent(x, agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool))
+        assert value.item() == pytest.approx(1.0, abs=0.1), seen
+        assert agent.distribution(actor_out[0]).probs[0, probe.optimal_action()].item() >= 0.95, seen
+    assert len(seen) == 4
 
 
 def test_an_atari_run_resumes_mid_game_as_an_uninterrupted_run(tmp_path, capsys):

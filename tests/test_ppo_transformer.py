@@ -14,6 +14,7 @@ from helpers import NanRewardEnv, on_policy_value, read_scalars, reference_gae, 
 
 import ppo_lstm
 import ppo_transformer
+from common.envs import observation_map
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError
 from common.trajectories import load_trajectories, split_episodes
 
@@ -33,7 +34,8 @@ def sharp_transformer(seed: int = 0, observation_size: int = 4, **settings) -> p
     """An agent whose weights are far from their initial values, so that every attended step matters to its outputs;
     3 actions."""
     args = ppo_transformer.Args(**settings)
-    return sharp_agent(ppo_transformer.Agent, seed)(observation_size, gym.spaces.Discrete(3), args)
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (observation_size,), np.float32)
+    return sharp_agent(ppo_transformer.Agent, seed)(observation_space, gym.spaces.Discrete(3), args)
 
 
 def sequence_pass(agent, obs, starts):
@@ -248,7 +250,7 @@ def play_optimally(agent: ppo_transformer.Agent, args: ppo_transformer.Args, see
         context, position, terminated = ppo_transformer.Context.empty(agent, 1), 0, False
         while not terminated:
             with torch.no_grad():
-                obs = torch.as_tensor(observation[None], dtype=torch.float32)
+                obs = observation_map(lambda part: torch.as_tensor(part[None]), observation)  # images stay uint8
                 actor_out, value = context.step(obs, torch.tensor([position]), torch.tensor([position == 0]))
             yield probe, value.item(), agent.distribution(actor_out)
             observation, _, terminated, _, _ = env.step(probe.optimal_action())
@@ -308,6 +310,30 @@ def test_continuous_probes(tmp_path, env_id, steps):
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), (env.t, env.cue)
 
 
+@pytest.mark.parametrize("env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"])  # channels first, channels last
+def test_the_image_memory_probe_is_remembered_through_the_cnn(tmp_path, env_id):
+    args = quick_args(tmp_path, env_id=env_id, total_timesteps=10_240)
+    result = ppo_transformer.train(args)
+    agent = result.agent
+    assert isinstance(agent.image_encoder, ppo_transformer.NatureCNN)
+    # The previous action (2) and reward (1) join the CNN's 512 features in the token, not the pixels.
+    assert agent.embed.in_features == 512 + 3 and agent.obs_norm.mean.shape == (3,)
+    for env, value, policy in play_optimally(agent, args):
+        assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), (env.t, env.cue)
+        if env.t == env.horizon - 1:  # the cue was in the first frame only
+            assert policy.probs[0, env.optimal_action()].item() >= 0.9, env.cue
+
+
+def test_a_dict_of_an_image_and_a_vector_feeds_both_to_the_token(tmp_path):
+    # The right action is the lit half XOR the Discrete part: neither part alone earns anything.
+    args = quick_args(tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=20_480)
+    result = ppo_transformer.train(args)
+    assert result.agent.embed.in_features == 512 + 2 + 3  # the one-hot flip, then the previous action and reward
+    for env, value, policy in play_optimally(result.agent, args):
+        assert value == pytest.approx(1.0, abs=0.1), (env.cue, env.flip)
+        assert policy.probs[0, env.optimal_action()].item() >= 0.9, (env.cue, env.flip)
+
+
 # --- checkpoints ---------------------------------------------------------------------------------------------------
 
 
@@ -332,6 +358,27 @@ def test_resume_continues_the_cut_episodes_with_their_context_as_an_uninterrupte
     ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
     ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 64]
+    assert resumed.episode_returns == ended_after
+
+
+def test_an_image_run_resumes_mid_episode_with_its_uint8_context_as_an_uninterrupted_run(tmp_path):
+    # ImageMemory's episodes are 4 steps: rollouts of 5 cut them. The carried context holds frames and vectors.
+    settings = dict(env_id="ImageMemory-v0", num_envs=2, num_steps=5, num_minibatches=2, total_timesteps=6 * 10)
+    whole = ppo_transformer.train(quick_args(tmp_path / "whole", **settings, checkpoint_every=2, save_model=True))
+    carried = torch.load(whole.run_dir / "checkpoints" / "step_20.pt", weights_only=True)["episodes"]
+    assert carried["context_obs"]["image"].dtype == torch.uint8 and not carried["episode_starts"].all()
+    assert carried["observations"]["image"].dtype == torch.uint8
+    copy = tmp_path / "copy" / whole.run_dir.name
+    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_40.pt", "step_60.pt", "latest.pt"))
+    time.sleep(1.1)  # event files are named by the second (see test_ppo_lstm)
+    resumed = ppo_transformer.train(
+        ppo_transformer.Args(resume=str(copy / "checkpoints" / "step_20.pt"), progress=False)
+    )
+    for (name, expected), actual in zip(
+        whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
+    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 20]
     assert resumed.episode_returns == ended_after
 
 

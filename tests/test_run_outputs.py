@@ -280,6 +280,31 @@ def test_image_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(tmp_pa
     assert_whole_in_minari(clean, "breakout/clean-v0")
 
 
+def test_image_and_vector_recordings_reach_minari_whole(tmp_path, monkeypatch):
+    # ppo_transformer on images: each observation is a uint8 frame and a vector (the previous action and reward).
+    minari = pytest.importorskip("minari")
+    from common.minari_export import export_to_minari
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    recording = tmp_path / "recording"
+    flags = ["--env-id", "ImageMemory-v0", "--num-envs", "2", "--total-timesteps", "512", "--eval-episodes", "0"]
+    flags += ["--run-dir", str(tmp_path / "runs"), "--no-progress", "--save-trajectories", str(recording)]
+    completed = run_script("ppo_transformer.py", *flags)
+    assert completed.returncode == 0, completed.stderr
+    data = load_trajectories(recording)
+    assert data["/observations/image"].dtype == data["/infos/final_obs/image"].dtype == np.uint8
+    assert data["/observations/vector"].shape == (2, 256, 3) and "/observations" not in data
+    export_to_minari(data, "images/parts-v0")
+    finished = [episode for episode in split_episodes(data) if episode.finished]
+    dataset = minari.load_dataset("images/parts-v0")
+    assert len(dataset) == len(finished) > 0
+    for episode, exported in zip(finished, dataset.iterate_episodes(), strict=True):
+        for part in ("image", "vector"):
+            np.testing.assert_array_equal(exported.observations[part][:-1], episode.data[f"/observations/{part}"])
+            np.testing.assert_array_equal(exported.observations[part][-1], episode.data[f"/infos/final_obs/{part}"][-1])
+        assert exported.observations["image"].dtype == np.uint8
+
+
 def test_an_atari_checkpoint_evaluates_whole_games_in_a_fresh_process(tmp_path):
     pytest.importorskip("ale_py")
     runs = tmp_path / "runs"
