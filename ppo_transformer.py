@@ -359,15 +359,17 @@ class Agent(nn.Module):
         self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.config = TransformerConfig(args.d_model, args.n_heads, args.n_layers, args.context_len)
         # An observation is a vector, an image, or both (common.envs.image_and_vector). The image goes through the
-        # CNN (or is flattened, with --encoder mlp); the vector (the previous action and reward included) joins it.
+        # CNN; the vector (the previous action and reward included) joins its features. With --encoder mlp the
+        # image's pixels are flattened in front of the vector, and normalised with it.
         parts = observation_space if isinstance(observation_space, gym.spaces.Dict) else None
         image_space = parts[IMAGE] if parts else observation_space if image_layout(observation_space) else None
         vector_space = parts[VECTOR] if parts else None if image_space else observation_space
         layout = cnn_layout(image_space or observation_space, args.encoder)
         self.image_rank = len(image_space.shape) if image_space else 0
         self.image_encoder = NatureCNN(image_space, layout) if layout else None
-        image_size = 512 if layout else int(np.prod(image_space.shape)) if image_space else 0
         vector_size = int(np.prod(vector_space.shape)) if vector_space else 0
+        if image_space is not None and layout is None:
+            vector_size += int(np.prod(image_space.shape))  # the flattened pixels, then the vector
         # The previous action and reward (appended by PreviousActionReward) are the agent's own doing: normalised like
         # the rest, a one-hot of an action taken a share p of the time grows as 1/sqrt(p) when taken, and one answer
         # of four was never given on RepeatPreviousEasy (docs/ppo_transformer.md). The action goes in as it is, the
@@ -377,7 +379,7 @@ class Agent(nn.Module):
         reward_part = slice(vector_size - 1, vector_size) if previous else None
         normalised = args.norm_obs and vector_size > 0
         self.obs_norm = RunningNorm(vector_size, as_is=action_part, scaled_only=reward_part) if normalised else None
-        self.embed = layer_init(nn.Linear(image_size + vector_size, args.d_model))
+        self.embed = layer_init(nn.Linear((512 if layout else 0) + vector_size, args.d_model))
         self.blocks = nn.ModuleList(Block(self.config) for _ in range(args.n_layers))
         self.ln_f = nn.LayerNorm(args.d_model)
         self.actor = layer_init(nn.Linear(args.d_model, self.action_size), std=0.01)  # logits or mean
@@ -413,17 +415,26 @@ class Agent(nn.Module):
         return self.actor(x), self.critic(x).squeeze(-1), keys_values
 
     def token_input(self, obs: Tensor | dict[str, Tensor]) -> Tensor:
-        """What each step's token is made from: the image's CNN features (or its flattened pixels), then the vector,
-        normalised with --norm-obs. Images come as uint8 and become float only here."""
+        """What each step's token is made from: the image's CNN features, then the vector part, normalised with
+        --norm-obs. Images come as uint8 and become float only here."""
+        vector = self.vector_part(obs)
+        if vector is not None and self.obs_norm is not None:
+            vector = self.obs_norm(vector)
+        if self.image_encoder is None:
+            return vector
+        image = self.image_encoder(obs[IMAGE] if isinstance(obs, dict) else obs)
+        return image if vector is None or vector.shape[-1] == 0 else torch.cat([image, vector], -1)
+
+    def vector_part(self, obs: Tensor | dict[str, Tensor]) -> Tensor | None:
+        """The part of the observation that is not the CNN's, as float (--norm-obs normalises it): a vector, a Dict's
+        vector, or with --encoder mlp an image's pixels flattened in front of it; None for an image alone."""
         image, vector = (
             (obs[IMAGE], obs[VECTOR]) if isinstance(obs, dict) else (obs, None) if self.image_rank else (None, obs)
         )
-        if vector is not None and self.obs_norm is not None:
-            vector = self.obs_norm(vector)
-        if image is None:
-            return vector
-        image = self.image_encoder(image) if self.image_encoder else image.flatten(-self.image_rank).float()
-        return image if vector is None or vector.shape[-1] == 0 else torch.cat([image, vector], -1)
+        if self.image_encoder is None and image is not None:
+            pixels = image.flatten(-self.image_rank).float()
+            return pixels if vector is None else torch.cat([pixels, vector.float()], -1)
+        return None if vector is None else vector.float()
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
@@ -453,7 +464,7 @@ class Context:
         """The context after the steps `obs` (B, T, obs) at `positions`, of which those `valid` (B, T) belong to the
         current episode (they end the sequence): recomputed with the current parameters. T must be L(K-1)."""
         if positions.shape[1] == 0:  # K = 1: a step attends to itself only
-            return cls.empty(agent, len(obs))
+            return cls.empty(agent, len(positions))
         episodes = first_of_each_run(valid).cumsum(1)
         _, _, keys_values = agent(obs, positions, window_mask(episodes, agent.config.context_len))
         kept = positions.shape[1] - (agent.config.context_len - 1)
@@ -769,10 +780,8 @@ def train(args: Args) -> TrainResult:
             check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
             if agent.obs_norm is not None:  # --norm-obs, where there is a vector
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
-                vectors = obs[VECTOR] if isinstance(obs, dict) else obs
-                agent.obs_norm.merge(
-                    *distributed.moments(as_tensor(vectors).reshape(-1, vectors.shape[-1]))
-                )  # all ranks'
+                vectors = agent.vector_part(obs_tensor(obs))
+                agent.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))  # all ranks'
             update_seconds = time.time() - update_start
 
             var_y = np.var(returns.cpu().numpy())

@@ -134,11 +134,13 @@ IMAGE, VECTOR = "image", "vector"
 
 def image_and_vector(env: gym.Env) -> gym.Env:
     """`env`, whose Dict or Tuple observation has one image part (`image_layout`), with a Dict observation of two:
-    IMAGE, that image as it is, and VECTOR, the other parts flattened into one float32 vector (empty where there are
-    none). The networks take the image through their CNN and concatenate the vector to its features."""
+    IMAGE, that image as it is, and VECTOR, the other parts flattened into one float32 vector; the image alone where
+    there are no other parts. The networks take the image through their CNN and join the vector to its features."""
     space = env.observation_space
     leaves = list(_leaves(space))
     image_path, image_space = next((path, leaf) for path, leaf in leaves if image_layout(leaf))
+    if len(leaves) == 1:
+        return gym.wrappers.TransformObservation(env, lambda observation: _part(observation, image_path), image_space)
     rest = Tuple([leaf for path, leaf in leaves if path != image_path])
     for path, leaf in leaves:
         if path != image_path and not _flattenable(leaf):

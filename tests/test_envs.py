@@ -287,3 +287,31 @@ def test_images_are_kept_for_the_cnn_and_every_other_box_is_flattened_as_before(
     assert flat_observations(Boxed(image), keep_images=True).observation_space == image
     assert flat_observations(Boxed(image)).observation_space.shape == (4800,)  # the scripts without a CNN
     assert flat_observations(Boxed(features), keep_images=True).observation_space.shape == (1600,)  # not pixels
+
+
+def test_a_dict_with_one_image_part_becomes_an_image_and_a_vector_or_the_image_alone():
+    from common.envs import IMAGE, VECTOR, flat_observations
+
+    class Parts(gym.Env):
+        action_space = gym.spaces.Discrete(2)
+
+        def __init__(self, space):
+            self.observation_space = space
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.observation_space.seed(seed)
+            return self.observation_space.sample(), {}
+
+    image = gym.spaces.Box(0, 255, (40, 40, 3), np.uint8)
+    both = gym.spaces.Dict({"pixels": image, "direction": gym.spaces.Discrete(4), "mission": gym.spaces.Text(8)})
+    env = flat_observations(Parts(both), keep_images=True, image_parts=True)
+    assert env.observation_space == gym.spaces.Dict(
+        {IMAGE: image, VECTOR: gym.spaces.Box(0.0, 1.0, (4,), np.float32)}
+    )  # the Text part left out, the Discrete one-hot
+    observation, _ = env.reset(seed=0)
+    assert observation[IMAGE].dtype == np.uint8 and observation[VECTOR].sum() == 1.0
+    alone = flat_observations(Parts(gym.spaces.Dict({"pixels": image, "mission": gym.spaces.Text(8)})), True, True)
+    assert alone.observation_space == image and alone.reset(seed=0)[0].shape == (40, 40, 3)
+    flattened = flat_observations(Parts(both), keep_images=True)  # without image_parts: flattened whole, as before
+    assert flattened.observation_space.shape == (40 * 40 * 3 + 4,)

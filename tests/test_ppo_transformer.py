@@ -334,6 +334,48 @@ def test_a_dict_of_an_image_and_a_vector_feeds_both_to_the_token(tmp_path):
         assert policy.probs[0, env.optimal_action()].item() >= 0.9, (env.cue, env.flip)
 
 
+def test_image_runs_of_every_encoder_and_context_build_the_token_from_the_right_parts(tmp_path):
+    # A context of one step (nothing carried), and --encoder mlp: the pixels flattened before the previous action and
+    # reward, normalised with them.
+    result = ppo_transformer.train(quick_args(tmp_path, env_id="ImageMemory-v0", total_timesteps=512, context_len=1))
+    assert result.global_step == 512
+    space = ppo_transformer.env_maker(quick_args(tmp_path))("ImageMemory-v0")().observation_space
+    agent = ppo_transformer.Agent(space, gym.spaces.Discrete(2), quick_args(tmp_path, encoder="mlp"))
+    assert agent.image_encoder is None and agent.obs_norm.mean.shape == (36 * 36 + 3,)
+    assert agent.embed.in_features == 36 * 36 + 3
+
+
+class UInt8Grid(gym.Env):
+    """A uint8 observation too small to be an image (as MiniGrid's symbolic view), flattened to a uint8 vector."""
+
+    observation_space = gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), float(action), self.t == 5, False, {}
+
+
+def test_a_uint8_vector_observation_reaches_the_network_as_floats(tmp_path):
+    # Without the previous action and reward the env's own uint8 vector reaches the network, in the rollout, the
+    # bootstrap and evaluation alike.
+    gym.register("UInt8Grid-test-v0", entry_point=UInt8Grid)
+    for norm_obs in (False, True):
+        args = quick_args(
+            tmp_path, env_id="UInt8Grid-test-v0", total_timesteps=512, prev_action_reward=False, norm_obs=norm_obs,
+            eval_episodes=2,
+        )  # fmt: skip
+        result = ppo_transformer.train(args)
+        assert len(result.eval_returns) == 2
+        if norm_obs:  # the statistics of the floats, not of a uint8 cast
+            assert 100 < result.agent.obs_norm.mean.mean().item() < 155
+
+
 # --- checkpoints ---------------------------------------------------------------------------------------------------
 
 
