@@ -389,7 +389,7 @@ def portable(command: list[str]) -> list[str]:
 @dataclass(frozen=True)
 class Stores:
     """Where finished runs are kept between benchmarks (benchmark/stored.py): the references' (--reuse-baselines)
-    and the scripts' (--reuse-runs)."""
+    and the scripts' with their SB3 baselines' (--reuse-runs)."""
 
     references: Path | None = None
     scripts: Path | None = None
@@ -398,7 +398,7 @@ class Stores:
         """The store of `job`'s run, if it is kept."""
         if job.label in REFERENCES:
             return self.references
-        return self.scripts if job.kind == "script" else None
+        return self.scripts if job.kind in ("script", "sb3") else None
 
 
 def take_stored(jobs: list[Job], stores: Stores) -> list[Job]:

@@ -839,6 +839,20 @@ def test_stored_script_runs_are_reused_whichever_checkout_made_them(tmp_path, mo
     assert second["rows"][0]["steps"] == first["rows"][0]["steps"] == 1024
 
 
+def test_stored_baseline_runs_are_reused_with_the_scripts(tmp_path, monkeypatch, capsys):
+    # A long suite killed part-way (the Atari one) resumes without running its SB3 baselines again.
+    case = cases.Case("ppo_fc", "Probe1-v0", 1024, flags=("--num-envs", "1", "--num-steps", "256"))
+    monkeypatch.setitem(cases.SUITES, "quick", cases.Suite((case,), (1,), eval_episodes=2))
+    store = tmp_path / "store"
+    run = harness.Run(suite="quick", reuse_runs=str(store), baselines=True, out=str(tmp_path / "first"))
+    assert harness.run(run) == 0
+    [baseline] = store.glob("sb3_ppo__*.json")
+    capsys.readouterr()
+    assert harness.run(replace(run, out=str(tmp_path / "second"))) == 0
+    assert f"[stored] {baseline.stem} (sb3_ppo)" in capsys.readouterr().out
+    assert not (tmp_path / "second" / "runs").exists()  # neither the script nor its baseline ran again
+
+
 def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(tmp_path, monkeypatch):
     def git(*args: str) -> None:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True)
