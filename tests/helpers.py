@@ -183,6 +183,24 @@ def on_policy_value(env, policy, samples: int = 4000) -> float:
     return float(np.mean(rewards))
 
 
+class NoiseEnv(gym.Env):
+    """uint8 observations of random noise (images, the worst case for a lossy codec, or a grid too small to be an
+    image); episodes of 7 steps, 3 actions, each paying its own number."""
+
+    def __init__(self, shape):
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), float(action), self.t == 7, False, {}
+
+
 class NanRewardEnv(gym.Env):
     """Rewards 1.0, then NaN from step 600 on: training must stop, keeping the last good checkpoint."""
 

@@ -14,7 +14,7 @@ from common.errors import UsageError
 from common.evaluation import play_episodes
 from common.minari_export import export_to_minari
 from common.trajectories import TrajectoryWriter, load_trajectories, split_episodes
-from tests.helpers import REPO, run_script
+from tests.helpers import REPO, NoiseEnv, run_script
 
 minari = pytest.importorskip("minari")
 
@@ -239,23 +239,6 @@ def test_a_minari_that_would_jpeg_encode_images_is_refused(tmp_path, monkeypatch
         export_to_minari(data, "cartpole/random-v0")
 
 
-class NoiseImages(gym.Env):
-    """uint8 images of random noise, the worst case for a lossy codec; episodes of 7 steps, 3 actions."""
-
-    def __init__(self, shape):
-        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
-        self.action_space = gym.spaces.Discrete(3)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self.observation_space.sample(), {}
-
-    def step(self, action):
-        self.t += 1
-        return self.observation_space.sample(), float(action), self.t == 7, False, {}
-
-
 @pytest.mark.parametrize(
     ("shape", "flatten"),
     [
@@ -265,7 +248,7 @@ class NoiseImages(gym.Env):
 )
 def test_uint8_images_round_trip_exactly(tmp_path, capsys, shape, flatten):
     def make():
-        env = NoiseImages(shape)
+        env = NoiseEnv(shape)
         env.observation_space.seed(1)
         return flat_observations(env) if flatten else env
 

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import NanRewardEnv, on_policy_value, read_scalars, reference_gae, run_script, sharp_agent
+from helpers import NanRewardEnv, NoiseEnv, on_policy_value, read_scalars, reference_gae, run_script, sharp_agent
 
 import ppo_lstm
 import ppo_transformer
@@ -345,26 +345,10 @@ def test_image_runs_of_every_encoder_and_context_build_the_token_from_the_right_
     assert agent.embed.in_features == 36 * 36 + 3
 
 
-class UInt8Grid(gym.Env):
-    """A uint8 observation too small to be an image (as MiniGrid's symbolic view), flattened to a uint8 vector."""
-
-    observation_space = gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)
-    action_space = gym.spaces.Discrete(2)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self.observation_space.sample(), {}
-
-    def step(self, action):
-        self.t += 1
-        return self.observation_space.sample(), float(action), self.t == 5, False, {}
-
-
 def test_a_uint8_vector_observation_reaches_the_network_as_floats(tmp_path):
     # Without the previous action and reward the env's own uint8 vector reaches the network, in the rollout, the
     # bootstrap and evaluation alike.
-    gym.register("UInt8Grid-test-v0", entry_point=UInt8Grid)
+    gym.register("UInt8Grid-test-v0", entry_point=lambda: NoiseEnv((7, 7, 3)))  # not an image: a grid
     for norm_obs in (False, True):
         args = quick_args(
             tmp_path, env_id="UInt8Grid-test-v0", total_timesteps=512, prev_action_reward=False, norm_obs=norm_obs,
