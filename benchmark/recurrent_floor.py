@@ -21,7 +21,7 @@ import torch
 
 from benchmark.registry import load_script, resolve_args
 from common.cli import exit_status
-from common.envs import env_spaces, resolve_env_id
+from common.envs import env_spaces, observation_map, observation_tensor, observation_zeros, resolve_env_id
 
 
 def median_seconds(step: Callable[[], None], repeats: int) -> float:
@@ -45,6 +45,18 @@ def floor_agent(name: str, flags: list[str]) -> tuple[ModuleType, Any, torch.nn.
     return script, args, script.build_agent(args, None, torch.device("cpu"))  # which sets the default threads
 
 
+def random_observations(space: Any, *leading: int) -> Any:
+    """Random observations of `space` with the `leading` axes, as the agents take them: uint8 images of random
+    pixels, normal float32 vectors (each part of an image and a vector)."""
+    generator = np.random.default_rng(0)
+    fill = lambda part: (  # noqa: E731
+        generator.integers(0, 256, part.shape, dtype=np.uint8)
+        if part.dtype == np.uint8
+        else generator.standard_normal(part.shape, dtype=np.float32)
+    )
+    return observation_tensor(observation_map(fill, observation_zeros(space, *leading)))
+
+
 def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]:
     """Seconds per iteration of the update's passes through the agent without padding (from the median of `repeats`
     minibatches), and the steps an iteration collects, for ppo_lstm.py run with `flags`."""
@@ -52,7 +64,7 @@ def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]
     sequence_len = args.bptt_len or args.num_steps
     sequences = args.num_envs * args.num_steps // sequence_len // args.num_minibatches
     observation_space, _, _ = env_spaces(script.make_env(resolve_env_id(args.env_id)))
-    x = torch.randn(sequence_len, sequences, int(np.prod(observation_space.shape)))
+    x = random_observations(observation_space, sequence_len, sequences)
     state = agent.initial_state(sequences)
     no_starts = torch.zeros(sequence_len, sequences, dtype=torch.bool)
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 import torch
 from torch.profiler import profile
 
-from benchmark.recurrent_floor import floor_agent, median_seconds
+from benchmark.recurrent_floor import floor_agent, median_seconds, random_observations
 from common.cli import exit_status
 from common.envs import env_spaces, resolve_env_id
 
@@ -29,7 +28,7 @@ def update_floor(flags: list[str], repeats: int = 30) -> dict[str, float]:
     observation_space, _, _ = env_spaces(script.env_maker(args)(resolve_env_id(args.env_id)))
     envs = args.num_envs // args.num_minibatches
     length = agent.receptive_field + args.num_steps
-    obs = torch.randn(envs, length, int(np.prod(observation_space.shape)))
+    obs = random_observations(observation_space, envs, length)
     positions = torch.arange(length).repeat(envs, 1)
     mask = script.window_mask(torch.zeros(envs, length, dtype=torch.long), args.context_len)
 
