@@ -408,6 +408,19 @@ def test_an_image_run_resumes_mid_episode_with_its_uint8_context_as_an_uninterru
     assert resumed.episode_returns == ended_after
 
 
+def test_an_image_checkpoint_evaluates_in_a_fresh_process(tmp_path):
+    # The frames and the previous action and reward reach the rebuilt agent as in training; TensorBoard's reader sees
+    # the returns the command line prints.
+    args = quick_args(tmp_path, env_id="ImageMemory-v0", total_timesteps=2048, save_model=True, eval_episodes=4)
+    result = ppo_transformer.train(args)
+    flags = ("--eval-checkpoint", str(result.checkpoint), "--eval-episodes", "4", "--run-dir", str(tmp_path / "eval"))
+    completed = run_cli(*flags, "--sampling-method", "greedy")
+    assert completed.returncode == 0, completed.stderr
+    (eval_run,) = (tmp_path / "eval").iterdir()
+    returns = [value for _, value in read_scalars(eval_run)["eval/episodic_return"]]
+    assert len(returns) == 4 and f"return {np.mean(returns):.2f} +- {np.std(returns):.2f}" in completed.stdout
+
+
 def test_checkpoints_of_another_script_are_refused(tmp_path):
     lstm_args = dict(run_dir=str(tmp_path / "lstm"), progress=False, eval_episodes=0, env_id="Probe1-v0")
     lstm_checkpoint = ppo_lstm.train(ppo_lstm.Args(total_timesteps=1024, **lstm_args)).checkpoint
