@@ -1,0 +1,259 @@
+"""The Atari checks that need a GPU, in one run on a machine with CUDA (docs/ppo_fc.md, "On a GPU"):
+``python -m benchmark.atari_gpu --cleanrl DIR [--steps N] [--repeats R] [--out DIR]``.
+
+1. SPS on BreakoutNoFrameskip-v4 with CleanRL's Atari settings: ppo_fc.py and ppo_lstm.py with ``--cuda`` beside
+   CleanRL's ppo_atari.py and ppo_atari_lstm.py with ``--cuda``, the runs alternating, each a process of its own, with
+   our scripts' median rollout and update seconds per iteration; then ours once with ``--async-envs``.
+2. ppo_transformer.py with ppo_atari_lstm's settings: its SPS.
+3. A checkpoint each script wrote on the GPU, evaluated in a process that sees no GPU.
+4. ppo_fc's update on one minibatch (forward, loss, backward, gradient clipping, Adam) and its rollout's action step
+   (8 frames from NumPy to actions on the host): eager with float32 convolutions (as the scripts run them), eager with
+   TF32 convolutions (PyTorch's default, which CleanRL keeps), ``torch.compile``, a CUDA graph (captured as LeanRL's
+   CudaGraphModule does, with a capturable Adam), and the compiled step in a CUDA graph.
+
+Each section's results are printed as it ends and appended to OUT/atari_gpu.jsonl, so a run stopped early keeps what
+it measured. CleanRL runs under ``--cleanrl-python`` with ``--cleanrl-pythonpath`` first on its path (gymnasium 0.29,
+ale-py 0.9.1 and stable-baselines3 2.3.2, as CleanRL pins them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from benchmark.atari_speed import CLEANRL_OF, ENV_ID, OURS
+from benchmark.events import find_run_dirs, load_sessions, merged_scalars, steps_per_second
+from benchmark.recurrent_floor import floor_agent
+from benchmark.registry import REPO
+
+TRANSFORMER = ("ppo_transformer.py", *OURS["ppo_lstm"][1:], "--norm-adv", "--target-kl", "None")
+QUIET = ("--no-progress", "--eval-episodes", "0")
+
+
+def report(out: Path, section: str, **results: object) -> None:
+    """Print one section's results and append them to OUT/atari_gpu.jsonl."""
+    line = json.dumps({"section": section, **results})
+    print(line, flush=True)
+    with open(out / "atari_gpu.jsonl", "a") as file:
+        file.write(line + "\n")
+
+
+def our_run(command: tuple[str, ...], steps: int, *flags: str) -> dict[str, float]:
+    """SPS of one run of our script `command` on the GPU, and its median rollout and update seconds per iteration
+    (the first iteration left out)."""
+    script, *settings = command
+    with tempfile.TemporaryDirectory() as run_dir:
+        subprocess.run(
+            [sys.executable, script, "--env-id", ENV_ID, "--total-timesteps", str(steps), *settings, "--cuda",
+             "--no-save-model", "--run-dir", run_dir, *QUIET, *flags],
+            cwd=REPO, check=True, capture_output=True,
+        )  # fmt: skip
+        (run,) = find_run_dirs([run_dir])
+        sessions = load_sessions(run)
+        scalars = merged_scalars(sessions)
+        median = lambda tag: statistics.median(event.value for event in scalars[tag][1:])  # noqa: E731
+        return {
+            "sps": steps_per_second(sessions),
+            "rollout_s": median("perf/rollout_seconds"),
+            "update_s": median("perf/update_seconds"),
+        }
+
+
+def cleanrl_run(options: argparse.Namespace, script: str, steps: int) -> dict[str, float]:
+    """SPS of one run of CleanRL's `script` on the GPU (its --cuda is on by default)."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        environment = {**os.environ, "PYTHONPATH": options.cleanrl_pythonpath}
+        subprocess.run(
+            [options.cleanrl_python, str(options.cleanrl / "run.py"), str(options.cleanrl / CLEANRL_OF[script]),
+             "--env-id", ENV_ID, "--total-timesteps", str(steps), "--num-envs", "8"],
+            cwd=run_dir, check=True, capture_output=True, env=environment,
+        )  # fmt: skip
+        (run,) = find_run_dirs([run_dir])
+        return {"sps": steps_per_second(load_sessions(run))}
+
+
+def speed(options: argparse.Namespace) -> None:
+    """Section 1: ours against CleanRL's, alternating, then ours with --async-envs."""
+    for script in ("ppo_fc", "ppo_lstm"):
+        ours, cleanrl = [], []
+        for _ in range(options.repeats):
+            ours.append(our_run(OURS[script], options.steps))
+            if options.cleanrl:
+                cleanrl.append(cleanrl_run(options, script, options.steps))
+        ratio = statistics.median(r["sps"] for r in ours) / statistics.median(r["sps"] for r in cleanrl or ours)
+        report(options.out, "speed", script=script, ours=ours, cleanrl=cleanrl, ratio=ratio)
+    for script in ("ppo_fc", "ppo_lstm"):
+        report(options.out, "async", script=script, ours=our_run(OURS[script], options.steps, "--async-envs"))
+
+
+def transformer(options: argparse.Namespace) -> None:
+    """Section 2: ppo_transformer.py's SPS with ppo_atari_lstm's settings."""
+    report(options.out, "transformer", ours=our_run(TRANSFORMER, options.steps))
+
+
+def checkpoints_on_cpu(options: argparse.Namespace) -> None:
+    """Section 3: each script trains two iterations on the GPU and saves; a process that sees no GPU evaluates it."""
+    for command in (OURS["ppo_fc"], OURS["ppo_lstm"], TRANSFORMER):
+        script, *settings = command
+        with tempfile.TemporaryDirectory() as run_dir:
+            subprocess.run(
+                [sys.executable, script, "--env-id", ENV_ID, "--total-timesteps", "2048", *settings, "--cuda",
+                 "--run-dir", run_dir, *QUIET],
+                cwd=REPO, check=True, capture_output=True,
+            )  # fmt: skip
+            (checkpoint,) = Path(run_dir).glob("*/checkpoints/latest.pt")
+            no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+            evaluated = subprocess.run(
+                [sys.executable, script, "--eval-checkpoint", str(checkpoint), "--eval-episodes", "1", "--no-progress"],
+                cwd=REPO, capture_output=True, text=True, env=no_gpu,
+            )  # fmt: skip
+            lines = (evaluated.stdout + evaluated.stderr).splitlines()
+            said = [line for line in lines if "return" in line or "error" in line]
+            report(options.out, "checkpoint_on_cpu", script=script, status=evaluated.returncode, output=said)
+
+
+def seconds_per_call(step: Callable[[], object], device: torch.device, repeats: int = 50) -> float:
+    """The median seconds of `step`, after 10 warm-up calls, the GPU synchronised around each."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
+    for _ in range(10):
+        step()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def in_cuda_graph(step: Callable[[], object], device: torch.device) -> tuple[Callable[[], None], object]:
+    """`step` captured once in a CUDA graph, after warm-up calls on a side stream (as torch's docs and LeanRL's
+    CudaGraphModule do): the graph's replay, and the output of the captured call, which each replay overwrites. The
+    inputs of `step` must stay at fixed addresses, and its optimizer be capturable."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = step()
+    return graph.replay, output
+
+
+def update_and_act(options: argparse.Namespace) -> None:
+    """Section 4: ppo_fc's update minibatch and rollout action step, eager, compiled and in CUDA graphs."""
+    device = torch.device(options.device)
+    _, args, agent = floor_agent("ppo_fc", [*OURS["ppo_fc"][1:], "--env-id", ENV_ID])
+    agent.to(device)
+    torch.backends.cudnn.deterministic = args.torch_deterministic  # as the scripts and CleanRL's set it
+    minibatch = args.num_envs * args.num_steps // args.num_minibatches
+    frames = torch.randint(0, 256, (minibatch, 4, 84, 84), dtype=torch.uint8, device=device)
+    actions = torch.randint(0, agent.action_size, (minibatch,), device=device)
+    host_frames = np.random.default_rng(0).integers(0, 256, (args.num_envs, 4, 84, 84), dtype=np.uint8)
+    host_noise = np.random.default_rng(1).gumbel(size=(args.num_envs, agent.action_size)).astype(np.float32)
+    static_frames = torch.as_tensor(host_frames, device=device)
+    static_noise = torch.as_tensor(host_noise, device=device)
+
+    def update_step(capturable: bool) -> Callable[[], None]:
+        """One minibatch's update as ppo_fc.py makes it, with a simpler loss of the same outputs."""
+        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True,
+                                     capturable=capturable)  # fmt: skip
+
+        def step() -> None:
+            _, logprob, entropy, value = agent.get_action_and_value(frames, actions)
+            loss = -logprob.mean() - args.ent_coef * entropy.mean() + args.vf_coef * value.square().mean()
+            optimizer.zero_grad(set_to_none=not capturable)  # a CUDA graph keeps its gradients at fixed addresses
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+            optimizer.step()
+
+        return step
+
+    @torch.no_grad()
+    def policy_action(obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return agent.sample(agent.distribution(agent(obs)[0]), noise)
+
+    def act_from_host(policy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[], np.ndarray]:
+        """The rollout's step: frames and noise from the host, actions back to it."""
+        to_device = lambda array: torch.as_tensor(array, device=device)  # noqa: E731
+        return lambda: policy(to_device(host_frames), to_device(host_noise)).cpu().numpy()
+
+    def graphed_act(policy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[], np.ndarray]:
+        replay, actions_out = in_cuda_graph(lambda: policy(static_frames, static_noise), device)
+
+        def act() -> np.ndarray:
+            static_frames.copy_(torch.from_numpy(host_frames))
+            static_noise.copy_(torch.from_numpy(host_noise))
+            replay()
+            return actions_out.cpu().numpy()
+
+        return act
+
+    variants: dict[str, Callable[[], tuple[Callable[[], object], Callable[[], object]]]] = {
+        "eager, float32 convolutions (the scripts)": lambda: (update_step(False), act_from_host(policy_action)),
+        "eager, TF32 convolutions (CleanRL)": lambda: (update_step(False), act_from_host(policy_action)),
+        "torch.compile": lambda: (torch.compile(update_step(False)), act_from_host(torch.compile(policy_action))),
+        "CUDA graph": lambda: (in_cuda_graph(update_step(True), device)[0], graphed_act(policy_action)),
+        "torch.compile in a CUDA graph": lambda: (
+            in_cuda_graph(torch.compile(update_step(True)), device)[0],
+            graphed_act(torch.compile(policy_action)),
+        ),
+    }
+    for name, build in variants.items():
+        torch.backends.cudnn.allow_tf32 = "TF32" in name
+        try:
+            start = time.perf_counter()
+            update, act = build()
+            update_s, act_s = seconds_per_call(update, device), seconds_per_call(act, device)
+            report(options.out, "update_and_act", variant=name, update_ms=update_s * 1e3, act_ms=act_s * 1e3,
+                   minibatch=minibatch, seconds_to_build_and_time=time.perf_counter() - start)  # fmt: skip
+        except Exception as error:  # one variant failing (a compile error, say) leaves the others to run
+            report(options.out, "update_and_act", variant=name, error=f"{type(error).__name__}: {error}"[:500])
+        finally:
+            torch.backends.cudnn.allow_tf32 = False
+
+
+SECTIONS = {"speed": speed, "transformer": transformer, "checkpoints": checkpoints_on_cpu, "update": update_and_act}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=16384)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cleanrl", type=Path, default=None, help="a folder with run.py and CleanRL's two scripts")
+    parser.add_argument("--cleanrl-python", default=sys.executable)
+    parser.add_argument("--cleanrl-pythonpath", default="")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--device", default="cuda", help="section 4's device (cpu only to try this file out)")
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
+    options = parser.parse_args()
+    options.out.mkdir(parents=True, exist_ok=True)
+    options.cleanrl = options.cleanrl and options.cleanrl.resolve()  # its runs start in folders of their own
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
+    for section in options.sections:
+        start = time.perf_counter()
+        try:
+            SECTIONS[section](options)
+        except Exception as error:  # a failed section is reported, and the next one runs
+            detail = getattr(error, "stderr", b"") or b""
+            tail = detail.decode(errors="replace")[-1500:] if isinstance(detail, bytes) else str(detail)[-1500:]
+            report(options.out, section, error=f"{type(error).__name__}: {error}"[:500], stderr=tail)
+        print(f"[{section}: {time.perf_counter() - start:.0f} s]", flush=True)
+
+
+if __name__ == "__main__":
+    main()
