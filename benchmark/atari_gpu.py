@@ -154,45 +154,50 @@ def in_cuda_graph(step: Callable[[], object], device: torch.device) -> tuple[Cal
     return graph.replay, output
 
 
+UPDATE_VARIANTS = (
+    "eager, float32 convolutions (the scripts)",
+    "eager, TF32 convolutions (CleanRL)",
+    "torch.compile",
+    "CUDA graph, fused Adam",
+    "CUDA graph, foreach Adam",
+    "torch.compile in a CUDA graph",
+)
+
+
 def update_and_act(options: argparse.Namespace) -> None:
-    """Section 4: ppo_fc's update minibatch and rollout action step, eager, compiled and in CUDA graphs."""
-    device = torch.device(options.device)
+    """Section 4: each variant in a process of its own, since a CUDA error spoils the rest of a process."""
+    for variant in UPDATE_VARIANTS:
+        command = [sys.executable, "-m", "benchmark.atari_gpu", "--sections", "update", "--variant", variant]
+        done = subprocess.run(
+            [*command, "--device", options.device, "--out", str(options.out)], cwd=REPO, capture_output=True, text=True
+        )
+        if done.returncode:
+            report(options.out, "update_and_act", variant=variant, error=done.stderr[-1500:])
+
+
+def time_variant(options: argparse.Namespace) -> None:
+    """One variant of section 4: ppo_fc's rollout action step, then its update on one minibatch."""
+    device, variant = torch.device(options.device), options.variant
     _, args, agent = floor_agent("ppo_fc", [*OURS["ppo_fc"][1:], "--env-id", ENV_ID])
     agent.to(device)
     torch.backends.cudnn.deterministic = args.torch_deterministic  # as the scripts and CleanRL's set it
+    torch.backends.cudnn.allow_tf32 = "TF32" in variant
     minibatch = args.num_envs * args.num_steps // args.num_minibatches
     frames = torch.randint(0, 256, (minibatch, 4, 84, 84), dtype=torch.uint8, device=device)
     actions = torch.randint(0, agent.action_size, (minibatch,), device=device)
     host_frames = np.random.default_rng(0).integers(0, 256, (args.num_envs, 4, 84, 84), dtype=np.uint8)
     host_noise = np.random.default_rng(1).gumbel(size=(args.num_envs, agent.action_size)).astype(np.float32)
-    static_frames = torch.as_tensor(host_frames, device=device)
-    static_noise = torch.as_tensor(host_noise, device=device)
-
-    def update_step(capturable: bool) -> Callable[[], None]:
-        """One minibatch's update as ppo_fc.py makes it, with a simpler loss of the same outputs."""
-        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True,
-                                     capturable=capturable)  # fmt: skip
-
-        def step() -> None:
-            _, logprob, entropy, value = agent.get_action_and_value(frames, actions)
-            loss = -logprob.mean() - args.ent_coef * entropy.mean() + args.vf_coef * value.square().mean()
-            optimizer.zero_grad(set_to_none=not capturable)  # a CUDA graph keeps its gradients at fixed addresses
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
-            optimizer.step()
-
-        return step
+    compiled = variant.startswith("torch.compile")
+    graphed = "CUDA graph" in variant
 
     @torch.no_grad()
     def policy_action(obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         return agent.sample(agent.distribution(agent(obs)[0]), noise)
 
-    def act_from_host(policy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[], np.ndarray]:
-        """The rollout's step: frames and noise from the host, actions back to it."""
-        to_device = lambda array: torch.as_tensor(array, device=device)  # noqa: E731
-        return lambda: policy(to_device(host_frames), to_device(host_noise)).cpu().numpy()
-
-    def graphed_act(policy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[], np.ndarray]:
+    policy = torch.compile(policy_action) if compiled else policy_action
+    on_device = lambda array: torch.as_tensor(array, device=device)  # noqa: E731
+    if graphed:
+        static_frames, static_noise = on_device(host_frames), on_device(host_noise)
         replay, actions_out = in_cuda_graph(lambda: policy(static_frames, static_noise), device)
 
         def act() -> np.ndarray:
@@ -200,31 +205,31 @@ def update_and_act(options: argparse.Namespace) -> None:
             static_noise.copy_(torch.from_numpy(host_noise))
             replay()
             return actions_out.cpu().numpy()
+    else:
 
-        return act
+        def act() -> np.ndarray:
+            return policy(on_device(host_frames), on_device(host_noise)).cpu().numpy()
 
-    variants: dict[str, Callable[[], tuple[Callable[[], object], Callable[[], object]]]] = {
-        "eager, float32 convolutions (the scripts)": lambda: (update_step(False), act_from_host(policy_action)),
-        "eager, TF32 convolutions (CleanRL)": lambda: (update_step(False), act_from_host(policy_action)),
-        "torch.compile": lambda: (torch.compile(update_step(False)), act_from_host(torch.compile(policy_action))),
-        "CUDA graph": lambda: (in_cuda_graph(update_step(True), device)[0], graphed_act(policy_action)),
-        "torch.compile in a CUDA graph": lambda: (
-            in_cuda_graph(torch.compile(update_step(True)), device)[0],
-            graphed_act(torch.compile(policy_action)),
-        ),
-    }
-    for name, build in variants.items():
-        torch.backends.cudnn.allow_tf32 = "TF32" in name
-        try:
-            start = time.perf_counter()
-            update, act = build()
-            update_s, act_s = seconds_per_call(update, device), seconds_per_call(act, device)
-            report(options.out, "update_and_act", variant=name, update_ms=update_s * 1e3, act_ms=act_s * 1e3,
-                   minibatch=minibatch, seconds_to_build_and_time=time.perf_counter() - start)  # fmt: skip
-        except Exception as error:  # one variant failing (a compile error, say) leaves the others to run
-            report(options.out, "update_and_act", variant=name, error=f"{type(error).__name__}: {error}"[:500])
-        finally:
-            torch.backends.cudnn.allow_tf32 = False
+    start = time.perf_counter()
+    report(options.out, "update_and_act", variant=variant, act_ms=seconds_per_call(act, device) * 1e3)
+    optimizer = torch.optim.Adam(
+        agent.parameters(), lr=args.learning_rate, eps=1e-5, fused="foreach" not in variant, capturable=graphed
+    )
+
+    def update() -> None:
+        """One minibatch's update as ppo_fc.py makes it, with a simpler loss of the same outputs."""
+        _, logprob, entropy, value = agent.get_action_and_value(frames, actions)
+        loss = -logprob.mean() - args.ent_coef * entropy.mean() + args.vf_coef * value.square().mean()
+        optimizer.zero_grad(set_to_none=not graphed)  # a CUDA graph keeps its gradients at fixed addresses
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+        optimizer.step()
+
+    step = torch.compile(update) if compiled else update
+    step = in_cuda_graph(step, device)[0] if graphed else step
+    update_ms = seconds_per_call(step, device) * 1e3
+    report(options.out, "update_and_act", variant=variant, update_ms=update_ms, minibatch=minibatch,
+           seconds_to_build_and_time=time.perf_counter() - start)  # fmt: skip
 
 
 SECTIONS = {"speed": speed, "transformer": transformer, "checkpoints": checkpoints_on_cpu, "update": update_and_act}
@@ -240,8 +245,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--device", default="cuda", help="section 4's device (cpu only to try this file out)")
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
+    parser.add_argument("--variant", choices=UPDATE_VARIANTS, help="time this variant of section 4 in this process")
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
+    if options.variant:
+        return time_variant(options)
     options.cleanrl = options.cleanrl and options.cleanrl.resolve()  # its runs start in folders of their own
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
     for section in options.sections:
