@@ -1,13 +1,16 @@
-"""The least time ppo_fc.py's update can take with a CNN, against what it takes, in one run:
-``python -m benchmark.cnn_floor [FLAGS OF ppo_fc.py]`` (default: BreakoutNoFrameskip-v4 with CleanRL's Atari settings).
+"""The least time ppo_fc.py's or ppo_lstm.py's update can take with a CNN, against what it takes, in one run:
+``python -m benchmark.cnn_floor [--script ppo_lstm] [FLAGS OF THE SCRIPT]`` (default: BreakoutNoFrameskip-v4 with
+CleanRL's Atari settings for the script, `benchmark.atari_speed.OURS`).
 
 The floor is the network's arithmetic alone: the script's own agent (built as the script builds it, with its default
-threads) forward and backward over one minibatch of random uint8 frames, with the loss's outputs and Adam's step,
-times the minibatches of an iteration. The script then trains with the flags, and its `perf/update_seconds` (the
-median over its iterations after the first) is set against the floor. Run it alone on the machine."""
+threads) forward and backward over one minibatch of random uint8 frames (for ppo_lstm, whole training sequences with
+no episode start inside, so nothing is padded), with the loss's outputs and Adam's step, times the minibatches of an
+iteration. The script then trains with the flags, and its `perf/update_seconds` (the median over its iterations after
+the first) is set against the floor. Run it alone on the machine."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -15,26 +18,33 @@ import tempfile
 
 import torch
 
+from benchmark.atari_speed import ENV_ID, OURS
 from benchmark.events import find_run_dirs, load_events
-from benchmark.recurrent_floor import floor_agent, median_seconds
+from benchmark.recurrent_floor import floor_agent, median_seconds, random_observations
 from benchmark.registry import REPO
 from common.cli import exit_status
 from common.envs import env_spaces, resolve_env_id
 
-ATARI = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "8", "--clip-coef", "0.1", "--total-timesteps", "6144"]
 
-
-def update_floor_seconds(flags: list[str], repeats: int = 20) -> tuple[float, int]:
+def update_floor_seconds(script_name: str, flags: list[str], repeats: int = 20) -> tuple[float, int]:
     """Seconds of an iteration's update that the network's arithmetic takes, and the threads it ran on."""
-    script, args, agent = floor_agent("ppo_fc", flags)
+    script, args, agent = floor_agent(script_name, flags)
     observation_space, _, _ = env_spaces(script.make_env(resolve_env_id(args.env_id)))
-    minibatch_size = args.num_envs * args.num_steps // args.num_minibatches
-    frames = torch.randint(0, 256, (minibatch_size, *observation_space.shape), dtype=torch.uint8)
-    actions = torch.randint(0, agent.action_size, (minibatch_size,))
+    recurrent = script_name == "ppo_lstm"
+    sequence_len = (args.bptt_len or args.num_steps) if recurrent else 1
+    minibatch_size = args.num_envs * args.num_steps // args.num_minibatches // sequence_len
+    frames = random_observations(observation_space, *((sequence_len,) if recurrent else ()), minibatch_size)
+    actions = torch.randint(0, agent.action_size, frames.shape[: 2 if recurrent else 1])
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     def minibatch() -> None:
-        _, logprob, entropy, value = agent.get_action_and_value(frames, actions)
+        if recurrent:
+            no_starts = torch.zeros(actions.shape, dtype=torch.bool)
+            actor_out, value, _ = agent(frames, agent.initial_state(minibatch_size), no_starts)
+            policy = agent.distribution(actor_out)
+            logprob, entropy = policy.log_prob(actions), policy.entropy()
+        else:
+            _, logprob, entropy, value = agent.get_action_and_value(frames, actions)
         loss = -logprob.mean() - args.ent_coef * entropy.mean() + args.vf_coef * value.square().mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -44,20 +54,23 @@ def update_floor_seconds(flags: list[str], repeats: int = 20) -> tuple[float, in
     return seconds, torch.get_num_threads()
 
 
-def script_update_seconds(flags: list[str]) -> float:
-    """The median `perf/update_seconds` of a ppo_fc.py run with `flags`, its first iteration left out."""
+def script_update_seconds(script_name: str, flags: list[str]) -> float:
+    """The median `perf/update_seconds` of a run of the script with `flags`, its first iteration left out."""
     with tempfile.TemporaryDirectory() as run_dir:
         quiet = ["--no-progress", "--eval-episodes", "0", "--no-save-model", "--run-dir", run_dir]
-        subprocess.run([sys.executable, "ppo_fc.py", *flags, *quiet], cwd=REPO, check=True, capture_output=True)
+        subprocess.run([sys.executable, f"{script_name}.py", *flags, *quiet], cwd=REPO, check=True, capture_output=True)
         (run,) = find_run_dirs([run_dir])
         scalars, _ = load_events(run)
         return statistics.median(event.value for event in scalars["perf/update_seconds"][1:])
 
 
 def main() -> None:
-    flags = sys.argv[1:] or ATARI
-    floor, threads = update_floor_seconds(flags)
-    update = script_update_seconds(flags)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--script", choices=["ppo_fc", "ppo_lstm"], default="ppo_fc")
+    options, flags = parser.parse_known_args()
+    flags = flags or ["--env-id", ENV_ID, *OURS[options.script][1:], "--total-timesteps", "6144"]
+    floor, threads = update_floor_seconds(options.script, flags)
+    update = script_update_seconds(options.script, flags)
     print(f"floor {floor:.2f} s per iteration ({threads} threads); the script's update {update:.2f} s: "
           f"{floor / update:.2f} of the floor's speed")  # fmt: skip
 
