@@ -9,7 +9,8 @@
 4. ppo_fc's update on one minibatch (forward, loss, backward, gradient clipping, Adam) and its rollout's action step
    (8 frames from NumPy to actions on the host): eager with float32 convolutions (as the scripts run them), eager with
    TF32 convolutions (PyTorch's default, which CleanRL keeps), ``torch.compile``, a CUDA graph (captured as LeanRL's
-   CudaGraphModule does, with a capturable Adam), and the compiled step in a CUDA graph.
+   CudaGraphModule does, with a capturable fused or foreach Adam), and the compiled step in a CUDA graph; each variant
+   in a process of its own (``--variant``), the action step first.
 
 Each section's results are printed as it ends and appended to OUT/atari_gpu.jsonl, so a run stopped early keeps what
 it measured. CleanRL runs under ``--cleanrl-python`` with ``--cleanrl-pythonpath`` first on its path (gymnasium 0.29,
