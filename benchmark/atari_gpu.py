@@ -92,7 +92,8 @@ def speed(options: argparse.Namespace) -> None:
             ours.append(our_run(OURS[script], options.steps))
             if options.cleanrl:
                 cleanrl.append(cleanrl_run(options, script, options.steps))
-        ratio = statistics.median(r["sps"] for r in ours) / statistics.median(r["sps"] for r in cleanrl or ours)
+        median = lambda runs: statistics.median(run["sps"] for run in runs)  # noqa: E731
+        ratio = median(ours) / median(cleanrl) if cleanrl else None
         report(options.out, "speed", script=script, ours=ours, cleanrl=cleanrl, ratio=ratio)
     for script in ("ppo_fc", "ppo_lstm"):
         report(options.out, "async", script=script, ours=our_run(OURS[script], options.steps, "--async-envs"))

@@ -37,10 +37,12 @@ def update_floor_seconds(script_name: str, flags: list[str], repeats: int = 20) 
     actions = torch.randint(0, agent.action_size, frames.shape[: 2 if recurrent else 1])
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
+    no_starts = torch.zeros(actions.shape, dtype=torch.bool)
+    initial_state = agent.initial_state(minibatch_size) if recurrent else None
+
     def minibatch() -> None:
         if recurrent:
-            no_starts = torch.zeros(actions.shape, dtype=torch.bool)
-            actor_out, value, _ = agent(frames, agent.initial_state(minibatch_size), no_starts)
+            actor_out, value, _ = agent(frames, initial_state, no_starts)
             policy = agent.distribution(actor_out)
             logprob, entropy = policy.log_prob(actions), policy.entropy()
         else:

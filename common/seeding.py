@@ -23,11 +23,13 @@ def seed_and_pick_device(seed: int, torch_deterministic: bool, torch_threads: in
     NumPy's BLAS counts too: the rollouts' NumPy stand-ins multiply a few rows at a time, and OpenBLAS's own threads
     made an 8-row product 12 times slower (790 against 64 µs) when the cores were shared with other runs.
 
-    It also bounds oneDNN's cache of CPU kernels (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, where not set already; read when
-    the process makes its first kernel, so it counts in a fresh process). Each shape gets kernels of its own, and
-    ppo_lstm's update calls its cell on a new shape whenever the episode starts in a minibatch move: with the default
-    of 1,024 a Breakout run grew by 1.1 GB in 100k steps (docs/ppo_lstm.md, "Memory")."""
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
+    It also bounds oneDNN's cache of CPU kernels (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, where neither it nor
+    `DNNL_PRIMITIVE_CACHE_CAPACITY` is set; read when the process makes its first kernel, so it counts in a fresh
+    process). Each shape gets kernels of its own, and ppo_lstm's update calls its cell on a new shape whenever the
+    episode starts in a minibatch move: with the default of 1,024 a Breakout run grew by 1.1 GB in 100k steps
+    (docs/ppo_lstm.md, "Memory")."""
+    if not {"ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"} & os.environ.keys():
+        os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(ONEDNN_CACHE_CAPACITY)
     seed_generators(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
     # float32, not TF32, in cuDNN's convolutions: the rollout's actions (a few frames a call) are checked against one
