@@ -33,9 +33,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from benchmark.atari_speed import CLEANRL_OF, ENV_ID, OURS
-from benchmark.events import find_run_dirs, load_sessions, merged_scalars, steps_per_second
-from benchmark.recurrent_floor import floor_agent
+from benchmark.atari_speed import ENV_ID, OURS, cleanrl_sps, median_after_first, script_sessions
+from benchmark.events import steps_per_second
+from benchmark.recurrent_floor import floor_agent, median_seconds
 from benchmark.registry import REPO
 
 TRANSFORMER = ("ppo_transformer.py", *OURS["ppo_lstm"][1:], "--norm-adv", "--target-kl", "None")
@@ -51,37 +51,17 @@ def report(out: Path, section: str, **results: object) -> None:
 
 
 def our_run(command: tuple[str, ...], steps: int, *flags: str) -> dict[str, float]:
-    """SPS of one run of our script `command` on the GPU, and its median rollout and update seconds per iteration
-    (the first iteration left out)."""
+    """SPS of one run of our script `command` (its file and flags) on the GPU, and its median rollout and update
+    seconds per iteration (the first iteration left out)."""
     script, *settings = command
-    with tempfile.TemporaryDirectory() as run_dir:
-        subprocess.run(
-            [sys.executable, script, "--env-id", ENV_ID, "--total-timesteps", str(steps), *settings, "--cuda",
-             "--no-save-model", "--run-dir", run_dir, *QUIET, *flags],
-            cwd=REPO, check=True, capture_output=True,
-        )  # fmt: skip
-        (run,) = find_run_dirs([run_dir])
-        sessions = load_sessions(run)
-        scalars = merged_scalars(sessions)
-        median = lambda tag: statistics.median(event.value for event in scalars[tag][1:])  # noqa: E731
-        return {
-            "sps": steps_per_second(sessions),
-            "rollout_s": median("perf/rollout_seconds"),
-            "update_s": median("perf/update_seconds"),
-        }
-
-
-def cleanrl_run(options: argparse.Namespace, script: str, steps: int) -> dict[str, float]:
-    """SPS of one run of CleanRL's `script` on the GPU (its --cuda is on by default)."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        environment = {**os.environ, "PYTHONPATH": options.cleanrl_pythonpath}
-        subprocess.run(
-            [options.cleanrl_python, str(options.cleanrl / "run.py"), str(options.cleanrl / CLEANRL_OF[script]),
-             "--env-id", ENV_ID, "--total-timesteps", str(steps), "--num-envs", "8"],
-            cwd=run_dir, check=True, capture_output=True, env=environment,
-        )  # fmt: skip
-        (run,) = find_run_dirs([run_dir])
-        return {"sps": steps_per_second(load_sessions(run))}
+    sessions = script_sessions(
+        script, ["--env-id", ENV_ID, "--total-timesteps", str(steps), *settings, "--cuda", *flags]
+    )
+    return {
+        "sps": steps_per_second(sessions),
+        "rollout_s": median_after_first(sessions, "perf/rollout_seconds"),
+        "update_s": median_after_first(sessions, "perf/update_seconds"),
+    }
 
 
 def speed(options: argparse.Namespace) -> None:
@@ -91,9 +71,9 @@ def speed(options: argparse.Namespace) -> None:
         for _ in range(options.repeats):
             ours.append(our_run(OURS[script], options.steps))
             if options.cleanrl:
-                cleanrl.append(cleanrl_run(options, script, options.steps))
-        median = lambda runs: statistics.median(run["sps"] for run in runs)  # noqa: E731
-        ratio = median(ours) / median(cleanrl) if cleanrl else None
+                python, path = options.cleanrl_python, options.cleanrl_pythonpath
+                cleanrl.append(cleanrl_sps(options.cleanrl, script, options.steps, python, path, cuda=True))
+        ratio = statistics.median(run["sps"] for run in ours) / statistics.median(cleanrl) if cleanrl else None
         report(options.out, "speed", script=script, ours=ours, cleanrl=cleanrl, ratio=ratio)
     for script in ("ppo_fc", "ppo_lstm"):
         report(options.out, "async", script=script, ours=our_run(OURS[script], options.steps, "--async-envs"))
@@ -125,19 +105,10 @@ def checkpoints_on_cpu(options: argparse.Namespace) -> None:
             report(options.out, "checkpoint_on_cpu", script=script, status=evaluated.returncode, output=said)
 
 
-def seconds_per_call(step: Callable[[], object], device: torch.device, repeats: int = 50) -> float:
-    """The median seconds of `step`, after 10 warm-up calls, the GPU synchronised around each."""
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
-    for _ in range(10):
-        step()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def seconds_per_call(step: Callable[[], object], device: torch.device) -> float:
+    """The median seconds of 50 calls of `step`, after 10 warm-up calls, the GPU synchronised around each."""
+    synchronize = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    return median_seconds(step, 50, warmup=10, synchronize=synchronize)
 
 
 def in_cuda_graph(step: Callable[[], object], device: torch.device) -> tuple[Callable[[], None], object]:

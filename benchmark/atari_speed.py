@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmark.events import find_run_dirs, load_sessions, steps_per_second
+from benchmark.events import Session, find_run_dirs, load_sessions, merged_scalars, steps_per_second
 from benchmark.registry import REPO
 
 ENV_ID = "BreakoutNoFrameskip-v4"
@@ -65,16 +65,25 @@ print(json.dumps({"sps": (end[0] - first_steps) / (end[1] - first_time)}))
 """
 
 
-def our_sps(script: str, steps: int) -> float:
+def script_sessions(command: str, flags: list[str] | tuple[str, ...]) -> list[Session]:
+    """The TensorBoard sessions of one quiet run of our script file `command` with `flags`, in a folder of its own."""
     with tempfile.TemporaryDirectory() as run_dir:
-        command, *flags = OURS[script]
         quiet = ("--no-progress", "--eval-episodes", "0", "--no-save-model", "--run-dir", run_dir)
-        subprocess.run(
-            [sys.executable, command, "--env-id", ENV_ID, "--total-timesteps", str(steps), *flags, *quiet],
-            cwd=REPO, check=True, capture_output=True,
-        )  # fmt: skip
+        subprocess.run([sys.executable, command, *flags, *quiet], cwd=REPO, check=True, capture_output=True)
         (run,) = find_run_dirs([run_dir])
-        return steps_per_second(load_sessions(run))
+        return load_sessions(run)
+
+
+def median_after_first(sessions: list[Session], tag: str) -> float:
+    """The median of a per-iteration record (`perf/update_seconds`, say), its first iteration (start-up) left out."""
+    return statistics.median(event.value for event in merged_scalars(sessions)[tag][1:])
+
+
+def our_sps(script: str, steps: int, *flags: str) -> float:
+    command, *settings = OURS[script]
+    return steps_per_second(
+        script_sessions(command, ["--env-id", ENV_ID, "--total-timesteps", str(steps), *settings, *flags])
+    )
 
 
 def sb3_sps(script: str, steps: int) -> float:
@@ -84,16 +93,23 @@ def sb3_sps(script: str, steps: int) -> float:
     return json.loads(done.stdout.strip().splitlines()[-1])["sps"]
 
 
-def cleanrl_sps(folder: Path, script: str, steps: int) -> float:
+def cleanrl_sps(
+    folder: Path, script: str, steps: int, python: str | None = None, pythonpath: str = "", cuda: bool = False
+) -> float:
+    """SPS of CleanRL's `script` in `folder` (its run.py launcher), under `python` (default: the folder's .venv) with
+    `pythonpath` first on its path."""
     with tempfile.TemporaryDirectory() as run_dir:
-        flags = ("--env-id", ENV_ID, "--total-timesteps", str(steps), "--num-envs", "8", "--no-cuda")
-        start = time.time()
-        subprocess.run(
-            [str(folder / ".venv/bin/python"), str(folder / "run.py"), str(folder / CLEANRL_OF[script]), *flags],
-            cwd=run_dir, check=True, capture_output=True, env={"PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
-        runs = [path for path in find_run_dirs([run_dir]) if path.stat().st_mtime >= start - 1]
-        return steps_per_second(load_sessions(runs[0]))
+        launcher = [
+            python or str(folder / ".venv/bin/python"),
+            str(folder / "run.py"),
+            str(folder / CLEANRL_OF[script]),
+        ]
+        cuda_flag = "--cuda" if cuda else "--no-cuda"
+        flags = ["--env-id", ENV_ID, "--total-timesteps", str(steps), "--num-envs", "8", cuda_flag]
+        environment = {**os.environ, "PYTHONPATH": pythonpath}
+        subprocess.run([*launcher, *flags], cwd=run_dir, check=True, capture_output=True, env=environment)
+        (run,) = find_run_dirs([run_dir])
+        return steps_per_second(load_sessions(run))
 
 
 def main() -> None:

@@ -11,17 +11,12 @@ the first) is set against the floor. Run it alone on the machine."""
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
-import tempfile
 
 import torch
 
-from benchmark.atari_speed import ENV_ID, OURS
-from benchmark.events import find_run_dirs, load_events
+from benchmark.atari_speed import ENV_ID, OURS, median_after_first, script_sessions
 from benchmark.recurrent_floor import floor_agent, median_seconds, random_observations
-from benchmark.registry import REPO
 from common.cli import exit_status
 from common.envs import env_spaces, resolve_env_id
 
@@ -56,23 +51,13 @@ def update_floor_seconds(script_name: str, flags: list[str], repeats: int = 20) 
     return seconds, torch.get_num_threads()
 
 
-def script_update_seconds(script_name: str, flags: list[str]) -> float:
-    """The median `perf/update_seconds` of a run of the script with `flags`, its first iteration left out."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        quiet = ["--no-progress", "--eval-episodes", "0", "--no-save-model", "--run-dir", run_dir]
-        subprocess.run([sys.executable, f"{script_name}.py", *flags, *quiet], cwd=REPO, check=True, capture_output=True)
-        (run,) = find_run_dirs([run_dir])
-        scalars, _ = load_events(run)
-        return statistics.median(event.value for event in scalars["perf/update_seconds"][1:])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--script", choices=["ppo_fc", "ppo_lstm"], default="ppo_fc")
     options, flags = parser.parse_known_args()
     flags = flags or ["--env-id", ENV_ID, *OURS[options.script][1:], "--total-timesteps", "6144"]
     floor, threads = update_floor_seconds(options.script, flags)
-    update = script_update_seconds(options.script, flags)
+    update = median_after_first(script_sessions(f"{options.script}.py", flags), "perf/update_seconds")
     print(f"floor {floor:.2f} s per iteration ({threads} threads); the script's update {update:.2f} s: "
           f"{floor / update:.2f} of the floor's speed")  # fmt: skip
 

@@ -24,14 +24,19 @@ from common.cli import exit_status
 from common.envs import env_spaces, observation_map, observation_tensor, observation_zeros, resolve_env_id
 
 
-def median_seconds(step: Callable[[], None], repeats: int) -> float:
-    """The median time of `repeats` calls of `step`, after 5 that set up oneDNN's kernels."""
+def median_seconds(
+    step: Callable[[], object], repeats: int, warmup: int = 5, synchronize: Callable[[], object] = lambda: None
+) -> float:
+    """The median time of `repeats` calls of `step`, after `warmup` that set up oneDNN's (or cuDNN's) kernels, with
+    `synchronize` (a GPU's) before and after each timed call."""
     times = []
-    for _ in range(repeats + 5):
+    for _ in range(repeats + warmup):
+        synchronize()
         start = time.perf_counter()
         step()
+        synchronize()
         times.append(time.perf_counter() - start)
-    return sorted(times[5:])[repeats // 2]
+    return sorted(times[warmup:])[repeats // 2]
 
 
 def floor_agent(name: str, flags: list[str]) -> tuple[ModuleType, Any, torch.nn.Module]:

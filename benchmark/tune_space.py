@@ -90,27 +90,26 @@ def parse_param(line: str, fields: set[str]) -> Param:
     flag, _, spec = line.strip().partition("=")
     field = flag.strip().lstrip("-").replace("-", "_")
     kind, _, values = spec.strip().partition(":")
+    where = f"search space {line.strip()!r}"
     if not spec or kind not in ("float", "log", "int", "choice"):
-        raise UsageError(
-            f"search space {line.strip()!r}: write FLAG=float:LOW:HIGH, log:LOW:HIGH, int:LOW:HIGH or choice:A,B"
-        )
+        raise UsageError(f"{where}: write FLAG=float:LOW:HIGH, log:LOW:HIGH, int:LOW:HIGH or choice:A,B")
     if field not in fields:
-        raise UsageError(f"search space {line.strip()!r}: the script has no flag --{field.replace('_', '-')}")
+        raise UsageError(f"{where}: the script has no flag --{field.replace('_', '-')}")
     if kind == "choice":
         choices = tuple(value.strip() for value in values.split(",") if value.strip())
         if not choices:
-            raise UsageError(f"search space {line.strip()!r}: no values to choose from")
+            raise UsageError(f"{where}: no values to choose from")
         return Param(field, kind, choices=choices)
     try:
         low, high = (float(value) for value in values.split(":"))
     except ValueError:
-        raise UsageError(f"search space {line.strip()!r}: a range is LOW:HIGH, two numbers") from None
+        raise UsageError(f"{where}: a range is LOW:HIGH, two numbers") from None
     if kind == "int" and (low != int(low) or high != int(high)):
-        raise UsageError(f"search space {line.strip()!r}: an int range's ends are integers")
+        raise UsageError(f"{where}: an int range's ends are integers")
     if not low < high:
-        raise UsageError(f"search space {line.strip()!r}: an empty range (LOW must be below HIGH)")
+        raise UsageError(f"{where}: an empty range (LOW must be below HIGH)")
     if kind == "log" and low <= 0:
-        raise UsageError(f"search space {line.strip()!r}: a log range starts above 0")
+        raise UsageError(f"{where}: a log range starts above 0")
     return Param(field, kind, low, high)
 
 

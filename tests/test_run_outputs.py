@@ -101,6 +101,14 @@ def stop_when(process: subprocess.Popen, ready, timeout: float = 240) -> None:
     raise AssertionError(f"the run ended or ran out of time before it could be killed: {process.communicate()[1]}")
 
 
+def killed_recording(script: str, flags: list[str], recording: Path) -> Path:
+    """`recording`: what a long run of `script` with `flags` recorded, SIGKILLed once it had written two files."""
+    command = [sys.executable, script, *flags, "--total-timesteps", "200000", "--save-trajectories", str(recording)]
+    process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    stop_when(process, lambda: len(list(recording.glob("steps_*.npz"))) >= 2)
+    return recording
+
+
 def test_a_run_killed_between_checkpoints_and_resumed_logs_each_step_once_and_records_each_step_once(tmp_path):
     # Probe1's episodes last one step: 512 wandb rows an iteration, so wandb's writer has written rows past the
     # checkpoint by the time of the kill (it writes whole 32 KiB blocks). Checkpoints every 20 iterations of 128 steps
@@ -189,12 +197,8 @@ def test_eval_checkpoint_records_videos_and_sends_them_to_a_wandb_run_of_its_own
 
 
 def test_a_run_killed_while_recording_leaves_a_readable_recording(tmp_path):
-    recording = tmp_path / "recording"
-    flags = ["--env-id", "CartPole-v1", "--total-timesteps", "200000", "--run-dir", str(tmp_path / "runs")]
-    flags += ["--no-progress", "--save-trajectories", str(recording)]
-    process = subprocess.Popen([sys.executable, "ppo_fc.py", *flags], cwd=REPO, stderr=subprocess.PIPE, text=True)
-    stop_when(process, lambda: len(list(recording.glob("steps_*.npz"))) >= 2)
-    data = load_trajectories(recording)
+    flags = ["--env-id", "CartPole-v1", "--run-dir", str(tmp_path / "runs"), "--no-progress"]
+    data = load_trajectories(killed_recording("ppo_fc.py", flags, tmp_path / "recording"))
     assert data["/rewards"].shape[1] >= 2 * 2048 and data["/rewards"].shape[1] % 2048 == 0
     assert not np.isnan(data["/rewards"]).any()
 
@@ -270,12 +274,8 @@ def assert_whole_in_minari(recording: Path, dataset_id: str) -> None:
 def test_image_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(tmp_path, monkeypatch):
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     # Killed: the files written before the kill read back, frames and final frames uint8.
-    killed = tmp_path / "killed"
-    flags = ["--env-id", "ImageMemory-v0", "--total-timesteps", "200000", "--run-dir", str(tmp_path / "runs")]
-    flags += ["--no-progress", "--save-trajectories", str(killed)]
-    process = subprocess.Popen([sys.executable, "ppo_fc.py", *flags], cwd=REPO, stderr=subprocess.PIPE, text=True)
-    stop_when(process, lambda: len(list(killed.glob("steps_*.npz"))) >= 2)
-    assert_whole_in_minari(killed, "images/killed-v0")
+    flags = ["--env-id", "ImageMemory-v0", "--run-dir", str(tmp_path / "runs"), "--no-progress"]
+    assert_whole_in_minari(killed_recording("ppo_fc.py", flags, tmp_path / "killed"), "images/killed-v0")
     # A clean end, on Atari: games of several episodes (lives), compressed frames.
     pytest.importorskip("ale_py")
     clean, runs = tmp_path / "clean", tmp_path / "atari"
@@ -289,16 +289,10 @@ def test_image_and_vector_recordings_reach_minari_whole_after_a_kill_and_a_clean
     # ppo_transformer on images: each observation is a uint8 frame and a vector (the previous action and reward).
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     flags = ["--env-id", "ImageMemory-v0", "--num-envs", "2", "--eval-episodes", "0", "--no-progress"]
-    killed, clean = tmp_path / "killed", tmp_path / "clean"
-    command = [sys.executable, "ppo_transformer.py", *flags, "--total-timesteps", "200000"]
-    command += ["--run-dir", str(tmp_path / "runs"), "--save-trajectories", str(killed)]
-    process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
-    stop_when(process, lambda: len(list(killed.glob("steps_*.npz"))) >= 2)
-    assert_whole_in_minari(killed, "parts/killed-v0")
-    completed = run_script(
-        "ppo_transformer.py", *flags, "--total-timesteps", "512", "--run-dir", str(tmp_path / "runs"),
-        "--save-trajectories", str(clean),
-    )  # fmt: skip
+    flags += ["--run-dir", str(tmp_path / "runs")]
+    assert_whole_in_minari(killed_recording("ppo_transformer.py", flags, tmp_path / "killed"), "parts/killed-v0")
+    clean = tmp_path / "clean"
+    completed = run_script("ppo_transformer.py", *flags, "--total-timesteps", "512", "--save-trajectories", str(clean))
     assert completed.returncode == 0, completed.stderr
     data = load_trajectories(clean)
     assert data["/observations/vector"].shape == (2, 256, 3) and "/observations" not in data
