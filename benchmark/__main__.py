@@ -42,6 +42,7 @@ from benchmark.cases import (
     suite_cases,
 )
 from benchmark.events import LAST_EPISODES, RunSummary, find_run_dirs, safe_name, summarise_run
+from benchmark.processes import stderr_tail
 from benchmark.registry import REFERENCES, SCRIPTS, launcher, resolve_args, same_settings_flags
 from benchmark.report import (
     AgainstReference,
@@ -63,11 +64,11 @@ from benchmark.report import (
     speed_table,
 )
 from benchmark.stored import load_run, store_run, stored_path
+from benchmark.tune import Tune, TuneReport, tune, tune_report
 from common.errors import UsageError
 from common.seeding import available_cores
 
 REPO = Path(__file__).resolve().parent.parent
-STDERR_TAIL_LINES = 12
 RAW_ENV_STEPS = 200_000
 """env steps of each raw-env measurement (fewer when a case is shorter)"""
 DEFAULT_SCRIPTS, DEFAULT_ENVS, DEFAULT_SEEDS = ("ppo_fc",), ("CartPole-v1",), (1, 2, 3)
@@ -360,8 +361,7 @@ def run_job(job: Job, logs: Path, threads: int | None = None) -> Job:
     (logs / f"{job.id}.stdout").write_text(process.stdout)
     (logs / f"{job.id}.stderr").write_text(process.stderr)
     if process.returncode != 0:
-        stderr_tail = "\n".join(process.stderr.strip().splitlines()[-STDERR_TAIL_LINES:]) or "(no stderr)"
-        job.error = f"exit status {process.returncode}: {stderr_tail}"
+        job.error = f"exit status {process.returncode}: {stderr_tail(process.stderr)}"
     elif job.kind in ("raw-env", "random-policy"):
         try:
             job.output = json.loads(process.stdout.strip().splitlines()[-1])
@@ -804,8 +804,9 @@ def plot(args: Plot) -> int:
 
 
 def main() -> int:
-    command = tyro.extras.subcommand_cli_from_dict({"run": Run, "plot": Plot})
-    return run(command) if isinstance(command, Run) else plot(command)
+    commands = {"run": (Run, run), "plot": (Plot, plot), "tune": (Tune, tune), "tune-report": (TuneReport, tune_report)}
+    command = tyro.extras.subcommand_cli_from_dict({name: kind for name, (kind, _) in commands.items()})
+    return next(function for kind, function in commands.values() if isinstance(command, kind))(command)
 
 
 if __name__ == "__main__":

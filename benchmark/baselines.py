@@ -102,18 +102,24 @@ class RandomPolicyArgs:
     """episode k resets with seed + k; the action sampler is seeded with `seed`"""
 
 
-def random_policy(args: RandomPolicyArgs) -> None:
-    env = flat_env(args.env_id)
-    env.action_space.seed(args.seed)
+def random_policy_returns(env_id: str, episodes: int, seed: int = 1) -> list[float]:
+    """The return of each of `episodes` episodes of the random policy on `env_id` (see `RandomPolicyArgs`)."""
+    env = flat_env(env_id)
+    env.action_space.seed(seed)
     returns = []
-    for episode in range(args.episodes):
-        env.reset(seed=args.seed + episode)
+    for episode in range(episodes):
+        env.reset(seed=seed + episode)
         episode_return, done = 0.0, False
         while not done:
             _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
             episode_return, done = episode_return + float(reward), terminated or truncated
         returns.append(episode_return)
     env.close()
+    return returns
+
+
+def random_policy(args: RandomPolicyArgs) -> None:
+    returns = random_policy_returns(args.env_id, args.episodes, args.seed)
     summary = {"env_id": args.env_id, "episodes": args.episodes, "seed": args.seed}
     print(json.dumps({**summary, "mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns}))
 

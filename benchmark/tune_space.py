@@ -61,6 +61,12 @@ class Param:
     """for a choice: the values as the command line writes them"""
 
     @property
+    def line(self) -> str:
+        """The space's line for the flag, as `parse_param` reads it."""
+        values = ",".join(self.choices) if self.kind == "choice" else f"{self.low:g}:{self.high:g}"
+        return f"{self.field.replace('_', '-')}={self.kind}:{values}"
+
+    @property
     def flag(self) -> str:
         return "--" + self.field.replace("_", "-")
 

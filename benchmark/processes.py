@@ -1,0 +1,59 @@
+"""Child processes of the harness: the end of what a failed one printed, and runs that can be stopped whole."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+STDERR_TAIL_LINES = 12
+STOP_GRACE_SECONDS = 10.0
+"""seconds a stopped run has to end after SIGTERM, before its process group is killed"""
+
+
+def stderr_tail(stderr: str) -> str:
+    """The last `STDERR_TAIL_LINES` lines of what a process wrote to stderr."""
+    return "\n".join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:]) or "(no stderr)"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the thread that started it ends (a killed harness leaves no run)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start_stoppable(command: list[str], cwd: Path, log_stem: Path, environment: dict[str, str]) -> subprocess.Popen:
+    """Start `command` in a process group of its own, its output to `log_stem`.stdout and .stderr: a terminal's
+    Ctrl-C does not reach it (the harness stops it, see `stop`), and on Linux it is sent SIGTERM if the harness dies."""
+    with open(f"{log_stem}.stdout", "w") as stdout, open(f"{log_stem}.stderr", "w") as stderr:
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            stdout=stdout,
+            stderr=stderr,
+            env=environment,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+
+def stop(process: subprocess.Popen) -> None:
+    """End `process` and every process it started (its env workers): SIGTERM to its group, then SIGKILL to what is
+    left after `STOP_GRACE_SECONDS`. The process is waited for, so none is left behind."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:  # the whole group has ended
+        process.wait()
+        return
+    try:
+        process.wait(STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    try:  # what is left: the leader, or workers it left behind
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

@@ -1,0 +1,618 @@
+"""Hyperparameter sweeps with Optuna: ``python -m benchmark tune SCRIPT ...`` and ``python -m benchmark tune-report``.
+
+A trial is one setting of the space's flags (`benchmark.tune_space`), run on every env and seed given, each run the
+script as a subprocess in a run folder of its own, all of a trial's runs at once. Its value is the mean over them of
+the normalised score, (return - random) / (target - random). While they run, the trial reports that mean, over the
+last 100 training episodes of each run, at each tenth of the steps; Optuna's pruner can stop it there. The study
+lives in Optuna's storage (a journal file, or a database URL), which any number of processes on any number of
+machines share: rerunning the command continues it. docs/tune.md is the guide.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import gymnasium as gym
+import numpy as np
+import tyro
+
+import probe_envs  # noqa: F401  (registers the probe ids)
+from benchmark.cases import SUITES, suite_cases
+from benchmark.events import LAST_EPISODES, RunSummary, find_run_dirs, safe_name, summarise_run
+from benchmark.processes import start_stoppable, stderr_tail, stop
+from benchmark.registry import HARNESS_SET, SCRIPTS, resolve_args
+from benchmark.tune_space import Param, build_space, space_lines
+from common.envs import resolve_env_id
+from common.errors import UsageError
+from common.seeding import available_cores
+
+REPO = Path(__file__).resolve().parent.parent
+REPORTS = 10
+"""a trial reports its intermediate value at each tenth of its runs' steps"""
+RANDOM_EPISODES = 100
+"""episodes of the random policy's return on each env, measured once per study"""
+POLL_SECONDS = 1.0
+EVENTS_EVERY_SECONDS = 5.0
+"""how often a running trial reads its runs' events for its intermediate values"""
+STALE_HEARTBEATS = 3
+"""a running trial whose process missed this many heartbeats is failed by the next process that looks"""
+
+
+@dataclass
+class Tune:
+    """Sweep a script's flags with Optuna, each trial judged on every env and seed given (docs/tune.md)."""
+
+    script: Annotated[str, tyro.conf.Positional]
+    """the script to sweep (ppo_lstm.py or ppo_lstm)"""
+    env_id: Annotated[tuple[str, ...], tyro.conf.UseAppendAction]
+    """an env each trial runs on (give --env-id once per env)"""
+    seeds: tuple[int, ...] = (1,)
+    """each trial runs each env with each of these seeds"""
+    steps: int = 100_000
+    """env steps of every run"""
+    trials: int = 20
+    """trials this command runs (more on a rerun or in another process: they add up in the study)"""
+    workers: int = 1
+    """trials at a time in this process (each runs its envs and seeds at once)"""
+    study: str | None = None
+    """the study's name in the storage (default: the script's name)"""
+    storage: str | None = None
+    """a journal file (default runs/tune/<study>.journal) or a database URL (sqlite:///..., postgresql://...)"""
+    space: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """a flag to vary, FLAG=float|log:LOW:HIGH, int:LOW:HIGH or choice:A,B (repeat it; default: the script's space)"""
+    space_file: tuple[str, ...] = ()
+    """files of such lines, one per flag (# starts a comment)"""
+    flags: str = ""
+    """flags every run is given, in one string: --flags='--num-envs 8'"""
+    objective: Literal["eval", "last-100"] = "eval"
+    """a run's return: its deterministic evaluation at the end, or the mean of its last 100 training episodes"""
+    eval_episodes: int = 20
+    """evaluation episodes at the end of every run"""
+    random: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """ENV=RETURN: the random policy's return on ENV (default: measured, 100 episodes)"""
+    target: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """ENV=RETURN: the return that scores 1 on ENV (default: the task's maximum in the registry)"""
+    pruner: Literal["median", "none"] = "median"
+    """stop a trial whose intermediate value is below the median of earlier trials' at the same step"""
+    sampler_seed: int | None = None
+    """the TPE sampler's seed (default: drawn, so that processes on one study propose different settings)"""
+    heartbeat_seconds: float = 60.0
+    """a running trial records a heartbeat this often; one silent for 3 of them is failed by the next process"""
+    out: str | None = None
+    """the folder of the trials' run folders (default runs/tune/<study>)"""
+
+
+@dataclass
+class TuneReport:
+    """Print a study's best trial as a command line and a table of its best trials; draw its plots."""
+
+    study: str
+    """the study's name in the storage"""
+    storage: str | None = None
+    """a journal file (default runs/tune/<study>.journal) or a database URL"""
+    top: int = 10
+    """rows of the table of best trials"""
+    out: str | None = None
+    """the folder of the PNG plots (default runs/tune/<study>-report)"""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every trial of this command runs, and how its runs are scored."""
+
+    script: str
+    env_ids: tuple[str, ...]
+    seeds: tuple[int, ...]
+    steps: int
+    flags: tuple[str, ...]
+    space: tuple[Param, ...]
+    objective: str
+    eval_episodes: int
+    bounds: dict[str, tuple[float, float]]
+    """each env's (random return, target return)"""
+    out: Path
+    threads: int
+    """each run's OMP_NUM_THREADS: the cores shared between every run of every worker"""
+    heartbeat_seconds: float
+
+    def score(self, env_id: str, value: float) -> float:
+        """`value`, a return on `env_id`, as a share of the way from the random policy's return to the target."""
+        random, target = self.bounds[env_id]
+        return (value - random) / (target - random)
+
+    def settings(self) -> dict[str, Any]:
+        """What makes two commands the same study: a rerun or another process must agree on all of it."""
+        return {
+            "script": self.script,
+            "env_ids": list(self.env_ids),
+            "seeds": list(self.seeds),
+            "steps": self.steps,
+            "flags": list(self.flags),
+            "space": [param.line for param in self.space],
+            "objective": self.objective,
+            "eval_episodes": self.eval_episodes,
+            "bounds": {env_id: list(bound) for env_id, bound in self.bounds.items()},
+        }
+
+
+def command_line(settings: dict[str, Any], env_id: str, flags: list[str], seed: int | None = None) -> list[str]:
+    """The command of a run of a study (`Plan.settings`) on `env_id` with the space's `flags`: the trial's run with
+    its `seed`, or without one, the command the report prints."""
+    command = ["python", f"{settings['script']}.py", "--env-id", env_id, "--total-timesteps", str(settings["steps"])]
+    if seed is not None:
+        command += ["--seed", str(seed), "--eval-episodes", str(settings["eval_episodes"])]
+    return [*command, *settings["flags"], *flags]
+
+
+class RunFailed(Exception):
+    """A run of a trial exited with an error."""
+
+
+class Interrupted(Exception):
+    """The command was stopped (Ctrl-C, SIGTERM) while the trial ran."""
+
+
+def named_values(entries: tuple[str, ...], flag: str, env_ids: tuple[str, ...]) -> dict[str, float]:
+    """ENV=NUMBER entries of `flag` as a dict (UsageError: malformed, or an env the sweep does not run)."""
+    values = {}
+    for entry in entries:
+        env_id, _, number = entry.rpartition("=")
+        try:
+            values[env_id] = float(number)
+        except ValueError:
+            raise UsageError(f"{flag} {entry!r}: write ENV=RETURN, e.g. CartPole-v1=500") from None
+        if env_id not in env_ids:
+            raise UsageError(f"{flag} {entry!r}: the sweep does not run {env_id} (its --env-id)")
+    return values
+
+
+def registry_target(env_id: str) -> float | None:
+    """The highest return of `env_id` as the registry knows it: a case's `task_max`, 1 for a popgym task (popgym
+    scales every return into [-1, 1], its pendulums' into [0, 1]), else the env's own reward threshold, if any."""
+    maxima = {case.task_max for name in SUITES for case in suite_cases(name) if case.env_id == env_id}
+    maxima.discard(None)
+    if maxima:
+        return max(maxima)  # type: ignore[type-var]
+    if env_id.startswith("popgym-"):
+        return 1.0
+    return gym.spec(resolve_env_id(env_id).rpartition(":")[2]).reward_threshold
+
+
+def env_bounds(args: Tune, stored: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
+    """Each env's (random, target) return: the command line's, else the study's (a rerun), else the registry's
+    target and a measured random return (UsageError: no target known, or a range of zero)."""
+    from benchmark.baselines import random_policy_returns
+
+    randoms = named_values(args.random, "--random", args.env_id)
+    targets = named_values(args.target, "--target", args.env_id)
+    bounds = {}
+    for env_id in args.env_id:
+        target = targets.get(env_id, stored[env_id][1] if env_id in stored else registry_target(env_id))
+        if target is None:
+            raise UsageError(f"no target return known for {env_id}: give --target {env_id}=RETURN")
+        random = randoms.get(env_id, stored[env_id][0] if env_id in stored else None)
+        if random is None:
+            print(f"tune: measuring the random policy's return on {env_id} ({RANDOM_EPISODES} episodes)", flush=True)
+            random = float(np.mean(random_policy_returns(env_id, RANDOM_EPISODES)))
+        if target == random:
+            raise UsageError(f"{env_id}: the target return equals the random policy's ({target}): give --target")
+        bounds[env_id] = (random, target)
+    return bounds
+
+
+def check_tune(args: Tune) -> None:
+    """Bad input that needs no script: a UsageError."""
+    problems = []
+    if args.script not in SCRIPTS:
+        problems.append(f"no script {args.script} to sweep (one of {', '.join(SCRIPTS)})")
+    if not args.env_id:
+        problems.append("give at least one --env-id")
+    for env_id in args.env_id:
+        try:
+            resolve_env_id(env_id)
+        except UsageError as error:
+            problems.append(f"--env-id: {error}")
+    if not args.seeds or len(set(args.seeds)) != len(args.seeds):
+        problems.append("--seeds needs one or more distinct seeds")
+    if args.steps <= 0 or args.trials < 0 or args.workers < 1 or args.heartbeat_seconds <= 0:
+        problems.append("--steps, --workers and --heartbeat-seconds must be positive, --trials at least 0")
+    if args.eval_episodes < (1 if args.objective == "eval" else 0):
+        problems.append("--objective eval needs --eval-episodes of at least 1")
+    if problems:
+        raise UsageError("; ".join(problems))
+
+
+def make_plan(args: Tune, stored_bounds: dict[str, list[float]], out: Path) -> Plan:
+    """The plan of this command, every flag and space line checked against the script (UsageError)."""
+    flags = tuple(shlex.split(args.flags))
+    resolve_args(args.script, flags)
+    set_by_sweep = sorted(
+        f"--{name.replace('_', '-')}" for name in HARNESS_SET if f"--{name.replace('_', '-')}" in flags
+    )
+    if set_by_sweep:
+        raise UsageError(f"--flags: the sweep sets {', '.join(set_by_sweep)} itself")
+    lines = space_lines(list(args.space), [Path(path) for path in args.space_file])
+    space: list[Param] = []
+    for env_id in args.env_id:
+        run_flags = ["--env-id", env_id, "--total-timesteps", str(args.steps), *flags]
+        space = build_space(args.script, lines, run_flags)
+    swept = sorted(param.flag for param in space if param.field in HARNESS_SET)
+    if swept:
+        raise UsageError(f"search space: the sweep sets {', '.join(swept)} itself")
+    runs_at_once = args.workers * len(args.env_id) * len(args.seeds)
+    return Plan(
+        args.script,
+        tuple(args.env_id),
+        tuple(args.seeds),
+        args.steps,
+        flags,
+        tuple(space),
+        args.objective,
+        args.eval_episodes,
+        env_bounds(args, stored_bounds),
+        out,
+        max(1, available_cores() // runs_at_once),
+        args.heartbeat_seconds,
+    )
+
+
+def open_storage(location: str) -> Any:
+    """Optuna's storage at `location`: a database URL (RDB storage), else a journal file (made with its folder)."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    if "://" in location:
+        return optuna.storages.RDBStorage(location)
+    Path(location).parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(location))
+
+
+@dataclass
+class TrialRun:
+    """One run of a trial: an env and a seed, the script's process and its run folder."""
+
+    env_id: str
+    seed: int
+    run_dir: Path
+    process: subprocess.Popen
+    summary: RunSummary | None = None
+    """what its events held when last read"""
+
+    def read(self) -> RunSummary | None:
+        """The run the script has made in `run_dir` so far (None until its events file exists)."""
+        made = find_run_dirs([self.run_dir]) if self.run_dir.is_dir() else []
+        self.summary = summarise_run(made[0]) if len(made) == 1 else None
+        return self.summary
+
+    def training_score(self, plan: Plan, step: int) -> float:
+        """Its normalised mean of the last 100 training episodes ended by `step` (0, the random policy's score,
+        before its first episode)."""
+        if self.summary is None:
+            return 0.0
+        returns = self.summary.episode_returns[self.summary.episode_steps <= step][-LAST_EPISODES:]
+        return plan.score(self.env_id, float(np.mean(returns))) if len(returns) else 0.0
+
+    def final_score(self, plan: Plan) -> float:
+        """Its normalised return at the end, by the plan's objective (RunFailed: it has none)."""
+        summary = self.summary
+        value = None if summary is None else summary.eval_return if plan.objective == "eval" else summary.last_return
+        if value is None:
+            missing = "evaluation" if plan.objective == "eval" else "episode"
+            raise RunFailed(f"{self.env_id} seed {self.seed}: the run logged no {missing}")
+        return plan.score(self.env_id, value)
+
+
+def run_trial(trial: Any, plan: Plan, stopping: threading.Event) -> float:
+    """Run `trial`'s runs at once, reporting its intermediate values; its value (RunFailed, Interrupted, or
+    optuna.TrialPruned, each with every run stopped)."""
+    values = {param.field: param.suggest(trial) for param in plan.space}
+    flags = [flag for param in plan.space for flag in param.flags(values[param.field])]
+    folder = plan.out / f"trial-{trial.number:04d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    trial.set_user_attr("flags", shlex.join(flags))
+    trial.set_user_attr("folder", str(folder.resolve()))
+    trial.set_user_attr("host", f"{platform.node()} pid {os.getpid()}")
+    trial.set_user_attr("heartbeat_seconds", plan.heartbeat_seconds)
+    trial.set_user_attr("heartbeat", time.time())
+    environment = {**os.environ, "OMP_NUM_THREADS": str(plan.threads)}
+    runs = []
+    start = time.time()
+    for env_id in plan.env_ids:
+        for seed in plan.seeds:
+            run_dir = folder / f"{safe_name(env_id)}__{seed}"
+            command = command_line(plan.settings(), env_id, flags, seed)[1:]
+            command = [sys.executable, *command, "--no-progress", "--run-dir", str(run_dir)]
+            process = start_stoppable(command, REPO, run_dir, environment)
+            runs.append(TrialRun(env_id, seed, run_dir, process))
+    try:
+        watch_trial(trial, plan, runs, stopping)
+    finally:
+        for run in runs:
+            stop(run.process)
+    scores = [run.final_score(plan) for run in runs]
+    trial.set_user_attr("wall_seconds", time.time() - start)
+    trial.set_user_attr("sps", float(np.mean([run.summary.sps or 0.0 for run in runs if run.summary])))
+    trial.set_user_attr("scores", scores)
+    return float(np.mean(scores))
+
+
+def watch_trial(trial: Any, plan: Plan, runs: list[TrialRun], stopping: threading.Event) -> None:
+    """Wait for `runs` to end, with a heartbeat, reporting the intermediate value at each tenth of the steps as soon
+    as every run has passed it (RunFailed, Interrupted, optuna.TrialPruned)."""
+    import optuna
+
+    reported, last_read, last_beat = 0, 0.0, time.time()
+    while True:
+        ended = all(run.process.poll() is not None for run in runs)
+        for run in runs:
+            if run.process.poll() not in (None, 0):
+                stderr = stderr_tail(Path(f"{run.run_dir}.stderr").read_text())
+                raise RunFailed(f"{run.env_id} seed {run.seed}: exit status {run.process.returncode}: {stderr}")
+        if stopping.is_set():
+            raise Interrupted
+        now = time.time()
+        if now - last_beat >= plan.heartbeat_seconds:
+            trial.set_user_attr("heartbeat", now)
+            last_beat = now
+        if ended or now - last_read >= EVENTS_EVERY_SECONDS:
+            last_read = now
+            reached = min(summary.steps if (summary := run.read()) else 0 for run in runs)
+            while reported < REPORTS - 1 and reached >= (step := plan.steps * (reported + 1) // REPORTS):
+                trial.report(float(np.mean([run.training_score(plan, step) for run in runs])), step)
+                reported += 1
+                if not ended and trial.should_prune():
+                    raise optuna.TrialPruned
+        if ended:
+            return
+        time.sleep(POLL_SECONDS)
+
+
+def fail_stale_trials(study: Any, storage: Any) -> None:
+    """Fail the study's running trials whose process stopped beating (killed, or its machine lost): their heartbeat
+    is older than `STALE_HEARTBEATS` of their own intervals. Optuna's heartbeat is the RDB storage's alone; this one
+    serves a journal too."""
+    from optuna.trial import TrialState
+
+    now = time.time()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        # A trial whose process died before it wrote its first heartbeat is judged by its start and the default.
+        interval = trial.user_attrs.get("heartbeat_seconds", Tune.heartbeat_seconds)
+        last = trial.user_attrs.get("heartbeat", trial.datetime_start.timestamp() if trial.datetime_start else now)
+        if now - last <= STALE_HEARTBEATS * interval:
+            continue
+        try:  # another process may fail it first
+            error = f"no heartbeat since {datetime.fromtimestamp(last).isoformat(timespec='seconds')} (process ended)"
+            storage.set_trial_user_attr(trial._trial_id, "error", error)  # no public setter for another's trial
+            study.tell(trial.number, state=TrialState.FAIL)
+            print(f"tune: trial {trial.number} of {trial.user_attrs.get('host', '?')} failed: {error}", flush=True)
+        except RuntimeError:
+            pass
+
+
+def work(study: Any, storage: Any, plan: Plan, trials_left: Iterator[int], stopping: threading.Event) -> None:
+    """One worker: run trials while `trials_left` gives one and no stop is asked, telling the study how each ended."""
+    import optuna
+    from optuna.trial import TrialState
+
+    for _ in trials_left:
+        if stopping.is_set():
+            return
+        fail_stale_trials(study, storage)
+        trial = study.ask()
+        try:
+            value = run_trial(trial, plan, stopping)
+        except optuna.TrialPruned:
+            study.tell(trial, state=TrialState.PRUNED)
+            print(f"tune: trial {trial.number} pruned at step {trial_last_step(study, trial.number)}", flush=True)
+        except (RunFailed, Interrupted) as error:
+            reason = str(error) if isinstance(error, RunFailed) else "interrupted (Ctrl-C or SIGTERM)"
+            trial.set_user_attr("error", reason)
+            study.tell(trial, state=TrialState.FAIL)
+            print(f"tune: trial {trial.number} failed: {reason.splitlines()[0]}", flush=True)
+        except BaseException as error:  # a bug of the harness: the trial must not stay running
+            trial.set_user_attr("error", repr(error))
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+        else:
+            study.tell(trial, value)
+            print(f"tune: trial {trial.number} value {value:.4f} ({trial.user_attrs['flags']})", flush=True)
+
+
+def trial_last_step(study: Any, number: int) -> int | None:
+    steps = study.get_trials(deepcopy=False)[number].intermediate_values
+    return max(steps) if steps else None
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop) is handled like Ctrl-C: every running trial is stopped and failed."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, Plan]:
+    """The study (made if new), its storage and this command's plan, checked against the study's settings."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    check_tune(args)
+    storage = open_storage(storage_location)
+    seed = args.sampler_seed if args.sampler_seed is not None else secrets.randbits(31)
+    sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)  # workers in flight: no repeated proposal
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=args.steps * 3 // REPORTS)
+    if args.pruner == "none":
+        pruner = optuna.pruners.NopPruner()
+    study = optuna.create_study(
+        study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction="maximize", load_if_exists=True
+    )
+    stored = study.user_attrs.get("settings")
+    out = Path(args.out or Path("runs") / "tune" / name)
+    plan = make_plan(args, stored["bounds"] if stored else {}, out)
+    settings = plan.settings()
+    if stored is None:
+        study.set_user_attr("settings", settings)
+    elif stored != settings:
+        differing = ", ".join(key for key in settings if stored.get(key) != settings[key])
+        raise UsageError(f"study {name!r} in {storage_location} was made with other settings ({differing}): give "
+                         "another --study, or the same settings")  # fmt: skip
+    print(f"tune: study {name!r} in {storage_location}; sampler seed {seed}", flush=True)
+    return study, storage, plan
+
+
+def tune(args: Tune) -> int:
+    args.script = args.script.removesuffix(".py")
+    name = args.study or args.script
+    storage_location = args.storage or str(Path("runs") / "tune" / f"{name}.journal")
+    try:
+        study, storage, plan = load_study(args, name, storage_location)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    fail_stale_trials(study, storage)
+    runs = len(plan.env_ids) * len(plan.seeds)
+    print(
+        f"tune: {args.trials} trials, {args.workers} at a time, each {runs} runs of {plan.steps:,} steps "
+        f"({plan.threads} thread{'s' if plan.threads > 1 else ''} each); runs in {plan.out}",
+        flush=True,
+    )
+    trials_left = iter(range(args.trials))
+    lock = threading.Lock()
+
+    def next_trial() -> Iterator[int]:
+        while True:
+            with lock:
+                number = next(trials_left, None)
+            if number is None:
+                return
+            yield number
+
+    stopping = threading.Event()
+    interrupted = False
+    with sigterm_as_interrupt(), ThreadPoolExecutor(max_workers=args.workers) as pool:
+        workers = [pool.submit(work, study, storage, plan, next_trial(), stopping) for _ in range(args.workers)]
+        while not all(worker.done() for worker in workers):
+            try:
+                wait(workers, timeout=0.5)
+            except KeyboardInterrupt:
+                if not interrupted:
+                    print("\ntune: stopping: every running trial is stopped and failed", file=sys.stderr, flush=True)
+                interrupted = True
+                stopping.set()
+    for worker in workers:
+        worker.result()  # a harness bug: its traceback
+    report(study, plan.out / "report")
+    return 130 if interrupted else 0
+
+
+def trial_table(trials: list[Any], params: list[str]) -> list[str]:
+    """A markdown table of `trials`: value, the space's values, SPS and wall-clock."""
+    lines = ["| trial | value | " + " | ".join(param.replace("_", "-") for param in params) + " | SPS | minutes |"]
+    lines.append("|---" * (len(params) + 4) + "|")
+    for trial in trials:
+        values = [f"{value:.4g}" if isinstance(value := trial.params.get(param, ""), float) else str(value)
+                  for param in params]  # fmt: skip
+        sps, seconds = trial.user_attrs.get("sps"), trial.user_attrs.get("wall_seconds")
+        numbers = [f"{sps:.0f}" if sps is not None else "", f"{seconds / 60:.1f}" if seconds is not None else ""]
+        lines.append(f"| {trial.number} | {trial.value:.4f} | " + " | ".join([*values, *numbers]) + " |")
+    return lines
+
+
+def report(study: Any, out: Path, top: int = 10) -> None:
+    """Print the study's counts, best trial as the command lines that run it, and a table of its best `top`
+    trials; draw its plots into `out`."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    counts = {state: sum(trial.state == state for trial in trials) for state in TrialState}
+    print(
+        f"study {study.study_name!r}: {len(trials)} trials, "
+        + ", ".join(f"{count} {state.name.lower()}" for state, count in counts.items() if count),
+        flush=True,
+    )
+    complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value, reverse=True)
+    if not complete:
+        print("no trial has completed yet", flush=True)
+        return
+    settings, best = study.user_attrs["settings"], complete[0]
+    objective = "its evaluation" if settings["objective"] == "eval" else "the mean of its last 100 training episodes"
+    print(f"best: trial {best.number}, value {best.value:.4f} (mean normalised score; a run's return: {objective})")
+    for env_id in settings["env_ids"]:
+        print("  " + shlex.join(command_line(settings, env_id, shlex.split(best.user_attrs["flags"]))))
+    params = sorted({param for trial in complete for param in trial.params})
+    print("\n".join(["", *trial_table(complete[:top], params), ""]), flush=True)
+    for figure in draw(study, complete, out):
+        print(f"wrote {figure}", flush=True)
+
+
+def draw(study: Any, complete: list[Any], out: Path) -> list[Path]:
+    """Optuna's optimisation history and parameter importances, and the best value against wall-clock hours from
+    the study's first trial, as PNG files in `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as optuna_plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    figures = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+        for name, plot in (("history", optuna_plots.plot_optimization_history),
+                           ("importances", optuna_plots.plot_param_importances)):  # fmt: skip
+            try:
+                axes = plot(study)
+            except (RuntimeError, ValueError) as error:  # too few trials, or nothing varied
+                print(f"{name} plot not drawn: {error}", flush=True)
+                continue
+            axes.figure.savefig(out / f"{name}.png", bbox_inches="tight", dpi=120)
+            plt.close(axes.figure)
+            figures.append(out / f"{name}.png")
+    started = min(trial.datetime_start for trial in study.get_trials(deepcopy=False) if trial.datetime_start)
+    ended = sorted(complete, key=lambda trial: trial.datetime_complete)
+    hours = [(trial.datetime_complete - started).total_seconds() / 3600 for trial in ended]
+    figure, axes = plt.subplots(figsize=(6, 4))
+    axes.step(hours, np.maximum.accumulate([trial.value for trial in ended]), where="post")
+    axes.set(xlabel="hours since the study's first trial", ylabel="best value", title=study.study_name)
+    figure.savefig(out / "best_by_wall_clock.png", bbox_inches="tight", dpi=120)
+    plt.close(figure)
+    return [*figures, out / "best_by_wall_clock.png"]
+
+
+def tune_report(args: TuneReport) -> int:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    location = args.storage or str(Path("runs") / "tune" / f"{args.study}.journal")
+    if "://" not in location and not Path(location).is_file():
+        print(f"error: no journal file {location}", file=sys.stderr)
+        return 2
+    try:
+        study = optuna.load_study(study_name=args.study, storage=open_storage(location))
+    except KeyError:
+        print(f"error: no study {args.study!r} in {location}", file=sys.stderr)
+        return 2
+    report(study, Path(args.out or Path("runs") / "tune" / args.study / "report"), args.top)
+    return 0
