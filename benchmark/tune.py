@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -87,7 +87,7 @@ class Tune:
     random: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """ENV=RETURN: the random policy's return on ENV (default: measured, 100 episodes)"""
     target: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
-    """ENV=RETURN: the return that scores 1 on ENV (default: the task's maximum in the registry)"""
+    """ENV=RETURN: the return that scores 1 on ENV (default: the registry's; give it again on a rerun)"""
     pruner: Literal["median", "none"] = "median"
     """stop a trial whose intermediate value is below the median of earlier trials' at the same step"""
     sampler_seed: int | None = None
@@ -194,18 +194,27 @@ def registry_target(env_id: str) -> float | None:
     return gym.spec(resolve_env_id(env_id).rpartition(":")[2]).reward_threshold
 
 
+def env_targets(args: Tune) -> dict[str, float]:
+    """Each env's target return: the command line's, else the registry's (UsageError: none known, a malformed
+    --random or --target, or one for an env the sweep does not run)."""
+    named_values(args.random, "--random", args.env_id)
+    targets = named_values(args.target, "--target", args.env_id)
+    for env_id in args.env_id:
+        target = targets.get(env_id, registry_target(env_id))
+        if target is None:
+            raise UsageError(f"no target return known for {env_id}: give --target {env_id}=RETURN")
+        targets[env_id] = target
+    return targets
+
+
 def env_bounds(args: Tune, stored: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
-    """Each env's (random, target) return: the command line's, else the study's (a rerun), else the registry's
-    target and a measured random return (UsageError: no target known, or a range of zero)."""
+    """Each env's (random, target) return: the random return from the command line, else the study's (a rerun),
+    else measured (UsageError: a range of zero)."""
     from benchmark.baselines import random_policy_returns
 
     randoms = named_values(args.random, "--random", args.env_id)
-    targets = named_values(args.target, "--target", args.env_id)
     bounds = {}
-    for env_id in args.env_id:
-        target = targets.get(env_id, stored[env_id][1] if env_id in stored else registry_target(env_id))
-        if target is None:
-            raise UsageError(f"no target return known for {env_id}: give --target {env_id}=RETURN")
+    for env_id, target in env_targets(args).items():
         random = randoms.get(env_id, stored[env_id][0] if env_id in stored else None)
         if random is None:
             print(f"tune: measuring the random policy's return on {env_id} ({RANDOM_EPISODES} episodes)", flush=True)
@@ -236,10 +245,12 @@ def check_tune(args: Tune) -> None:
         problems.append("--objective eval needs --eval-episodes of at least 1")
     if problems:
         raise UsageError("; ".join(problems))
+    env_targets(args)
 
 
-def make_plan(args: Tune, stored_bounds: dict[str, list[float]], out: Path) -> Plan:
-    """The plan of this command, every flag and space line checked against the script (UsageError)."""
+def make_plan(args: Tune, out: Path) -> Plan:
+    """The plan of this command, every flag and space line checked against the script (UsageError); its `bounds`
+    come from `env_bounds`, once the study is open."""
     flags = tuple(shlex.split(args.flags))
     resolve_args(args.script, flags)
     set_by_sweep = sorted(
@@ -265,7 +276,7 @@ def make_plan(args: Tune, stored_bounds: dict[str, list[float]], out: Path) -> P
         tuple(space),
         args.objective,
         args.eval_episodes,
-        env_bounds(args, stored_bounds),
+        {},
         out,
         max(1, available_cores() // runs_at_once),
         args.heartbeat_seconds,
@@ -459,6 +470,7 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_tune(args)
+    plan = make_plan(args, Path(args.out or Path("runs") / "tune" / name))  # before anything is written
     storage = open_storage(storage_location)
     seed = args.sampler_seed if args.sampler_seed is not None else secrets.randbits(31)
     sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)  # workers in flight: no repeated proposal
@@ -469,8 +481,7 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
         study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction="maximize", load_if_exists=True
     )
     stored = study.user_attrs.get("settings")
-    out = Path(args.out or Path("runs") / "tune" / name)
-    plan = make_plan(args, stored["bounds"] if stored else {}, out)
+    plan = replace(plan, bounds=env_bounds(args, stored["bounds"] if stored else {}))
     settings = plan.settings()
     if stored is None:
         study.set_user_attr("settings", settings)

@@ -1,0 +1,240 @@
+"""`python -m benchmark tune` and `tune-report` (benchmark/tune.py): Optuna sweeps on probe envs, read back from the
+journal with Optuna's own client."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from benchmark import tune as tune_module
+from benchmark.__main__ import main as harness_main
+
+REPO = Path(__file__).resolve().parent.parent
+# Two one-step probes: the random policy scores 0 on both, the right action 1 (probe_envs/probes.py).
+PROBES = ["--env-id", "Probe4-v0", "--env-id", "Probe5-v0", "--target", "Probe4-v0=1", "--target", "Probe5-v0=1"]
+QUICK = ["--steps", "1024", "--flags=--num-envs 4", "--eval-episodes", "5"]
+
+
+def tune_command(tmp_path: Path, *extra: str, study: str = "probes") -> list[str]:
+    storage = ["--storage", str(tmp_path / "tune.journal"), "--out", str(tmp_path / "runs")]
+    return [sys.executable, "-m", "benchmark", "tune", "ppo_fc", *PROBES, *storage, "--study", study, *extra]
+
+
+def load(tmp_path: Path, study: str = "probes") -> optuna.Study:
+    storage = tune_module.open_storage(str(tmp_path / "tune.journal"))
+    return optuna.load_study(study_name=study, storage=storage)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every living process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, waiting = set(), [pid]
+    while waiting:
+        for child in children.get(waiting.pop(), []):
+            found.add(child)
+            waiting.append(child)
+    return found
+
+
+def living(pids: set[int], seconds: float = 10.0) -> set[int]:
+    """Those of `pids` still running (not zombies) after up to `seconds`."""
+    deadline = time.time() + seconds
+    while True:
+        alive = set()
+        for pid in pids:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                    alive.add(pid)
+            except OSError:
+                pass
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def harness(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
+    monkeypatch.setattr(sys, "argv", ["benchmark", *argv])
+    return harness_main()
+
+
+def test_a_tiny_study_completes_its_best_command_runs_and_a_rerun_adds_trials(tmp_path: Path) -> None:
+    first = subprocess.run(
+        tune_command(tmp_path, *QUICK, "--trials", "3", "--workers", "2", "--sampler-seed", "1"),
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    study = load(tmp_path)
+    trials = study.get_trials()
+    assert [trial.state for trial in trials] == [TrialState.COMPLETE] * 3
+    for trial in trials:
+        assert trial.user_attrs["sps"] > 0 and trial.user_attrs["wall_seconds"] > 0
+        assert len(trial.user_attrs["scores"]) == 2 and trial.value == pytest.approx(
+            sum(trial.user_attrs["scores"]) / 2
+        )
+        assert set(trial.params) == {p.field for p in tune_module.build_space("ppo_fc", [], [])}
+    assert {path.name for path in (tmp_path / "runs" / "report").iterdir()} == {
+        "history.png", "importances.png", "best_by_wall_clock.png",
+    }  # fmt: skip
+
+    # The report prints the best trial's command on each env: it runs, with the trial's settings.
+    report = subprocess.run(
+        [sys.executable, "-m", "benchmark", "tune-report", "--study", "probes", "--storage",
+         str(tmp_path / "tune.journal"), "--out", str(tmp_path / "report")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    best = max(trials, key=lambda trial: trial.value)
+    assert f"best: trial {best.number}, value {best.value:.4f}" in report.stdout
+    commands = [line.strip() for line in report.stdout.splitlines() if line.strip().startswith("python ppo_fc.py")]
+    assert [shlex.split(command)[3] for command in commands] == ["Probe4-v0", "Probe5-v0"]
+    assert commands[0].endswith(best.user_attrs["flags"])
+    run = subprocess.run(
+        [sys.executable, *shlex.split(commands[0])[1:], "--no-progress", "--run-dir", str(tmp_path / "best")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+
+    # Rerunning the command continues the study.
+    again = subprocess.run(tune_command(tmp_path, *QUICK, "--trials", "2"), cwd=REPO, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    numbers = [trial.number for trial in load(tmp_path).get_trials(states=(TrialState.COMPLETE,))]
+    assert numbers == [0, 1, 2, 3, 4]
+
+
+def test_two_processes_share_a_journal(tmp_path: Path) -> None:
+    command = tune_command(tmp_path, *QUICK, "--trials", "2", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")
+    processes = [
+        subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+    trials = load(tmp_path).get_trials()
+    assert sorted(trial.number for trial in trials) == [0, 1, 2, 3]
+    assert all(trial.state == TrialState.COMPLETE for trial in trials)
+    assert len({trial.user_attrs["host"] for trial in trials}) == 2  # two processes ran them
+
+
+def test_a_failed_run_fails_its_trial_and_the_study_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    start = tune_module.start_stoppable
+
+    def second_trial_crashes(command: list[str], cwd: Path, log_stem: Path, environment: dict) -> subprocess.Popen:
+        if "trial-0001" in str(log_stem):
+            command = [sys.executable, "-c", "import sys; print('boom: the env broke', file=sys.stderr); sys.exit(3)"]
+        return start(command, cwd, log_stem, environment)
+
+    monkeypatch.setattr(tune_module, "start_stoppable", second_trial_crashes)
+    arguments = tune_command(tmp_path, *QUICK, "--trials", "3", "--pruner", "none")[3:]
+    assert harness(monkeypatch, *arguments) == 0
+    states = [trial.state for trial in load(tmp_path).get_trials()]
+    assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    error = load(tmp_path).get_trials()[1].user_attrs["error"]
+    assert "exit status 3" in error and "boom: the env broke" in error
+    assert "trial 1 failed" in capsys.readouterr().out
+
+
+def test_pruning_stops_every_run_of_the_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pruner that stops every trial at its first report; runs long enough that only pruning ends them soon, with
+    # env worker processes (--async-envs) that must end too.
+    monkeypatch.setattr(optuna.pruners, "MedianPruner", lambda **_: optuna.pruners.ThresholdPruner(lower=10.0))
+    monkeypatch.setattr(tune_module, "EVENTS_EVERY_SECONDS", 1.0)
+    flags = "--flags=--num-envs 4 --async-envs --num-steps 16"
+    arguments = tune_command(tmp_path, "--steps", "200000", flags, "--trials", "1")[3:]
+    assert harness(monkeypatch, *arguments) == 0
+    [trial] = load(tmp_path).get_trials()
+    assert trial.state == TrialState.PRUNED
+    assert list(trial.intermediate_values) == [20_000]
+    assert living(descendants(os.getpid())) == set()
+    for run_dir in (tmp_path / "runs" / "trial-0000").glob("Probe*__1"):
+        assert 20_000 <= tune_module.TrialRun("", 1, run_dir, None).read().steps < 100_000  # stopped early
+
+
+def test_ctrl_c_stops_the_runs_and_leaves_no_trial_running(tmp_path: Path) -> None:
+    command = tune_command(tmp_path, "--steps", "1000000", "--flags=--num-envs 4 --async-envs", "--trials", "3",
+                           "--workers", "2", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")  # fmt: skip
+    # In a session of its own, as a terminal's foreground job: Ctrl-C reaches its process group.
+    tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)  # fmt: skip
+    deadline = time.time() + 120
+    while len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 4 and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # the runs and their env workers are up
+    runs = descendants(tuner.pid)
+    assert len(runs) >= 4
+    os.killpg(tuner.pid, signal.SIGINT)
+    _, stderr = tuner.communicate(timeout=120)
+    assert tuner.returncode == 130, stderr
+    trials = load(tmp_path).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.FAIL] * 2
+    assert all("interrupted" in trial.user_attrs["error"] for trial in trials)
+    assert living(runs) == set()
+
+
+def test_a_trial_left_running_by_a_killed_process_is_failed_on_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arguments = tune_command(tmp_path, *QUICK, "--trials", "0", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")
+    assert harness(monkeypatch, *arguments[3:]) == 0
+    # What a killed process leaves: a running trial whose heartbeats stopped.
+    study = load(tmp_path)
+    abandoned, beating = study.ask(), study.ask()
+    for trial, last in ((abandoned, time.time() - 10), (beating, time.time())):
+        trial.set_user_attr("heartbeat_seconds", 1.0)
+        trial.set_user_attr("heartbeat", last)
+    assert harness(monkeypatch, *arguments[3:]) == 0
+    abandoned_now, beating_now = load(tmp_path).get_trials()
+    assert abandoned_now.state == TrialState.FAIL and "no heartbeat since" in abandoned_now.user_attrs["error"]
+    assert beating_now.state == TrialState.RUNNING
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--space", "no-such-flag=float:0:1"], "the script has no flag --no-such-flag"),
+        (["--space", "learning-rate=float:1e-3:1e-4"], "an empty range"),
+        (["--space", "num-minibatches=choice:1,3"], "refuses --num-minibatches 3"),
+        (["--flags=--seed 3"], "the sweep sets --seed itself"),
+        (["--env-id", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
+        (["--random", "CartPole-v1=0"], "the sweep does not run CartPole-v1"),
+    ],
+)
+def test_bad_input_is_one_error_line_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, extra: list[str], message: str
+) -> None:
+    arguments = tune_command(tmp_path, *QUICK, *extra)[3:]
+    assert harness(monkeypatch, *arguments) == 2
+    stderr = capsys.readouterr().err
+    assert re.fullmatch(r"error: [^\n]+\n", stderr) and message in stderr, stderr
+    assert not (tmp_path / "tune.journal").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_rerun_with_other_settings_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    arguments = tune_command(tmp_path, *QUICK, "--trials", "0", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")
+    assert harness(monkeypatch, *arguments[3:]) == 0
+    assert harness(monkeypatch, *arguments[3:], "--space", "learning-rate=log:1e-4:1e-2") == 2
+    assert "was made with other settings (space)" in capsys.readouterr().err
