@@ -157,7 +157,25 @@ def command_line(settings: dict[str, Any], env_id: str, flags: list[str], seed: 
     command = ["python", f"{settings['script']}.py", "--env-id", env_id, "--total-timesteps", str(settings["steps"])]
     if seed is not None:
         command += ["--seed", str(seed), "--eval-episodes", str(settings["eval_episodes"])]
-    return [*command, *settings["flags"], *flags]
+    return [*command, *without_flags(settings["flags"], flags), *flags]
+
+
+def flag_groups(flags: list[str]) -> list[tuple[str, list[str]]]:
+    """`flags` as (field, its tokens): a flag and the values after it; --no-x sets the field x."""
+    groups: list[tuple[str, list[str]]] = []
+    for token in flags:
+        if token.startswith("--") or not groups:
+            field = token.lstrip("-").replace("-", "_")
+            groups.append((field.removeprefix("no_"), [token]))
+        else:
+            groups[-1][1].append(token)
+    return groups
+
+
+def without_flags(flags: list[str], overriding: list[str]) -> list[str]:
+    """`flags` less those that `overriding` sets again (the sweep's --flags under a trial's own)."""
+    overridden = {field for field, _ in flag_groups(overriding)}
+    return [token for field, tokens in flag_groups(flags) if field not in overridden for token in tokens]
 
 
 class RunFailed(Exception):
@@ -485,6 +503,10 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
     settings = plan.settings()
     if stored is None:
         study.set_user_attr("settings", settings)
+        # The first trial runs the script's defaults (and --flags), where the space holds them: the yardstick.
+        defaults = resolve_args(plan.script, plan.flags)
+        values = {param.field: param.value_of(getattr(defaults, param.field)) for param in plan.space}
+        study.enqueue_trial({field: value for field, value in values.items() if value is not None})
     elif stored != settings:
         differing = ", ".join(key for key in settings if stored.get(key) != settings[key])
         raise UsageError(f"study {name!r} in {storage_location} was made with other settings ({differing}): give "

@@ -84,6 +84,15 @@ class Param:
             return [self.flag if str(value).lower() == "true" else "--no-" + self.flag[2:]]
         return [self.flag, str(value)]
 
+    def value_of(self, setting: Any) -> Any:
+        """`setting`, a value of the field, as this parameter's value (a choice's text); None if outside the space."""
+        if self.kind == "choice":
+            text = str(setting).lower() if isinstance(setting, bool) else str(setting)
+            return text if text in self.choices else None
+        if isinstance(setting, bool) or not isinstance(setting, (int, float)) or not self.low <= setting <= self.high:
+            return None
+        return int(setting) if self.kind == "int" else float(setting)
+
     def ends(self) -> list[Any]:
         """The values the script is asked about before a trial starts: a range's ends, or every choice."""
         if self.kind == "choice":

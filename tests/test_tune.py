@@ -92,6 +92,10 @@ def test_a_tiny_study_completes_its_best_command_runs_and_a_rerun_adds_trials(tm
             sum(trial.user_attrs["scores"]) / 2
         )
         assert set(trial.params) == {p.field for p in tune_module.build_space("ppo_fc", [], [])}
+    # The first trial is the yardstick: the script's defaults with --flags.
+    space, defaults = tune_module.build_space("ppo_fc", [], []), tune_module.resolve_args("ppo_fc", ["--num-envs", "4"])
+    assert trials[0].params == {param.field: param.value_of(getattr(defaults, param.field)) for param in space}
+    assert trials[0].params["learning_rate"] == 2.5e-4 and trials[0].params["hidden_size"] == "64"
     assert {path.name for path in (tmp_path / "runs" / "report").iterdir()} == {
         "history.png", "importances.png", "best_by_wall_clock.png",
     }  # fmt: skip
@@ -158,17 +162,26 @@ def test_a_failed_run_fails_its_trial_and_the_study_goes_on(
 
 def test_pruning_stops_every_run_of_the_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A pruner that stops every trial at its first report; runs long enough that only pruning ends them soon, with
-    # env worker processes (--async-envs) that must end too.
+    # env worker processes (--async-envs) that must end too, before the next trial starts.
     monkeypatch.setattr(optuna.pruners, "MedianPruner", lambda **_: optuna.pruners.ThresholdPruner(lower=10.0))
     monkeypatch.setattr(tune_module, "EVENTS_EVERY_SECONDS", 1.0)
+    start, left_running = tune_module.start_stoppable, []
+
+    def note_what_runs(command: list[str], cwd: Path, log_stem: Path, environment: dict) -> subprocess.Popen:
+        if log_stem.parent.name == "trial-0001" and log_stem.name.startswith("Probe4"):
+            left_running.append(living(descendants(os.getpid()), seconds=0))
+        return start(command, cwd, log_stem, environment)
+
+    monkeypatch.setattr(tune_module, "start_stoppable", note_what_runs)
     flags = "--flags=--num-envs 4 --async-envs --num-steps 16"
-    arguments = tune_command(tmp_path, "--steps", "200000", flags, "--trials", "1")[3:]
+    arguments = tune_command(tmp_path, "--steps", "200000", flags, "--trials", "2", "--pruner", "median")[3:]
     assert harness(monkeypatch, *arguments) == 0
-    [trial] = load(tmp_path).get_trials()
-    assert trial.state == TrialState.PRUNED
-    assert list(trial.intermediate_values) == [20_000]
+    trials = load(tmp_path).get_trials()
+    assert [trial.state for trial in trials] == [TrialState.PRUNED] * 2
+    assert [list(trial.intermediate_values) for trial in trials] == [[20_000]] * 2
+    assert left_running == [set()]  # trial 0's runs and their env workers had ended when trial 1 started
     assert living(descendants(os.getpid())) == set()
-    for run_dir in (tmp_path / "runs" / "trial-0000").glob("Probe*__1"):
+    for run_dir in (tmp_path / "runs").glob("trial-*/Probe*__1"):
         assert 20_000 <= tune_module.TrialRun("", 1, run_dir, None).read().steps < 100_000  # stopped early
 
 
@@ -193,21 +206,35 @@ def test_ctrl_c_stops_the_runs_and_leaves_no_trial_running(tmp_path: Path) -> No
     assert living(runs) == set()
 
 
-def test_a_trial_left_running_by_a_killed_process_is_failed_on_resume(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    arguments = tune_command(tmp_path, *QUICK, "--trials", "0", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")
-    assert harness(monkeypatch, *arguments[3:]) == 0
-    # What a killed process leaves: a running trial whose heartbeats stopped.
+def test_a_killed_tuner_leaves_no_run_and_its_trial_is_failed_on_resume(tmp_path: Path) -> None:
+    quick_random = ["--random", "Probe4-v0=0", "--random", "Probe5-v0=0"]
+    command = tune_command(tmp_path, "--steps", "1000000", "--flags=--num-envs 4", "--heartbeat-seconds", "1",
+                           *quick_random)  # fmt: skip
+    tuner = subprocess.Popen(
+        [*command, "--trials", "1"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 120
+    while len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 2 and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)
+    runs = descendants(tuner.pid)
+    assert len(runs) == 2
+    tuner.kill()  # SIGKILL: no handler runs
+    tuner.wait()
+    assert living(runs) == set()  # each run is sent SIGTERM when its tuner dies
+    # Another process's trial, beating, is not touched.
     study = load(tmp_path)
-    abandoned, beating = study.ask(), study.ask()
-    for trial, last in ((abandoned, time.time() - 10), (beating, time.time())):
-        trial.set_user_attr("heartbeat_seconds", 1.0)
-        trial.set_user_attr("heartbeat", last)
-    assert harness(monkeypatch, *arguments[3:]) == 0
-    abandoned_now, beating_now = load(tmp_path).get_trials()
-    assert abandoned_now.state == TrialState.FAIL and "no heartbeat since" in abandoned_now.user_attrs["error"]
+    beating = study.ask()
+    beating.set_user_attr("heartbeat_seconds", 60.0)
+    beating.set_user_attr("heartbeat", time.time())
+    time.sleep(3.5)  # three of the killed trial's heartbeats
+    rerun = subprocess.run([*command, "--trials", "0"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr
+    killed, beating_now = load(tmp_path).get_trials()
+    assert killed.state == TrialState.FAIL and "no heartbeat since" in killed.user_attrs["error"]
     assert beating_now.state == TrialState.RUNNING
+    assert "trial 0 of" in rerun.stdout
 
 
 @pytest.mark.parametrize(
@@ -238,3 +265,11 @@ def test_a_rerun_with_other_settings_is_refused(
     assert harness(monkeypatch, *arguments[3:]) == 0
     assert harness(monkeypatch, *arguments[3:], "--space", "learning-rate=log:1e-4:1e-2") == 2
     assert "was made with other settings (space)" in capsys.readouterr().err
+
+
+def test_a_trial_flag_replaces_the_same_flag_of_the_sweeps_flags() -> None:
+    flags = ["--num-envs", "4", "--no-shared-core", "--gamma", "0.9"]
+    settings = {"script": "ppo_lstm", "steps": 1000, "eval_episodes": 2, "flags": flags}
+    command = tune_module.command_line(settings, "PendulumNoVel-v1", ["--shared-core", "--num-envs", "8"])
+    assert command[6:] == ["--gamma", "0.9", "--shared-core", "--num-envs", "8"]
+    assert tune_module.resolve_args("ppo_lstm", command[2:]).shared_core is True
