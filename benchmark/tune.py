@@ -627,7 +627,8 @@ def draw(study: Any, complete: list[Any], out: Path) -> list[Path]:
     ended = sorted(complete, key=lambda trial: trial.datetime_complete)
     hours = [(trial.datetime_complete - started).total_seconds() / 3600 for trial in ended]
     figure, axes = plt.subplots(figsize=(6, 4))
-    axes.step(hours, np.maximum.accumulate([trial.value for trial in ended]), where="post")
+    axes.step(hours, np.maximum.accumulate([trial.value for trial in ended]), where="post", marker="o")
+    axes.set_xlim(left=0)
     axes.set(xlabel="hours since the study's first trial", ylabel="best value", title=study.study_name)
     figure.savefig(out / "best_by_wall_clock.png", bbox_inches="tight", dpi=120)
     plt.close(figure)

@@ -191,14 +191,17 @@ def test_ctrl_c_stops_the_runs_and_leaves_no_trial_running(tmp_path: Path) -> No
     # In a session of its own, as a terminal's foreground job: Ctrl-C reaches its process group.
     tuner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)  # fmt: skip
-    deadline = time.time() + 120
-    while len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 4 and time.time() < deadline:
-        time.sleep(0.5)
-    time.sleep(3)  # the runs and their env workers are up
-    runs = descendants(tuner.pid)
-    assert len(runs) >= 4
-    os.killpg(tuner.pid, signal.SIGINT)
-    _, stderr = tuner.communicate(timeout=120)
+    try:
+        deadline = time.time() + 120
+        while len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 4 and time.time() < deadline:
+            time.sleep(0.5)
+        time.sleep(3)  # the runs and their env workers are up
+        runs = descendants(tuner.pid)
+        assert len(runs) >= 4
+        os.killpg(tuner.pid, signal.SIGINT)
+        _, stderr = tuner.communicate(timeout=120)
+    finally:
+        tuner.kill()  # where the test failed: its runs end with it
     assert tuner.returncode == 130, stderr
     trials = load(tmp_path).get_trials()
     assert [trial.state for trial in trials] == [TrialState.FAIL] * 2
@@ -213,14 +216,16 @@ def test_a_killed_tuner_leaves_no_run_and_its_trial_is_failed_on_resume(tmp_path
     tuner = subprocess.Popen(
         [*command, "--trials", "1"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.time() + 120
-    while len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 2 and time.time() < deadline:
-        time.sleep(0.5)
-    time.sleep(2)
-    runs = descendants(tuner.pid)
-    assert len(runs) == 2
-    tuner.kill()  # SIGKILL: no handler runs
-    tuner.wait()
+    try:
+        deadline = time.time() + 120
+        while len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 2 and time.time() < deadline:
+            time.sleep(0.5)
+        time.sleep(2)
+        runs = descendants(tuner.pid)
+        assert len(runs) == 2
+    finally:
+        tuner.kill()  # SIGKILL: no handler runs
+        tuner.wait()
     assert living(runs) == set()  # each run is sent SIGTERM when its tuner dies
     # Another process's trial, beating, is not touched.
     study = load(tmp_path)
