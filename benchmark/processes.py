@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 STDERR_TAIL_LINES = 12
@@ -19,10 +20,14 @@ def stderr_tail(stderr: str) -> str:
     return "\n".join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:]) or "(no stderr)"
 
 
+PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
+"""looked up here, in the parent: a child forked from a threaded process must not load libraries before exec"""
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the thread that started it ends (a killed harness leaves no run)."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def start_stoppable(command: list[str], cwd: Path, log_stem: Path, environment: dict[str, str]) -> subprocess.Popen:
@@ -40,20 +45,24 @@ def start_stoppable(command: list[str], cwd: Path, log_stem: Path, environment: 
         )
 
 
-def stop(process: subprocess.Popen) -> None:
-    """End `process` and every process it started (its env workers): SIGTERM to its group, then SIGKILL to what is
-    left after `STOP_GRACE_SECONDS`. The process is waited for, so none is left behind."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:  # the whole group has ended
+def stop(processes: list[subprocess.Popen]) -> None:
+    """End `processes` and every process they started (env workers): SIGTERM to each one's group, then SIGKILL to
+    what is left of them after `STOP_GRACE_SECONDS`. They are waited for, so none is left behind."""
+    for process in processes:
+        signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for process in processes:  # what is left: a leader, or workers it left behind
+        signal_group(process, signal.SIGKILL)
         process.wait()
-        return
+
+
+def signal_group(process: subprocess.Popen, sent: signal.Signals) -> None:
     try:
-        process.wait(STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, sent)
+    except ProcessLookupError:  # the whole group has ended
         pass
-    try:  # what is left: the leader, or workers it left behind
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()

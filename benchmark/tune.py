@@ -155,8 +155,8 @@ def command_line(settings: dict[str, Any], env_id: str, flags: list[str], seed: 
     """The command of a run of a study (`Plan.settings`) on `env_id` with the space's `flags`: the trial's run with
     its `seed`, or without one, the command the report prints."""
     command = ["python", f"{settings['script']}.py", "--env-id", env_id, "--total-timesteps", str(settings["steps"])]
-    if seed is not None:
-        command += ["--seed", str(seed), "--eval-episodes", str(settings["eval_episodes"])]
+    command += [] if seed is None else ["--seed", str(seed)]
+    command += ["--eval-episodes", str(settings["eval_episodes"])]
     return [*command, *without_flags(settings["flags"], flags), *flags]
 
 
@@ -165,7 +165,7 @@ def flag_groups(flags: list[str]) -> list[tuple[str, list[str]]]:
     groups: list[tuple[str, list[str]]] = []
     for token in flags:
         if token.startswith("--") or not groups:
-            field = token.lstrip("-").replace("-", "_")
+            field = token.lstrip("-").partition("=")[0].replace("-", "_")
             groups.append((field.removeprefix("no_"), [token]))
         else:
             groups[-1][1].append(token)
@@ -272,7 +272,7 @@ def make_plan(args: Tune, out: Path) -> Plan:
     flags = tuple(shlex.split(args.flags))
     resolve_args(args.script, flags)
     set_by_sweep = sorted(
-        f"--{name.replace('_', '-')}" for name in HARNESS_SET if f"--{name.replace('_', '-')}" in flags
+        {f"--{field.replace('_', '-')}" for field, _ in flag_groups(list(flags)) if field in HARNESS_SET}
     )
     if set_by_sweep:
         raise UsageError(f"--flags: the sweep sets {', '.join(set_by_sweep)} itself")
@@ -353,7 +353,9 @@ def run_trial(trial: Any, plan: Plan, stopping: threading.Event) -> float:
     values = {param.field: param.suggest(trial) for param in plan.space}
     flags = [flag for param in plan.space for flag in param.flags(values[param.field])]
     folder = plan.out / f"trial-{trial.number:04d}"
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists():
+        raise RunFailed(f"{folder} exists already (another study's runs in --out {plan.out}?)")
+    folder.mkdir(parents=True)
     trial.set_user_attr("flags", shlex.join(flags))
     trial.set_user_attr("folder", str(folder.resolve()))
     trial.set_user_attr("host", f"{platform.node()} pid {os.getpid()}")
@@ -372,8 +374,7 @@ def run_trial(trial: Any, plan: Plan, stopping: threading.Event) -> float:
     try:
         watch_trial(trial, plan, runs, stopping)
     finally:
-        for run in runs:
-            stop(run.process)
+        stop([run.process for run in runs])
     scores = [run.final_score(plan) for run in runs]
     trial.set_user_attr("wall_seconds", time.time() - start)
     trial.set_user_attr("sps", float(np.mean([run.summary.sps or 0.0 for run in runs if run.summary])))
@@ -397,7 +398,10 @@ def watch_trial(trial: Any, plan: Plan, runs: list[TrialRun], stopping: threadin
             raise Interrupted
         now = time.time()
         if now - last_beat >= plan.heartbeat_seconds:
-            trial.set_user_attr("heartbeat", now)
+            try:
+                trial.set_user_attr("heartbeat", now)
+            except RuntimeError:  # UpdateFinishedTrialError: another process failed it as stale
+                raise RunFailed("failed by another process: its heartbeat had stopped for too long") from None
             last_beat = now
         if ended or now - last_read >= EVENTS_EVERY_SECONDS:
             last_read = now
@@ -420,17 +424,18 @@ def fail_stale_trials(study: Any, storage: Any) -> None:
 
     now = time.time()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        # A trial whose process died before it wrote its first heartbeat is judged by its start and the default.
-        interval = trial.user_attrs.get("heartbeat_seconds", Tune.heartbeat_seconds)
+        # A trial whose process died before its first heartbeat is judged by its start (a naive local time: another
+        # machine's clock may be hours off), after a day.
+        interval = trial.user_attrs.get("heartbeat_seconds", 86_400 / STALE_HEARTBEATS)
         last = trial.user_attrs.get("heartbeat", trial.datetime_start.timestamp() if trial.datetime_start else now)
         if now - last <= STALE_HEARTBEATS * interval:
             continue
         try:  # another process may fail it first
             error = f"no heartbeat since {datetime.fromtimestamp(last).isoformat(timespec='seconds')} (process ended)"
             storage.set_trial_user_attr(trial._trial_id, "error", error)  # no public setter for another's trial
-            study.tell(trial.number, state=TrialState.FAIL)
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
             print(f"tune: trial {trial.number} of {trial.user_attrs.get('host', '?')} failed: {error}", flush=True)
-        except RuntimeError:
+        except (RuntimeError, ValueError):  # it finished meanwhile
             pass
 
 
@@ -447,20 +452,28 @@ def work(study: Any, storage: Any, plan: Plan, trials_left: Iterator[int], stopp
         try:
             value = run_trial(trial, plan, stopping)
         except optuna.TrialPruned:
-            study.tell(trial, state=TrialState.PRUNED)
+            study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
             print(f"tune: trial {trial.number} pruned at step {trial_last_step(study, trial.number)}", flush=True)
         except (RunFailed, Interrupted) as error:
-            reason = str(error) if isinstance(error, RunFailed) else "interrupted (Ctrl-C or SIGTERM)"
-            trial.set_user_attr("error", reason)
-            study.tell(trial, state=TrialState.FAIL)
+            reason = str(error) if isinstance(error, RunFailed) else "interrupted (Ctrl-C, SIGTERM or SIGHUP)"
+            fail(study, trial, reason)
             print(f"tune: trial {trial.number} failed: {reason.splitlines()[0]}", flush=True)
         except BaseException as error:  # a bug of the harness: the trial must not stay running
-            trial.set_user_attr("error", repr(error))
-            study.tell(trial, state=TrialState.FAIL)
+            fail(study, trial, repr(error))
             raise
         else:
             study.tell(trial, value)
             print(f"tune: trial {trial.number} value {value:.4f} ({trial.user_attrs['flags']})", flush=True)
+
+
+def fail(study: Any, trial: Any, reason: str) -> None:
+    """Record `trial` as failed for `reason` (unless it has finished already: failed by another process as stale)."""
+    from optuna.trial import TrialState
+
+    try:
+        trial.set_user_attr("error", reason)
+    finally:
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
 
 def trial_last_step(study: Any, number: int) -> int | None:
@@ -468,18 +481,25 @@ def trial_last_step(study: Any, number: int) -> int | None:
     return max(steps) if steps else None
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Ctrl-C, a scheduler's stop, a closed terminal: each stops every running trial and fails it"""
+
+
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler's stop) is handled like Ctrl-C: every running trial is stopped and failed."""
+def stop_signals_set(stopping: threading.Event) -> Iterator[None]:
+    """Inside it, each of `STOP_SIGNALS` sets `stopping` (once, with a line on stderr), wherever the main thread is."""
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+    def stop(signum: int, frame: Any) -> None:
+        if not stopping.is_set():
+            print(f"\ntune: {signal.Signals(signum).name}: stopping every running trial", file=sys.stderr, flush=True)
+        stopping.set()
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, Plan]:
@@ -499,6 +519,8 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
         study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction="maximize", load_if_exists=True
     )
     stored = study.user_attrs.get("settings")
+    if stored is None and not study.trials and any(plan.out.glob("trial-*")):
+        raise UsageError(f"{plan.out} holds the trials of another study: give another --out, or delete them")
     plan = replace(plan, bounds=env_bounds(args, stored["bounds"] if stored else {}))
     settings = plan.settings()
     if stored is None:
@@ -506,8 +528,9 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
         # The first trial runs the script's defaults (and --flags), where the space holds them: the yardstick.
         defaults = resolve_args(plan.script, plan.flags)
         values = {param.field: param.value_of(getattr(defaults, param.field)) for param in plan.space}
-        study.enqueue_trial({field: value for field, value in values.items() if value is not None})
-    elif stored != settings:
+        study.enqueue_trial({field: value for field, value in values.items() if value is not None}, skip_if_exists=True)
+        stored = optuna.load_study(study_name=name, storage=storage).user_attrs["settings"]  # another's, if it won
+    if stored != settings:
         differing = ", ".join(key for key in settings if stored.get(key) != settings[key])
         raise UsageError(f"study {name!r} in {storage_location} was made with other settings ({differing}): give "
                          "another --study, or the same settings")  # fmt: skip
@@ -543,21 +566,13 @@ def tune(args: Tune) -> int:
             yield number
 
     stopping = threading.Event()
-    interrupted = False
-    with sigterm_as_interrupt(), ThreadPoolExecutor(max_workers=args.workers) as pool:
+    with stop_signals_set(stopping), ThreadPoolExecutor(max_workers=args.workers) as pool:
         workers = [pool.submit(work, study, storage, plan, next_trial(), stopping) for _ in range(args.workers)]
-        while not all(worker.done() for worker in workers):
-            try:
-                wait(workers, timeout=0.5)
-            except KeyboardInterrupt:
-                if not interrupted:
-                    print("\ntune: stopping: every running trial is stopped and failed", file=sys.stderr, flush=True)
-                interrupted = True
-                stopping.set()
+        wait(workers)
     for worker in workers:
         worker.result()  # a harness bug: its traceback
     report(study, plan.out / "report")
-    return 130 if interrupted else 0
+    return 130 if stopping.is_set() else 0
 
 
 def trial_table(trials: list[Any], params: list[str]) -> list[str]:
@@ -591,7 +606,8 @@ def report(study: Any, out: Path, top: int = 10) -> None:
         return
     settings, best = study.user_attrs["settings"], complete[0]
     objective = "its evaluation" if settings["objective"] == "eval" else "the mean of its last 100 training episodes"
-    print(f"best: trial {best.number}, value {best.value:.4f} (mean normalised score; a run's return: {objective})")
+    print(f"best: trial {best.number}, value {best.value:.4f} (mean normalised score; a run's return: {objective}); "
+          f"each command ran with --seed {' and '.join(map(str, settings['seeds']))}")  # fmt: skip
     for env_id in settings["env_ids"]:
         print("  " + shlex.join(command_line(settings, env_id, shlex.split(best.user_attrs["flags"]))))
     params = sorted({param for trial in complete for param in trial.params})

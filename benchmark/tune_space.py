@@ -63,7 +63,7 @@ class Param:
     @property
     def line(self) -> str:
         """The space's line for the flag, as `parse_param` reads it."""
-        values = ",".join(self.choices) if self.kind == "choice" else f"{self.low:g}:{self.high:g}"
+        values = ",".join(self.choices) if self.kind == "choice" else f"{self.low!r}:{self.high!r}"
         return f"{self.field.replace('_', '-')}={self.kind}:{values}"
 
     @property

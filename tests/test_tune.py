@@ -119,11 +119,11 @@ def test_a_tiny_study_completes_its_best_command_runs_and_a_rerun_adds_trials(tm
     assert run.returncode == 0, run.stderr
 
     # Rerunning the command continues the study.
-    again = subprocess.run(tune_command(tmp_path, *QUICK, "--trials", "2"), cwd=REPO, capture_output=True, text=True,
+    again = subprocess.run(tune_command(tmp_path, *QUICK, "--trials", "1"), cwd=REPO, capture_output=True, text=True,
                            timeout=300)  # fmt: skip
     assert again.returncode == 0, again.stderr
     numbers = [trial.number for trial in load(tmp_path).get_trials(states=(TrialState.COMPLETE,))]
-    assert numbers == [0, 1, 2, 3, 4]
+    assert numbers == [0, 1, 2, 3]
 
 
 def test_two_processes_share_a_journal(tmp_path: Path) -> None:
@@ -173,19 +173,20 @@ def test_pruning_stops_every_run_of_the_trial(tmp_path: Path, monkeypatch: pytes
         return start(command, cwd, log_stem, environment)
 
     monkeypatch.setattr(tune_module, "start_stoppable", note_what_runs)
-    flags = "--flags=--num-envs 4 --async-envs --num-steps 16"
-    arguments = tune_command(tmp_path, "--steps", "200000", flags, "--trials", "2", "--pruner", "median")[3:]
+    flags = "--flags=--num-envs 4 --async-envs --num-steps 64"
+    arguments = tune_command(tmp_path, "--steps", "100000", flags, "--trials", "2", "--pruner", "median")[3:]
     assert harness(monkeypatch, *arguments) == 0
     trials = load(tmp_path).get_trials()
     assert [trial.state for trial in trials] == [TrialState.PRUNED] * 2
-    assert [list(trial.intermediate_values) for trial in trials] == [[20_000]] * 2
+    assert [list(trial.intermediate_values) for trial in trials] == [[10_000]] * 2
     assert left_running == [set()]  # trial 0's runs and their env workers had ended when trial 1 started
     assert living(descendants(os.getpid())) == set()
     for run_dir in (tmp_path / "runs").glob("trial-*/Probe*__1"):
-        assert 20_000 <= tune_module.TrialRun("", 1, run_dir, None).read().steps < 100_000  # stopped early
+        assert 10_000 <= tune_module.TrialRun("", 1, run_dir, None).read().steps < 50_000  # stopped early
 
 
-def test_ctrl_c_stops_the_runs_and_leaves_no_trial_running(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_stops_the_runs_and_leaves_no_trial_running(tmp_path: Path, sent: signal.Signals) -> None:
     command = tune_command(tmp_path, "--steps", "1000000", "--flags=--num-envs 4 --async-envs", "--trials", "3",
                            "--workers", "2", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")  # fmt: skip
     # In a session of its own, as a terminal's foreground job: Ctrl-C reaches its process group.
@@ -198,7 +199,7 @@ def test_ctrl_c_stops_the_runs_and_leaves_no_trial_running(tmp_path: Path) -> No
         time.sleep(3)  # the runs and their env workers are up
         runs = descendants(tuner.pid)
         assert len(runs) >= 4
-        os.killpg(tuner.pid, signal.SIGINT)
+        os.killpg(tuner.pid, sent)
         _, stderr = tuner.communicate(timeout=120)
     finally:
         tuner.kill()  # where the test failed: its runs end with it
@@ -249,6 +250,10 @@ def test_a_killed_tuner_leaves_no_run_and_its_trial_is_failed_on_resume(tmp_path
         (["--space", "learning-rate=float:1e-3:1e-4"], "an empty range"),
         (["--space", "num-minibatches=choice:1,3"], "refuses --num-minibatches 3"),
         (["--flags=--seed 3"], "the sweep sets --seed itself"),
+        (
+            ["--flags=--total-timesteps=500 --eval-episodes=1"],
+            "the sweep sets --eval-episodes, --total-timesteps itself",
+        ),
         (["--env-id", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
         (["--random", "CartPole-v1=0"], "the sweep does not run CartPole-v1"),
     ],
@@ -276,5 +281,15 @@ def test_a_trial_flag_replaces_the_same_flag_of_the_sweeps_flags() -> None:
     flags = ["--num-envs", "4", "--no-shared-core", "--gamma", "0.9"]
     settings = {"script": "ppo_lstm", "steps": 1000, "eval_episodes": 2, "flags": flags}
     command = tune_module.command_line(settings, "PendulumNoVel-v1", ["--shared-core", "--num-envs", "8"])
-    assert command[6:] == ["--gamma", "0.9", "--shared-core", "--num-envs", "8"]
+    assert command[6:] == ["--eval-episodes", "2", "--gamma", "0.9", "--shared-core", "--num-envs", "8"]
     assert tune_module.resolve_args("ppo_lstm", command[2:]).shared_core is True
+
+
+def test_a_new_study_refuses_a_folder_of_another_studys_trials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "runs" / "trial-0000").mkdir(parents=True)
+    arguments = tune_command(tmp_path, *QUICK, "--trials", "1", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")
+    assert harness(monkeypatch, *arguments[3:]) == 2
+    assert "holds the trials of another study" in capsys.readouterr().err
+    assert load(tmp_path).trials == []
