@@ -293,3 +293,14 @@ def test_a_new_study_refuses_a_folder_of_another_studys_trials(
     assert harness(monkeypatch, *arguments[3:]) == 2
     assert "holds the trials of another study" in capsys.readouterr().err
     assert load(tmp_path).trials == []
+
+
+def test_a_database_url_is_optunas_rdb_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'tune.db'}"
+    arguments = [*tune_command(tmp_path, *QUICK, "--trials", "1", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")]
+    arguments[arguments.index("--storage") + 1] = url
+    assert harness(monkeypatch, *arguments[3:]) == 0
+    [trial] = optuna.load_study(study_name="probes", storage=url).get_trials()
+    assert trial.state == TrialState.COMPLETE and trial.user_attrs["sps"] > 0
+    assert not (tmp_path / "tune.journal").exists()
+    assert harness(monkeypatch, "tune-report", "--study", "probes", "--storage", url, "--out", str(tmp_path / "r")) == 0
