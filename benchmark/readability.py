@@ -12,8 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ("ppo_fc", "ppo_lstm", "ppo_transformer", "ddpg")
+from benchmark.registry import REPO, SCRIPTS
+
 LONG_LINE = 100
 
 

@@ -36,13 +36,12 @@ import probe_envs  # noqa: F401  (registers the probe ids)
 from benchmark.cases import SUITES, suite_cases
 from benchmark.events import LAST_EPISODES, RunSummary, find_run_dirs, safe_name, summarise_run
 from benchmark.processes import start_stoppable, stderr_tail, stop
-from benchmark.registry import HARNESS_SET, SCRIPTS, resolve_args
+from benchmark.registry import HARNESS_SET, REPO, SCRIPTS, resolve_args
 from benchmark.tune_space import Param, build_space, space_lines
 from common.envs import resolve_env_id
 from common.errors import UsageError
 from common.seeding import available_cores
 
-REPO = Path(__file__).resolve().parent.parent
 REPORTS = 10
 """a trial reports its intermediate value at each tenth of its runs' steps"""
 RANDOM_EPISODES = 100
@@ -52,6 +51,12 @@ EVENTS_EVERY_SECONDS = 5.0
 """how often a running trial reads its runs' events for its intermediate values"""
 STALE_HEARTBEATS = 3
 """a running trial whose process missed this many heartbeats is failed by the next process that looks"""
+TUNE_FOLDER = Path("runs") / "tune"
+"""where a study's journal (<study>.journal) and its trials' run folders (<study>/) go by default"""
+
+
+def default_storage(study: str) -> str:
+    return str(TUNE_FOLDER / f"{study}.journal")
 
 
 @dataclass
@@ -109,7 +114,7 @@ class TuneReport:
     top: int = 10
     """rows of the table of best trials"""
     out: str | None = None
-    """the folder of the PNG plots (default runs/tune/<study>-report)"""
+    """the folder of the PNG plots (default runs/tune/<study>/report)"""
 
 
 @dataclass(frozen=True)
@@ -214,8 +219,7 @@ def registry_target(env_id: str) -> float | None:
 
 def env_targets(args: Tune) -> dict[str, float]:
     """Each env's target return: the command line's, else the registry's (UsageError: none known, a malformed
-    --random or --target, or one for an env the sweep does not run)."""
-    named_values(args.random, "--random", args.env_id)
+    --target, or one for an env the sweep does not run)."""
     targets = named_values(args.target, "--target", args.env_id)
     for env_id in args.env_id:
         target = targets.get(env_id, registry_target(env_id))
@@ -263,6 +267,7 @@ def check_tune(args: Tune) -> None:
         problems.append("--objective eval needs --eval-episodes of at least 1")
     if problems:
         raise UsageError("; ".join(problems))
+    named_values(args.random, "--random", args.env_id)
     env_targets(args)
 
 
@@ -278,7 +283,7 @@ def make_plan(args: Tune, out: Path) -> Plan:
         raise UsageError(f"--flags: the sweep sets {', '.join(set_by_sweep)} itself")
     lines = space_lines(list(args.space), [Path(path) for path in args.space_file])
     space: list[Param] = []
-    for env_id in args.env_id:
+    for env_id in args.env_id:  # the script may refuse a value on one env only (continuous actions)
         run_flags = ["--env-id", env_id, "--total-timesteps", str(args.steps), *flags]
         space = build_space(args.script, lines, run_flags)
     swept = sorted(param.flag for param in space if param.field in HARNESS_SET)
@@ -362,12 +367,12 @@ def run_trial(trial: Any, plan: Plan, stopping: threading.Event) -> float:
     trial.set_user_attr("heartbeat_seconds", plan.heartbeat_seconds)
     trial.set_user_attr("heartbeat", time.time())
     environment = {**os.environ, "OMP_NUM_THREADS": str(plan.threads)}
-    runs = []
+    runs, settings = [], plan.settings()
     start = time.time()
     for env_id in plan.env_ids:
         for seed in plan.seeds:
             run_dir = folder / f"{safe_name(env_id)}__{seed}"
-            command = command_line(plan.settings(), env_id, flags, seed)[1:]
+            command = command_line(settings, env_id, flags, seed)[1:]
             command = [sys.executable, *command, "--no-progress", "--run-dir", str(run_dir)]
             process = start_stoppable(command, REPO, run_dir, environment)
             runs.append(TrialRun(env_id, seed, run_dir, process))
@@ -410,7 +415,7 @@ def watch_trial(trial: Any, plan: Plan, runs: list[TrialRun], stopping: threadin
                 trial.report(float(np.mean([run.training_score(plan, step) for run in runs])), step)
                 reported += 1
                 if not ended and trial.should_prune():
-                    raise optuna.TrialPruned
+                    raise optuna.TrialPruned(f"at step {step}")
         if ended:
             return
         time.sleep(POLL_SECONDS)
@@ -451,9 +456,9 @@ def work(study: Any, storage: Any, plan: Plan, trials_left: Iterator[int], stopp
         trial = study.ask()
         try:
             value = run_trial(trial, plan, stopping)
-        except optuna.TrialPruned:
+        except optuna.TrialPruned as pruned:
             study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
-            print(f"tune: trial {trial.number} pruned at step {trial_last_step(study, trial.number)}", flush=True)
+            print(f"tune: trial {trial.number} pruned {pruned}", flush=True)
         except (RunFailed, Interrupted) as error:
             reason = str(error) if isinstance(error, RunFailed) else "interrupted (Ctrl-C, SIGTERM or SIGHUP)"
             fail(study, trial, reason)
@@ -474,11 +479,6 @@ def fail(study: Any, trial: Any, reason: str) -> None:
         trial.set_user_attr("error", reason)
     finally:
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-
-
-def trial_last_step(study: Any, number: int) -> int | None:
-    steps = study.get_trials(deepcopy=False)[number].intermediate_values
-    return max(steps) if steps else None
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -508,7 +508,7 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     check_tune(args)
-    plan = make_plan(args, Path(args.out or Path("runs") / "tune" / name))  # before anything is written
+    plan = make_plan(args, Path(args.out or TUNE_FOLDER / name))  # before anything is written
     storage = open_storage(storage_location)
     seed = args.sampler_seed if args.sampler_seed is not None else secrets.randbits(31)
     sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)  # workers in flight: no repeated proposal
@@ -541,7 +541,7 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
 def tune(args: Tune) -> int:
     args.script = args.script.removesuffix(".py")
     name = args.study or args.script
-    storage_location = args.storage or str(Path("runs") / "tune" / f"{name}.journal")
+    storage_location = args.storage or default_storage(name)
     try:
         study, storage, plan = load_study(args, name, storage_location)
     except UsageError as error:
@@ -655,7 +655,7 @@ def tune_report(args: TuneReport) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    location = args.storage or str(Path("runs") / "tune" / f"{args.study}.journal")
+    location = args.storage or default_storage(args.study)
     if "://" not in location and not Path(location).is_file():
         print(f"error: no journal file {location}", file=sys.stderr)
         return 2
@@ -664,5 +664,5 @@ def tune_report(args: TuneReport) -> int:
     except KeyError:
         print(f"error: no study {args.study!r} in {location}", file=sys.stderr)
         return 2
-    report(study, Path(args.out or Path("runs") / "tune" / args.study / "report"), args.top)
+    report(study, Path(args.out or TUNE_FOLDER / args.study / "report"), args.top)
     return 0
