@@ -32,7 +32,16 @@ from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 1
-CHECKPOINT_KEYS = ("model", "actor_optimizer", "q_optimizer", "iteration", "updates", "noise", "episodes", "buffer")
+CHECKPOINT_KEYS = (
+    "model",
+    "actor_optimizer",
+    "q_optimizer",
+    "iteration",
+    "updates",
+    "noise",
+    "episodes",
+    "buffer",
+)
 
 
 @dataclass
@@ -119,11 +128,19 @@ OU_THETA = 0.15
 """The Ornstein-Uhlenbeck process's pull towards 0 per step, the DDPG paper's, with a time step of 1."""
 
 
-def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
+def make_env(
+    env_id: str,
+    idx: int = 0,
+    capture_video: bool = False,
+    video_folder: str = "",
+    video_every: int = 1,
+):
     def thunk():
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array")
-            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
+            env = gym.wrappers.RecordVideo(
+                env, video_folder, episode_trigger=lambda n: n % video_every == 0
+            )
         else:
             env = gym.make(env_id)
         return flat_observations(vector_observations_only(env, "ddpg.py"))
@@ -159,11 +176,14 @@ class Actor(nn.Module):
         )
         # Each action dimension's own bounds: tanh's (-1, 1) scaled to them.
         low, high = (
-            torch.as_tensor(bound, dtype=torch.float32).flatten() for bound in (action_space.low, action_space.high)
+            torch.as_tensor(bound, dtype=torch.float32).flatten()
+            for bound in (action_space.low, action_space.high)
         )
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
-        self.action_shape = action_space.shape  # the actor's output is flat; the env takes this shape
+        self.action_shape = (
+            action_space.shape
+        )  # the actor's output is flat; the env takes this shape
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x) * self.action_scale + self.action_bias
@@ -205,11 +225,18 @@ class ReplayBuffer:
         return self.size if self.full else self.position
 
     def add(
-        self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminations: np.ndarray
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminations: np.ndarray,
     ) -> None:
         """One vector step: a row per env."""
         rows = (self.position + np.arange(len(obs))) % self.size
-        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminations), strict=True):
+        for name, value in zip(
+            self.FIELDS, (obs, next_obs, actions, rewards, terminations), strict=True
+        ):
             getattr(self, name)[rows] = value
         self.full |= self.position + len(obs) >= self.size
         self.position = int(rows[-1] + 1) % self.size
@@ -217,7 +244,9 @@ class ReplayBuffer:
     def sample(self, batch_size: int, device: torch.device) -> tuple[Tensor, ...]:
         """A uniform sample of the stored transitions, as tensors in `FIELDS` order."""
         rows = np.random.randint(0, len(self), batch_size)
-        return tuple(torch.as_tensor(getattr(self, name)[rows], device=device) for name in self.FIELDS)
+        return tuple(
+            torch.as_tensor(getattr(self, name)[rows], device=device) for name in self.FIELDS
+        )
 
     def state(self) -> dict[str, np.ndarray]:
         filled = len(self)
@@ -230,7 +259,9 @@ class ReplayBuffer:
         self.position, self.full = int(state["position"]), bool(state["full"])
 
 
-def exploration_noise(args: Args, noise_state: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
+def exploration_noise(
+    args: Args, noise_state: np.ndarray, episode_starts: np.ndarray
+) -> np.ndarray:
     """Noise for one vector step, (num_envs, action size), in units of each dimension's half-range: Gaussian, or
     the Ornstein-Uhlenbeck process of each env (x += theta (0 - x) + sigma N(0, 1)), restarted at 0 where that env's
     episode starts. `noise_state` is the process's state, updated in place."""
@@ -245,18 +276,36 @@ def exploration_noise(args: Args, noise_state: np.ndarray, episode_starts: np.nd
 def check_args(args: Args) -> None:
     """Reject bad settings before anything is built or written."""
     distributed.single_process("ddpg.py")  # no data parallelism here (docs/ddpg.md)
-    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency", "hidden_size")
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "buffer_size",
+        "batch_size",
+        "policy_frequency",
+        "hidden_size",
+    )
     positive += ("video_every", "learning_rate", "updates_per_step")
-    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate", "eval_every")
+    non_negative = (
+        "seed",
+        "eval_episodes",
+        "checkpoint_every",
+        "torch_threads",
+        "end_learning_rate",
+        "eval_every",
+    )
     non_negative += ("learning_starts", "exploration_noise")
     cli.check_ranges(args, positive, non_negative, ("gamma", "tau"))
     if args.total_timesteps < args.num_envs:
-        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one vector step ({args.num_envs})")
+        raise UsageError(
+            f"--total-timesteps {args.total_timesteps} is less than one vector step ({args.num_envs})"
+        )
     if args.eval_every and not args.eval_episodes:
         raise UsageError("--eval-every needs --eval-episodes of 1 or more")
 
 
-def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict | None]:
+def from_checkpoint(
+    path: str | None, args: Args, kept: tuple[str, ...], strict: bool
+) -> tuple[Args, dict | None]:
     """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
     no path: `args` and no checkpoint."""
     if path is None:
@@ -271,7 +320,9 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(make_env, args, actions=(gym.spaces.Box,))
     if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
-        raise UsageError(f"{args.env_id!r} has unbounded actions; the actor's tanh needs finite bounds on each one")
+        raise UsageError(
+            f"{args.env_id!r} has unbounded actions; the actor's tanh needs finite bounds on each one"
+        )
     agent = Agent(int(np.prod(observation_space.shape)), action_space, args.hidden_size).to(device)
     if checkpoint is not None:
         checkpoints.load_weights(agent, checkpoint, args.env_id)
@@ -281,10 +332,16 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
 
 def train(args: Args) -> TrainResult:
     check_args(args)
-    args, checkpoint = from_checkpoint(args.resume, args, (*checkpoints.RUN_TIME_FLAGS, "save_buffer"), strict=True)
-    num_iterations = args.total_timesteps // args.num_envs  # one vector step each: num_envs transitions
+    args, checkpoint = from_checkpoint(
+        args.resume, args, (*checkpoints.RUN_TIME_FLAGS, "save_buffer"), strict=True
+    )
+    num_iterations = (
+        args.total_timesteps // args.num_envs
+    )  # one vector step each: num_envs transitions
 
-    device = seed_and_pick_device(args.seed, args.torch_deterministic, args.torch_threads, args.cuda)
+    device = seed_and_pick_device(
+        args.seed, args.torch_deterministic, args.torch_threads, args.cuda
+    )
     agent = build_agent(args, checkpoint, device)
     # The fused kernel updates every parameter in one call: about 6% of an update here (docs/ddpg.md).
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate, fused=True)
@@ -296,27 +353,44 @@ def train(args: Args) -> TrainResult:
     global_step = run.global_step
     envs, _ = training_envs(make_env, args, str(run.video_folder), checkpoint)
     action_space = envs.single_action_space
-    observation_size, action_size = int(np.prod(envs.single_observation_space.shape)), int(np.prod(action_space.shape))
+    observation_size, action_size = (
+        int(np.prod(envs.single_observation_space.shape)),
+        int(np.prod(action_space.shape)),
+    )
     # The actor, the noise and the buffer work on flat actions; the env gets them in its own shape.
-    half_range, low, high = agent.actor.action_scale.cpu().numpy(), action_space.low.ravel(), action_space.high.ravel()
+    half_range, low, high = (
+        agent.actor.action_scale.cpu().numpy(),
+        action_space.low.ravel(),
+        action_space.high.ravel(),
+    )
     rb = ReplayBuffer(args.buffer_size, observation_size, action_size)
     noise_state = np.zeros((args.num_envs, action_size), dtype=np.float32)
     if checkpoint is not None:
         noise_state[:] = checkpoint["noise"].numpy()
-        buffer_path = checkpoints.resume_folder(args.resume) / "checkpoints" / str(checkpoint["buffer"] or "")
+        buffer_path = (
+            checkpoints.resume_folder(args.resume) / "checkpoints" / str(checkpoint["buffer"] or "")
+        )
         if checkpoint["buffer"] and buffer_path.is_file():
             with np.load(buffer_path, allow_pickle=False) as stored:
                 rb.restore(dict(stored))
         else:
-            why = "is gone (only the newest checkpoint's buffer is kept)" if checkpoint["buffer"] else "has none"
+            why = (
+                "is gone (only the newest checkpoint's buffer is kept)"
+                if checkpoint["buffer"]
+                else "has none"
+            )
             cli.notice(
                 f"{args.resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
             )
 
-    next_obs, carried = env_state.start(envs, checkpoint, args.seed + global_step)  # last: after everything is built
+    next_obs, carried = env_state.start(
+        envs, checkpoint, args.seed + global_step
+    )  # last: after everything is built
     recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried)
     episode_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
-    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * args.num_envs, global_step)
+    log = tracking.TrainingLog(
+        run.writer, args, run.video_folder, num_iterations * args.num_envs, global_step
+    )
     log_every = max(1, 100 // args.num_envs)  # CleanRL logs the losses every 100 steps
     updates = int(checkpoint["updates"]) if checkpoint is not None else 0
 
@@ -329,8 +403,16 @@ def train(args: Args) -> TrainResult:
             temporary = folder / f".{buffer_name}.tmp.npz"
             np.savez(temporary, **rb.state())
             temporary.replace(folder / buffer_name)
-        state = {"model": agent.state_dict(), "iteration": iteration, "updates": updates, "buffer": buffer_name}
-        state |= {"actor_optimizer": actor_optimizer.state_dict(), "q_optimizer": q_optimizer.state_dict()}
+        state = {
+            "model": agent.state_dict(),
+            "iteration": iteration,
+            "updates": updates,
+            "buffer": buffer_name,
+        }
+        state |= {
+            "actor_optimizer": actor_optimizer.state_dict(),
+            "q_optimizer": q_optimizer.state_dict(),
+        }
         state["noise"] = torch.as_tensor(noise_state)
         state["episodes"] = env_state.capture(envs, next_obs, episode_starts=episode_starts)
         state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
@@ -350,13 +432,20 @@ def train(args: Args) -> TrainResult:
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
                 for optimizer in (actor_optimizer, q_optimizer):
-                    optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+                    optimizer.param_groups[0]["lr"] = (
+                        1.0 - frac
+                    ) * args.learning_rate + frac * args.end_learning_rate
             iteration_start = time.time()
-            env_obs, obs = next_obs, next_obs.astype(np.float32)  # the env's, in its dtype, for the recorder
+            env_obs, obs = (
+                next_obs,
+                next_obs.astype(np.float32),
+            )  # the env's, in its dtype, for the recorder
             noise = exploration_noise(args, noise_state, episode_starts)
             if global_step < args.learning_starts:
                 # From the seeded generator that checkpoints hold (an action space's own is not seeded).
-                actions = np.random.uniform(low, high, (args.num_envs, action_size)).astype(np.float32)
+                actions = np.random.uniform(low, high, (args.num_envs, action_size)).astype(
+                    np.float32
+                )
             else:
                 with torch.no_grad():
                     actions = agent.actor(torch.as_tensor(obs, device=device)).cpu().numpy()
@@ -381,11 +470,13 @@ def train(args: Args) -> TrainResult:
             # A run resumed without its buffer refills a batch's worth before it samples.
             if global_step >= args.learning_starts and len(rb) >= args.batch_size:
                 for _ in range(args.num_envs * args.updates_per_step):
-                    observations, next_observations, b_actions, b_rewards, b_terminations = rb.sample(
-                        args.batch_size, device
+                    observations, next_observations, b_actions, b_rewards, b_terminations = (
+                        rb.sample(args.batch_size, device)
                     )
                     with torch.no_grad():
-                        next_q = agent.qf1_target(next_observations, agent.actor_target(next_observations))
+                        next_q = agent.qf1_target(
+                            next_observations, agent.actor_target(next_observations)
+                        )
                         next_q_value = b_rewards + (1 - b_terminations) * args.gamma * next_q
                     qf1_values = agent.qf1(observations, b_actions)
                     qf1_loss = F.mse_loss(qf1_values, next_q_value)
@@ -402,19 +493,29 @@ def train(args: Args) -> TrainResult:
                         polyak_update(agent.qf1_target, agent.qf1, args.tau)
                 # A NaN or inf loss reaches the parameters; checking them all takes 0.5 ms, so only then.
                 if not torch.isfinite(qf1_loss + actor_loss):
-                    check_finite(agent.parameters(), global_step, qf1_loss=qf1_loss, actor_loss=actor_loss)
+                    check_finite(
+                        agent.parameters(), global_step, qf1_loss=qf1_loss, actor_loss=actor_loss
+                    )
             update_seconds = time.time() - update_start
 
             if iteration % log_every == 0 or iteration == num_iterations:
                 scalars = {"charts/learning_rate": q_optimizer.param_groups[0]["lr"]}
-                scalars |= {"perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds}
+                scalars |= {
+                    "perf/rollout_seconds": rollout_seconds,
+                    "perf/update_seconds": update_seconds,
+                }
                 if updates:  # as CleanRL, the losses from the first update on
-                    scalars["losses/qf1_values"], scalars["losses/qf1_loss"] = qf1_values.mean().item(), qf1_loss.item()
+                    scalars["losses/qf1_values"], scalars["losses/qf1_loss"] = (
+                        qf1_values.mean().item(),
+                        qf1_loss.item(),
+                    )
                     scalars["losses/actor_loss"] = actor_loss.item()
                 log.iteration(global_step, scalars)
             every = args.eval_every
             crossed = every and global_step // every > (global_step - args.num_envs) // every
-            if crossed and not (iteration == num_iterations and args.eval_episodes):  # the last: evaluated after it
+            if crossed and not (
+                iteration == num_iterations and args.eval_episodes
+            ):  # the last: evaluated after it
                 evaluate(agent, args, run.writer, global_step)
             saving.iteration_done(iteration)
             if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
@@ -424,16 +525,22 @@ def train(args: Args) -> TrainResult:
     eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
     log.finish()
     episodes = log.episodes
-    return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)
+    return TrainResult(
+        agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path
+    )
 
 
-def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
+def evaluate(
+    agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
+) -> list[float]:
     """`common.evaluation.evaluate` with the deterministic actor: no noise."""
     device = next(agent.parameters()).device
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
-        actions = agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+        actions = (
+            agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+        )
         return actions.reshape(len(actions), *agent.actor.action_shape)
 
     return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
@@ -444,7 +551,9 @@ def evaluate_checkpoint(args: Args) -> list[float]:
     check_args(args)
     kept = (*checkpoints.EVALUATION_FLAGS, "save_buffer")
     trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, kept, strict=False)
-    device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
+    device = seed_and_pick_device(
+        trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
+    )
     agent = build_agent(trained, checkpoint, device)
     step = checkpoint["global_step"]
     return evaluation.evaluate_checkpoint(

@@ -22,7 +22,17 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import atari, checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
+from common import (
+    atari,
+    checkpoints,
+    cli,
+    distributed,
+    env_state,
+    evaluation,
+    run_start,
+    stand_in,
+    tracking,
+)
 from common.envs import (
     IMAGE,
     VECTOR,
@@ -46,7 +56,9 @@ from common.train_result import TrainResult
 from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
-CHECKPOINT_FORMAT = 4  # 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
+CHECKPOINT_FORMAT = (
+    4  # 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
+)
 CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 
 
@@ -152,21 +164,33 @@ class Args:
     """auto: a CNN for images (uint8, rank 2 or 3 with channels first or last, 36x36 or more), an MLP otherwise"""
 
 
-def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
+def make_env(
+    env_id: str,
+    idx: int = 0,
+    capture_video: bool = False,
+    video_folder: str = "",
+    video_every: int = 1,
+):
     def thunk():
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
-            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
+            env = gym.wrappers.RecordVideo(
+                env, video_folder, episode_trigger=lambda n: n % video_every == 0
+            )
         else:
             env = gym.make(env_id, **atari.make_kwargs(env_id))
-        env = atari.preprocessed(env, frame_stack=4)  # CleanRL's Atari wrappers (only for Atari games)
+        env = atari.preprocessed(
+            env, frame_stack=4
+        )  # CleanRL's Atari wrappers (only for Atari games)
         # per env: vector observation wrappers refuse SAME_STEP autoreset
         return joint_actions(flat_observations(env, keep_images=True, image_parts=True))
 
     return thunk
 
 
-def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+def layer_init(
+    layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_const: float = 0.0
+) -> nn.Module:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -193,11 +217,19 @@ class NatureCNN(nn.Module):
         with torch.no_grad():
             conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
         self.linear = nn.Sequential(layer_init(nn.Linear(conv_size + vector_size, 512)), nn.ReLU())
-        self.convs.to(memory_format=torch.channels_last)  # oneDNN's convolutions: 1.5x faster on a CPU
+        self.convs.to(
+            memory_format=torch.channels_last
+        )  # oneDNN's convolutions: 1.5x faster on a CPU
 
     def channels_first(self, x: Tensor) -> Tensor:
         """A batch of images of this layout as (batch, channels, height, width)."""
-        return x.unsqueeze(1) if self.layout == "hw" else x.permute(0, 3, 1, 2) if self.layout == "hwc" else x
+        return (
+            x.unsqueeze(1)
+            if self.layout == "hw"
+            else x.permute(0, 3, 1, 2)
+            if self.layout == "hwc"
+            else x
+        )
 
     def forward(self, x: Tensor, vector: Tensor | None = None) -> Tensor:
         batch_shape = x.shape[: x.dim() - len(self.image_shape)]
@@ -220,7 +252,9 @@ class Agent(nn.Module):
         super().__init__()
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        self.action_size = (
+            int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        )
         # A Dict observation is an image and a vector (common.envs.image_and_vector): the vector joins the image's
         # CNN features (or, with --encoder mlp, its flattened pixels).
         self.parts = isinstance(observation_space, gym.spaces.Dict)
@@ -230,7 +264,9 @@ class Agent(nn.Module):
         self.cnn = layout is not None
         if self.cnn:  # ppo_atari.py's agent: one CNN trunk, then a linear actor and critic
             self.network = NatureCNN(image_space, layout, vector_size)
-            self.obs_norm = RunningNorm(vector_size) if norm_obs and vector_size else nn.Identity()  # not the image
+            self.obs_norm = (
+                RunningNorm(vector_size) if norm_obs and vector_size else nn.Identity()
+            )  # not the image
             self.critic = layer_init(nn.Linear(512, 1), std=1.0)
             self.actor = layer_init(nn.Linear(512, self.action_size), std=0.01)
         else:
@@ -280,10 +316,14 @@ class Agent(nn.Module):
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
         if self.discrete:
-            return Categorical(logits=actor_out, validate_args=False)  # validating costs more than the network
+            return Categorical(
+                logits=actor_out, validate_args=False
+            )  # validating costs more than the network
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
-    def get_action_and_value(self, x: Tensor, action: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def get_action_and_value(
+        self, x: Tensor, action: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`."""
         actor_out, value = self(x)
         policy = self.distribution(actor_out)
@@ -309,14 +349,18 @@ class Agent(nn.Module):
             return torch.argmax(policy.logits + noise, -1)
         if isinstance(policy, Normal):
             return policy.mean + policy.stddev * noise
-        raise PolicyMismatch(f"Agent.sample cannot draw from a {type(policy).__name__}: write its draw")
+        raise PolicyMismatch(
+            f"Agent.sample cannot draw from a {type(policy).__name__}: write its draw"
+        )
 
 
 PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """A rollout's policy: (observations, noise) -> actions."""
 
 
-def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[PolicyFunction, bool]:
+def rollout_policy(
+    agent: Agent, numpy_rollout: bool, obs: np.ndarray
+) -> tuple[PolicyFunction, bool]:
     """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a NumPy copy (with
     `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the torch policy does on `obs`)."""
     device = next(agent.parameters()).device
@@ -327,19 +371,25 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
         return agent.sample(policy, torch.as_tensor(noise, device=device)).cpu().numpy()
 
     def numpy_act() -> PolicyFunction:  # common/stand_in.py
-        return stand_in.numpy_policy((agent.obs_norm, agent.actor), None if agent.discrete else agent.actor_logstd)
+        return stand_in.numpy_policy(
+            (agent.obs_norm, agent.actor), None if agent.discrete else agent.actor_logstd
+        )
 
     trial = lambda: stand_in.trial_inputs(obs, agent.action_size)  # noqa: E731
     act = stand_in.fitting_copy(numpy_act, torch_act, trial, agent) if numpy_rollout else None
     return (act, True) if act is not None else (torch_act, False)
 
 
-def check_policy(actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool) -> Tensor:
+def check_policy(
+    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool
+) -> Tensor:
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
     `actor_outs`, after checking that the actions are its draws with `noise`."""
     policy = agent.distribution(actor_outs)
     if agent.discrete:
-        stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
+        stand_in.check_same_actions(
+            actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise
+        )
         stand_in.check_draws(actions, probs=policy.probs)
         return policy.log_prob(actions)
     stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
@@ -349,10 +399,32 @@ def check_policy(actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agen
 
 def check_args(args: Args) -> None:
     """Reject bad settings before anything is built or written."""
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size")
-    positive += ("video_every", "sampling_k", "temperature", "learning_rate", "clip_coef", "max_grad_norm")
-    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate")
-    cli.check_ranges(args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda"))
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "hidden_size",
+    )
+    positive += (
+        "video_every",
+        "sampling_k",
+        "temperature",
+        "learning_rate",
+        "clip_coef",
+        "max_grad_norm",
+    )
+    non_negative = (
+        "seed",
+        "eval_episodes",
+        "checkpoint_every",
+        "torch_threads",
+        "end_learning_rate",
+    )
+    cli.check_ranges(
+        args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
+    )
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         raise UsageError(
@@ -360,10 +432,14 @@ def check_args(args: Args) -> None:
         )
     batch_size *= distributed.launched_size()  # every process's steps
     if args.total_timesteps < batch_size:
-        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)")
+        raise UsageError(
+            f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
+        )
 
 
-def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict | None]:
+def from_checkpoint(
+    path: str | None, args: Args, kept: tuple[str, ...], strict: bool
+) -> tuple[Args, dict | None]:
     """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
     no path: `args` and no checkpoint."""
     if path is None:
@@ -377,7 +453,9 @@ def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict:
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(make_env, args)
-    agent = Agent(observation_space, action_space, args.hidden_size, args.norm_obs, args.encoder).to(device)
+    agent = Agent(
+        observation_space, action_space, args.hidden_size, args.norm_obs, args.encoder
+    ).to(device)
     if checkpoint is not None:
         checkpoints.load_weights(agent, checkpoint, args.env_id)
     threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
@@ -386,11 +464,17 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
 
 def train(args: Args) -> TrainResult:
     check_args(args)
-    distributed.setup(args.dist_backend, args.cuda)  # under torchrun: join its processes (docs/distributed.md)
+    distributed.setup(
+        args.dist_backend, args.cuda
+    )  # under torchrun: join its processes (docs/distributed.md)
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     world_size = distributed.world_size()
-    batch_size = args.num_envs * args.num_steps  # this process's; the global batch is world_size times it
-    minibatch_size = batch_size // args.num_minibatches  # this process's share of each global minibatch
+    batch_size = (
+        args.num_envs * args.num_steps
+    )  # this process's; the global batch is world_size times it
+    minibatch_size = (
+        batch_size // args.num_minibatches
+    )  # this process's share of each global minibatch
     norm_adv = args.norm_adv and minibatch_size * world_size > 1
     global_batch_size = batch_size * world_size
     num_iterations = args.total_timesteps // global_batch_size
@@ -413,23 +497,40 @@ def train(args: Args) -> TrainResult:
     # Rollout storage, in NumPy: filled step by step without conversions. Images stay uint8 until the network.
     observation_space = envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
-    obs = observation_zeros(observation_space, args.num_steps, args.num_envs)  # float32, or uint8 for images
-    final_obs = observation_map(np.zeros_like, obs)  # where an episode was truncated: its real last observation
-    actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
+    obs = observation_zeros(
+        observation_space, args.num_steps, args.num_envs
+    )  # float32, or uint8 for images
+    final_obs = observation_map(
+        np.zeros_like, obs
+    )  # where an episode was truncated: its real last observation
+    actions = np.zeros(
+        (args.num_steps, args.num_envs, *action_shape),
+        dtype=np.int64 if agent.discrete else np.float32,
+    )
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations, truncations = np.zeros((2, args.num_steps, args.num_envs), dtype=bool)
 
-    next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)  # after everything is built
+    next_obs_np, carried = env_state.start(
+        envs, checkpoint, args.seed + global_step
+    )  # after everything is built
     recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried, reward_normalizer)
-    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step)
+    log = tracking.TrainingLog(
+        run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step
+    )
 
     def write_checkpoint(iteration: int) -> Path:
-        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
+        state = {
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "iteration": iteration,
+        }
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
         state["episodes"] = env_state.capture(envs, next_obs_np)
         state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
         log.flush(global_step)  # and the logs up to the checkpoint
-        return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
+        return checkpoints.save(
+            run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state
+        )
 
     def as_stored(observation: np.ndarray | dict) -> np.ndarray | dict:
         return observation_map(lambda part, stored: part.astype(stored.dtype), observation, obs)
@@ -439,13 +540,17 @@ def train(args: Args) -> TrainResult:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+                optimizer.param_groups[0]["lr"] = (
+                    1.0 - frac
+                ) * args.learning_rate + frac * args.end_learning_rate
             rollout_start = time.time()
 
             # The rollout only acts; log-probs and values come after it, from one torch pass over all its steps.
             # As the rollout stores them: float32 integer observations (one-hot, MiniGrid's) would not normalise.
             # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-            numpy_rollout = args.numpy_rollout and not agent.parts and len(observation_space.shape) == 1
+            numpy_rollout = (
+                args.numpy_rollout and not agent.parts and len(observation_space.shape) == 1
+            )
             act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored(next_obs_np))
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np = noise.cpu().numpy()
@@ -458,20 +563,28 @@ def train(args: Args) -> TrainResult:
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
                 # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
-                rewards[step] = reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
+                rewards[step] = (
+                    reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
+                )
                 recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
 
                 if args.bootstrap_truncation and truncated.any():
-                    last_obs = observation_map(lambda *parts: np.stack(parts), *infos["final_obs"][truncated])
+                    last_obs = observation_map(
+                        lambda *parts: np.stack(parts), *infos["final_obs"][truncated]
+                    )
                     store_observation(final_obs, (step, truncated), last_obs)
                 log.episodes.record(infos, global_step)
             combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             with torch.no_grad():
-                b_obs = observation_map(lambda part: torch.as_tensor(part, device=device).flatten(0, 1), obs)
+                b_obs = observation_map(
+                    lambda part: torch.as_tensor(part, device=device).flatten(0, 1), obs
+                )
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
                 actor_outs, b_values = agent(b_obs)
-                b_logprobs = check_policy(actor_outs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy)
+                b_logprobs = check_policy(
+                    actor_outs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy
+                )
                 values = b_values.reshape(args.num_steps, args.num_envs)
                 next_value = agent.get_value(observation_tensor(as_stored(next_obs_np), device))
                 # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
@@ -488,33 +601,47 @@ def train(args: Args) -> TrainResult:
                 b_returns = b_advantages + b_values
             # With a continuous policy, also the unclipped sample that `logprobs` belong to.
             sampled = {} if agent.discrete else {"actions": actions}
-            recorder.end_rollout(logprobs=b_logprobs.reshape(args.num_steps, -1), values=values, **sampled)
+            recorder.end_rollout(
+                logprobs=b_logprobs.reshape(args.num_steps, -1), values=values, **sampled
+            )
             rollout_seconds = time.time() - rollout_start
 
             update_start = time.time()
             ratios = []
             for _epoch in range(args.update_epochs):
-                minibatches = torch.randperm(batch_size, device=device).view(args.num_minibatches, minibatch_size)
+                minibatches = torch.randperm(batch_size, device=device).view(
+                    args.num_minibatches, minibatch_size
+                )
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
                 for i, mb_inds in enumerate(minibatches):
                     mb_obs = observation_at(b_obs, mb_inds)
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, b_actions[mb_inds])
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(
+                        mb_obs, b_actions[mb_inds]
+                    )
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())
 
-                    mb_advantages, mb_returns, mb_values = b_advantages[mb_inds], b_returns[mb_inds], b_values[mb_inds]
+                    mb_advantages, mb_returns, mb_values = (
+                        b_advantages[mb_inds],
+                        b_returns[mb_inds],
+                        b_values[mb_inds],
+                    )
                     if norm_adv:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss2 = -mb_advantages * torch.clamp(
+                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
+                    )
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                     if args.clip_vloss:
                         v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+                        v_clipped = mb_values + torch.clamp(
+                            newvalue - mb_values, -args.clip_coef, args.clip_coef
+                        )
                         v_loss_clipped = (v_clipped - mb_returns) ** 2
                         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                     else:
@@ -525,7 +652,9 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    distributed.average_gradients(agent.parameters())  # the global minibatch's gradient
+                    distributed.average_gradients(
+                        agent.parameters()
+                    )  # the global minibatch's gradient
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
@@ -533,17 +662,31 @@ def train(args: Args) -> TrainResult:
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    old_approx_kl, approx_kl = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
+                    old_approx_kl, approx_kl = distributed.mean(
+                        torch.stack([old_approx_kl, approx_kl])
+                    )
                     if approx_kl > args.target_kl:
                         break
-            check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-            if isinstance(agent.obs_norm, RunningNorm):  # --norm-obs, never of an image through the CNN
+            check_finite(
+                agent.parameters(),
+                global_step,
+                policy_loss=pg_loss,
+                value_loss=v_loss,
+                entropy=entropy_loss,
+            )
+            if isinstance(
+                agent.obs_norm, RunningNorm
+            ):  # --norm-obs, never of an image through the CNN
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
-                agent.obs_norm.merge(*distributed.moments(agent.normalised_part(b_obs)))  # all ranks' observations
+                agent.obs_norm.merge(
+                    *distributed.moments(agent.normalised_part(b_obs))
+                )  # all ranks' observations
             update_seconds = time.time() - update_start
 
             var_y = np.var(b_returns.cpu().numpy())
-            explained_var = np.nan if var_y == 0 else 1 - np.var((b_returns - b_values).cpu().numpy()) / var_y
+            explained_var = (
+                np.nan if var_y == 0 else 1 - np.var((b_returns - b_values).cpu().numpy()) / var_y
+            )
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
             log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
@@ -554,7 +697,9 @@ def train(args: Args) -> TrainResult:
                 "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
-            interrupt.requested = stop = distributed.any_rank(interrupt.requested)  # one rank's Ctrl-C stops all
+            interrupt.requested = stop = distributed.any_rank(
+                interrupt.requested
+            )  # one rank's Ctrl-C stops all
             if stop:  # Ctrl-C: the run stops after a whole iteration
                 break
         saving.run_ended(iteration, stop)
@@ -563,7 +708,9 @@ def train(args: Args) -> TrainResult:
     eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
     log.finish()
     episodes = log.episodes
-    return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)
+    return TrainResult(
+        agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path
+    )
 
 
 def compute_gae(
@@ -573,17 +720,23 @@ def compute_gae(
     """GAE for a (num_steps, num_envs) rollout, in NumPy (cheaper than torch for the recursion's small steps). An
     episode end stops the recursion; a truncated step bootstraps from `final_values`, its last observation's value."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)  # final_values elsewhere is not read
+    bootstrap = np.where(
+        truncations & ~terminations, final_values, 0.0
+    )  # final_values elsewhere is not read
     following_values = np.concatenate([values[1:], next_value[None]])
     deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
     advantages = np.zeros_like(deltas)
     lastgaelam = np.zeros_like(next_value)
     for t in reversed(range(len(deltas))):
-        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        advantages[t] = lastgaelam = (
+            deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        )
     return advantages
 
 
-def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
+def evaluate(
+    agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
+) -> list[float]:
     """Play `args.eval_episodes` episodes, actions by `args.sampling_method`; log them at `step` (see
     `common.evaluation.evaluate`) and return their returns."""
     device = next(agent.parameters()).device
@@ -591,7 +744,9 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
         policy = agent.distribution(agent(observation_tensor(obs, device))[0])
-        action = evaluation.select_action(policy, args.sampling_method, args.temperature, args.sampling_k)
+        action = evaluation.select_action(
+            policy, args.sampling_method, args.temperature, args.sampling_k
+        )
         return env_action(action.cpu().numpy(), agent.action_space)
 
     return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
@@ -600,8 +755,12 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     check_args(args)
-    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False)
-    device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
+    trained, checkpoint = from_checkpoint(
+        args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False
+    )
+    device = seed_and_pick_device(
+        trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
+    )
     agent = build_agent(trained, checkpoint, device)
     step = checkpoint["global_step"]
     return evaluation.evaluate_checkpoint(

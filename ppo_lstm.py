@@ -22,7 +22,17 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import atari, checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
+from common import (
+    atari,
+    checkpoints,
+    cli,
+    distributed,
+    env_state,
+    evaluation,
+    run_start,
+    stand_in,
+    tracking,
+)
 from common.envs import (
     IMAGE,
     VECTOR,
@@ -46,7 +56,9 @@ from common.train_result import TrainResult
 from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
-CHECKPOINT_FORMAT = 2  # 2: the envs' places in their episodes and the recurrent state there ("episodes")
+CHECKPOINT_FORMAT = (
+    2  # 2: the envs' places in their episodes and the recurrent state there ("episodes")
+)
 CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 
 
@@ -162,11 +174,19 @@ class Args:
     """0: minibatches of whole env rollouts; L > 0: of L-step chunks from the recorded states"""
 
 
-def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1):
+def make_env(
+    env_id: str,
+    idx: int = 0,
+    capture_video: bool = False,
+    video_folder: str = "",
+    video_every: int = 1,
+):
     def thunk():
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
-            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
+            env = gym.wrappers.RecordVideo(
+                env, video_folder, episode_trigger=lambda n: n % video_every == 0
+            )
         else:
             env = gym.make(env_id, **atari.make_kwargs(env_id))
         env = atari.preprocessed(
@@ -178,7 +198,9 @@ def make_env(env_id: str, idx: int = 0, capture_video: bool = False, video_folde
     return thunk
 
 
-def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+def layer_init(
+    layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_const: float = 0.0
+) -> nn.Module:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -225,9 +247,14 @@ class TrainingSequences:
 
     def __init__(self, num_steps: int, num_envs: int, bptt_len: int, device: torch.device):
         self.length = bptt_len or num_steps
-        self.envs = torch.arange(num_envs, device=device).repeat_interleave(num_steps // self.length)
+        self.envs = torch.arange(num_envs, device=device).repeat_interleave(
+            num_steps // self.length
+        )
         self.starts = torch.arange(0, num_steps, self.length, device=device).repeat(num_envs)
-        self.time_index, self.count = self.starts + torch.arange(self.length, device=device)[:, None], len(self.starts)
+        self.time_index, self.count = (
+            self.starts + torch.arange(self.length, device=device)[:, None],
+            len(self.starts),
+        )
 
     def __call__(self, x: Tensor) -> Tensor:
         """`x` (num_steps, num_envs, ...) as sequences side by side, (length, count, ...)."""
@@ -259,11 +286,19 @@ class NatureCNN(nn.Module):
         with torch.no_grad():
             conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
         self.linear = nn.Sequential(layer_init(nn.Linear(conv_size + vector_size, 512)), nn.ReLU())
-        self.convs.to(memory_format=torch.channels_last)  # oneDNN's convolutions: 1.5x faster on a CPU
+        self.convs.to(
+            memory_format=torch.channels_last
+        )  # oneDNN's convolutions: 1.5x faster on a CPU
 
     def channels_first(self, x: Tensor) -> Tensor:
         """A batch of images of this layout as (batch, channels, height, width)."""
-        return x.unsqueeze(1) if self.layout == "hw" else x.permute(0, 3, 1, 2) if self.layout == "hwc" else x
+        return (
+            x.unsqueeze(1)
+            if self.layout == "hw"
+            else x.permute(0, 3, 1, 2)
+            if self.layout == "hwc"
+            else x
+        )
 
     def forward(self, x: Tensor, vector: Tensor | None = None) -> Tensor:
         batch_shape = x.shape[: x.dim() - len(self.image_shape)]
@@ -283,16 +318,22 @@ class Core(nn.Module):
         layers: int,
     ):  # fmt: skip
         super().__init__()
-        parts = isinstance(observation_space, gym.spaces.Dict)  # an image and a vector (common.envs.image_and_vector)
+        parts = isinstance(
+            observation_space, gym.spaces.Dict
+        )  # an image and a vector (common.envs.image_and_vector)
         image_space = observation_space[IMAGE] if parts else observation_space
         vector_size = int(np.prod(observation_space[VECTOR].shape)) if parts else 0
         if layout is not None:  # ppo_atari_lstm.py's: the CNN's 512 features feed the cell
             self.encoder, encoder_size = NatureCNN(image_space, layout, vector_size), 512
         else:
             observation_size = int(np.prod(image_space.shape)) + vector_size
-            self.encoder = nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh())
+            self.encoder = nn.Sequential(
+                layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh()
+            )
             encoder_size = hidden_size
-        self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(encoder_size, rnn_hidden_size, layers)
+        self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(
+            encoder_size, rnn_hidden_size, layers
+        )
         for name, parameter in self.rnn.named_parameters():  # CleanRL's initialisation
             if name.startswith("bias"):
                 nn.init.constant_(parameter, 0)
@@ -301,14 +342,18 @@ class Core(nn.Module):
         # An LSTM's state is its hidden and cell states side by side; a GRU's is its hidden state.
         self.state_size = self.rnn.hidden_size * (2 if isinstance(self.rnn, nn.LSTM) else 1)
 
-    def forward(self, x: Tensor, state: Tensor, segments: Segments | None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, state: Tensor, segments: Segments | None
+    ) -> tuple[Tensor, Tensor | None]:
         """The cell's output along `x` (T, B, obs...) from `state` (layers, B, state size), cut into `segments`; for one
         step (`segments` None) also the state after it."""
         features = self.encoder(x[IMAGE], x[VECTOR]) if isinstance(x, dict) else self.encoder(x)
         if segments is None:
             output, next_state = self.rnn(features, self.cell_state(state))
             return output, self.flat_state(next_state)
-        output, _ = self.rnn(segments.pad(features), self.cell_state(segments.initial_states(state)))
+        output, _ = self.rnn(
+            segments.pad(features), self.cell_state(segments.initial_states(state))
+        )
         return segments.unpad(output), None
 
     def cell_state(self, state: Tensor) -> Tensor | tuple[Tensor, Tensor]:
@@ -327,7 +372,9 @@ class Agent(nn.Module):
         super().__init__()
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        self.action_size = (
+            int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        )
         # An image goes to the CNN as it is; a vector, or an image taken as one (--encoder mlp), flat and normalised.
         # A Dict observation is an image and a vector (common.envs.image_and_vector): the vector, normalised, joins
         # the image's CNN features (or, with --encoder mlp, its flattened pixels).
@@ -338,13 +385,24 @@ class Agent(nn.Module):
         self.cnn = layout is not None
         self.flatten = nn.Identity() if layout else nn.Flatten(start_dim=2)  # after the (T, B) axes
         normalised_size = vector_size if layout else int(np.prod(image_space.shape)) + vector_size
-        self.obs_norm = RunningNorm(normalised_size) if args.norm_obs and normalised_size else nn.Identity()
-        core = (observation_space, layout, args.hidden_size, args.rnn_type, args.rnn_hidden_size, args.rnn_layers)
+        self.obs_norm = (
+            RunningNorm(normalised_size) if args.norm_obs and normalised_size else nn.Identity()
+        )
+        core = (
+            observation_space,
+            layout,
+            args.hidden_size,
+            args.rnn_type,
+            args.rnn_hidden_size,
+            args.rnn_layers,
+        )
         self.core = Core(*core)
         self.critic_core = None if args.shared_core else Core(*core)
         self.state_size = sum(core.state_size for core in self.cores())
         self.rnn_layers = self.core.rnn.num_layers
-        self.actor = layer_init(nn.Linear(self.core.rnn.hidden_size, self.action_size), std=0.01)  # logits or mean
+        self.actor = layer_init(
+            nn.Linear(self.core.rnn.hidden_size, self.action_size), std=0.01
+        )  # logits or mean
         self.critic = layer_init(nn.Linear(self.cores()[-1].rnn.hidden_size, 1), std=1.0)
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
@@ -358,7 +416,9 @@ class Agent(nn.Module):
         device = next(self.parameters()).device
         return torch.zeros(self.rnn_layers, batch_size, self.state_size, device=device)
 
-    def forward(self, x: Tensor, state: Tensor, episode_starts: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, state: Tensor, episode_starts: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Along observations `x` (T, B, obs) from `state` (layers, B, state size), zero wherever `episode_starts`
         (T, B): the actor's output and the value at each step; for one step (T = 1) also the state after it."""
         if self.parts and self.cnn:
@@ -370,7 +430,9 @@ class Agent(nn.Module):
         actor_hidden, next_state = self.core(x, state[..., : self.core.state_size], segments)
         critic_hidden = actor_hidden
         if self.critic_core is not None:
-            critic_hidden, critic_state = self.critic_core(x, state[..., self.core.state_size :], segments)
+            critic_hidden, critic_state = self.critic_core(
+                x, state[..., self.core.state_size :], segments
+            )
             next_state = torch.cat([next_state, critic_state], -1) if segments is None else None
         return self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state
 
@@ -395,7 +457,9 @@ class Agent(nn.Module):
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
         if self.discrete:
-            return Categorical(logits=actor_out, validate_args=False)  # validating costs more than the network
+            return Categorical(
+                logits=actor_out, validate_args=False
+            )  # validating costs more than the network
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
     def log_prob_and_entropy(self, actor_out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
@@ -403,7 +467,9 @@ class Agent(nn.Module):
         policy = self.distribution(actor_out)
         if self.discrete:
             return policy.log_prob(action), policy.entropy()
-        return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)  # independent dimensions add up
+        return policy.log_prob(action).sum(-1), policy.entropy().sum(
+            -1
+        )  # independent dimensions add up
 
     def sampling_noise(self, batch_shape: tuple[int, ...]) -> Tensor:
         """The randomness of `sample` for a batch of observations (a rollout draws all of its steps' at once)."""
@@ -419,10 +485,14 @@ class Agent(nn.Module):
             return torch.argmax(policy.logits + noise, -1)
         if isinstance(policy, Normal):
             return policy.mean + policy.stddev * noise
-        raise PolicyMismatch(f"Agent.sample cannot draw from a {type(policy).__name__}: write its draw")
+        raise PolicyMismatch(
+            f"Agent.sample cannot draw from a {type(policy).__name__}: write its draw"
+        )
 
 
-StepFunction = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+StepFunction = Callable[
+    [np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]
+]
 """A rollout step: (observations, state, episode starts, noise) -> (actions, state after the step)."""
 
 
@@ -442,9 +512,13 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
     if not numpy_rollout:
         return torch_step, False
 
-    def trial() -> tuple[np.ndarray, ...]:  # from a random state: every part of the next state counts
+    def trial() -> tuple[
+        np.ndarray, ...
+    ]:  # from a random state: every part of the next state counts
         repeated, noise = stand_in.trial_inputs(obs, agent.action_size)
-        state = np.random.default_rng(0).standard_normal((agent.rnn_layers, len(repeated), agent.state_size))
+        state = np.random.default_rng(0).standard_normal(
+            (agent.rnn_layers, len(repeated), agent.state_size)
+        )
         return repeated, state.astype(np.float32), np.zeros(len(repeated), dtype=bool), noise
 
     copy = stand_in.fitting_copy(lambda: numpy_policy_step(agent), torch_step, trial, agent)
@@ -458,42 +532,79 @@ def numpy_policy_step(agent: Agent) -> StepFunction:
     return stand_in.numpy_recurrent_policy(agent.obs_norm, cores, agent.actor, log_std)
 
 
-def check_policy(agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool) -> Tensor:
+def check_policy(
+    agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool
+) -> Tensor:
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
     `actor_outs`, after checking that the actions are its draws with `noise`."""
     policy = agent.distribution(actor_outs.flatten(0, 1))
     flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
     if agent.discrete:
-        stand_in.check_same_actions(flat_actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise)
+        stand_in.check_same_actions(
+            flat_actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise
+        )
         stand_in.check_draws(flat_actions, probs=policy.probs)
     else:
-        stand_in.check_same_actions(flat_actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
+        stand_in.check_same_actions(
+            flat_actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev
+        )
         stand_in.check_draws(flat_actions, mean=policy.mean, std=policy.stddev)
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 
 def check_args(args: Args) -> None:
     """Reject bad settings before anything is built or written."""
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "hidden_size")
-    positive += ("video_every", "sampling_k", "temperature", "learning_rate", "clip_coef", "max_grad_norm")
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "hidden_size",
+    )
+    positive += (
+        "video_every",
+        "sampling_k",
+        "temperature",
+        "learning_rate",
+        "clip_coef",
+        "max_grad_norm",
+    )
     positive += ("rnn_hidden_size", "rnn_layers")
-    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate", "bptt_len")
-    cli.check_ranges(args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda"))
+    non_negative = (
+        "seed",
+        "eval_episodes",
+        "checkpoint_every",
+        "torch_threads",
+        "end_learning_rate",
+        "bptt_len",
+    )
+    cli.check_ranges(
+        args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
+    )
     if args.bptt_len and args.num_steps % args.bptt_len:
         raise UsageError(f"--bptt-len {args.bptt_len} must divide --num-steps {args.num_steps}")
     num_sequences = args.num_envs * (args.num_steps // args.bptt_len if args.bptt_len else 1)
     if num_sequences % args.num_minibatches:
-        what = "--num-envs x --num-steps / --bptt-len" if args.bptt_len else "--num-envs (whole-rollout sequences)"
+        what = (
+            "--num-envs x --num-steps / --bptt-len"
+            if args.bptt_len
+            else "--num-envs (whole-rollout sequences)"
+        )
         raise UsageError(
             f"--num-minibatches {args.num_minibatches} must divide the number of training sequences, {what} = "
             f"{num_sequences}"
         )
     batch_size = args.num_envs * args.num_steps * distributed.launched_size()
     if args.total_timesteps < batch_size:
-        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)")
+        raise UsageError(
+            f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
+        )
 
 
-def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict | None]:
+def from_checkpoint(
+    path: str | None, args: Args, kept: tuple[str, ...], strict: bool
+) -> tuple[Args, dict | None]:
     """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
     no path: `args` and no checkpoint."""
     if path is None:
@@ -516,11 +627,15 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
 
 def train(args: Args) -> TrainResult:
     check_args(args)
-    distributed.setup(args.dist_backend, args.cuda)  # under torchrun: join its processes (docs/distributed.md)
+    distributed.setup(
+        args.dist_backend, args.cuda
+    )  # under torchrun: join its processes (docs/distributed.md)
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     world_size = distributed.world_size()
     global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
-    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches  # (a minibatch of one has no std)
+    norm_adv = (
+        args.norm_adv and global_batch_size > args.num_minibatches
+    )  # (a minibatch of one has no std)
     num_iterations = args.total_timesteps // global_batch_size
     reward_clip = args.norm_reward_clip
 
@@ -541,11 +656,20 @@ def train(args: Args) -> TrainResult:
     # Rollout storage, (num_steps, num_envs, ...). Images stay uint8 until the network.
     observation_space = envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
-    obs = observation_zeros(observation_space, args.num_steps, args.num_envs)  # float32, or uint8 for images
-    final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)  # where an episode was truncated
+    obs = observation_zeros(
+        observation_space, args.num_steps, args.num_envs
+    )  # float32, or uint8 for images
+    final_values = np.zeros(
+        (args.num_steps, args.num_envs), dtype=np.float32
+    )  # where an episode was truncated
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations, truncations, episode_starts = np.zeros((3, args.num_steps, args.num_envs), dtype=bool)
-    actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
+    terminations, truncations, episode_starts = np.zeros(
+        (3, args.num_steps, args.num_envs), dtype=bool
+    )
+    actions = np.zeros(
+        (args.num_steps, args.num_envs, *action_shape),
+        dtype=np.int64 if agent.discrete else np.float32,
+    )
     # The state each step acted from (zero where an episode starts): training sequences start from these.
     states = np.zeros((args.num_steps, *agent.initial_state(args.num_envs).shape), dtype=np.float32)
 
@@ -555,30 +679,48 @@ def train(args: Args) -> TrainResult:
     next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
     recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried, reward_normalizer)
     next_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
-    rnn_state = carried.get("rnn_state", agent.initial_state(args.num_envs).cpu().numpy())  # carried across rollouts
-    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step)
+    rnn_state = carried.get(
+        "rnn_state", agent.initial_state(args.num_envs).cpu().numpy()
+    )  # carried across rollouts
+    log = tracking.TrainingLog(
+        run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step
+    )
 
     def write_checkpoint(iteration: int) -> Path:
-        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
+        state = {
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "iteration": iteration,
+        }
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
-        state["episodes"] = env_state.capture(envs, next_obs_np, episode_starts=next_starts, rnn_state=rnn_state)
+        state["episodes"] = env_state.capture(
+            envs, next_obs_np, episode_starts=next_starts, rnn_state=rnn_state
+        )
         state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
         log.flush(global_step)  # and the logs up to the checkpoint
-        return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
+        return checkpoints.save(
+            run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state
+        )
 
     saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     with GracefulInterrupt() as interrupt, closing(envs), log:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+                optimizer.param_groups[0]["lr"] = (
+                    1.0 - frac
+                ) * args.learning_rate + frac * args.end_learning_rate
             rollout_start = time.time()
 
             # The rollout only acts: log-probs and values come after it, from one torch pass along its sequences.
             # (Observations as stored: float32 integer ones, one-hot or MiniGrid's, would not normalise.)
             # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-            numpy_rollout = args.numpy_rollout and not agent.parts and len(observation_space.shape) == 1
-            as_stored = observation_map(lambda part, stored: part.astype(stored.dtype), next_obs_np, obs)
+            numpy_rollout = (
+                args.numpy_rollout and not agent.parts and len(observation_space.shape) == 1
+            )
+            as_stored = observation_map(
+                lambda part, stored: part.astype(stored.dtype), next_obs_np, obs
+            )
             act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored)
             noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise_np, initial_state = noise.cpu().numpy(), rnn_state.copy()
@@ -588,29 +730,47 @@ def train(args: Args) -> TrainResult:
                 episode_starts[step] = next_starts
                 env_obs = next_obs_np  # the env's, in its dtype, for the recorder
                 states[step] = rnn_state * ~next_starts[None, :, None]
-                actions[step], rnn_state = act(observation_at(obs, step), rnn_state, next_starts, noise_np[step])
+                actions[step], rnn_state = act(
+                    observation_at(obs, step), rnn_state, next_starts, noise_np[step]
+                )
                 sent_action = env_action(actions[step], agent.action_space)
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
                 # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
-                rewards[step] = reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
+                rewards[step] = (
+                    reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
+                )
                 recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
 
                 # Truncated episodes bootstrap from the value of their last observation, seen with their memory.
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = observation_map(lambda *parts: np.stack(parts), *infos["final_obs"][truncated_only])
-                    final_values[step, truncated_only] = agent.bootstrap_value(last_obs, rnn_state[:, truncated_only])
+                    last_obs = observation_map(
+                        lambda *parts: np.stack(parts), *infos["final_obs"][truncated_only]
+                    )
+                    final_values[step, truncated_only] = agent.bootstrap_value(
+                        last_obs, rnn_state[:, truncated_only]
+                    )
                 next_starts = terminated | truncated
                 log.episodes.record(infos, global_step)
             combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             with torch.no_grad():
-                t_obs, t_starts = observation_tensor(obs, device), torch.as_tensor(episode_starts, device=device)
-                t_actions, t_states = torch.as_tensor(actions, device=device), torch.as_tensor(states, device=device)
-                actor_outs, values, _ = agent(t_obs, torch.as_tensor(initial_state, device=device), t_starts)
+                t_obs, t_starts = (
+                    observation_tensor(obs, device),
+                    torch.as_tensor(episode_starts, device=device),
+                )
+                t_actions, t_states = (
+                    torch.as_tensor(actions, device=device),
+                    torch.as_tensor(states, device=device),
+                )
+                actor_outs, values, _ = agent(
+                    t_obs, torch.as_tensor(initial_state, device=device), t_starts
+                )
                 logprobs = check_policy(agent, actor_outs, noise, t_actions, numpy_copy)
-                next_value = agent.bootstrap_value(next_obs_np, rnn_state * ~next_starts[None, :, None])
+                next_value = agent.bootstrap_value(
+                    next_obs_np, rnn_state * ~next_starts[None, :, None]
+                )
                 advantages = compute_gae(
                     rewards, values.cpu().numpy(), next_value, terminations, truncations, final_values, args.gamma,
                     args.gae_lambda,
@@ -619,42 +779,68 @@ def train(args: Args) -> TrainResult:
                 returns = advantages + values
             # With a continuous policy, also the unclipped sample that `logprobs` belong to.
             sampled = {} if agent.discrete else {"actions": actions}
-            recorder.end_rollout(logprobs=logprobs, values=values, hidden_state=states.swapaxes(1, 2), **sampled)
+            recorder.end_rollout(
+                logprobs=logprobs, values=values, hidden_state=states.swapaxes(1, 2), **sampled
+            )
             rollout_seconds = time.time() - rollout_start
 
             update_start = time.time()
-            s_obs, s_starts, s_actions = observation_map(sequences, t_obs), sequences(t_starts), sequences(t_actions)
+            s_obs, s_starts, s_actions = (
+                observation_map(sequences, t_obs),
+                sequences(t_starts),
+                sequences(t_actions),
+            )
             s_states = sequences.initial_states(t_states)
             s_logprobs, s_actor_outs = sequences(logprobs), sequences(actor_outs)
-            s_values, s_advantages, s_returns = sequences(values), sequences(advantages), sequences(returns)
+            s_values, s_advantages, s_returns = (
+                sequences(values),
+                sequences(advantages),
+                sequences(returns),
+            )
 
             ratios = []
             for epoch in range(args.update_epochs):
-                minibatches = torch.randperm(sequences.count, device=device).view(args.num_minibatches, -1)
+                minibatches = torch.randperm(sequences.count, device=device).view(
+                    args.num_minibatches, -1
+                )
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
-                    adv_means, adv_stds = distributed.mean_std(s_advantages[:, minibatches].transpose(0, 1))
+                    adv_means, adv_stds = distributed.mean_std(
+                        s_advantages[:, minibatches].transpose(0, 1)
+                    )
                 for i, mb in enumerate(minibatches):
                     mb_obs = observation_at(s_obs, np.s_[:, mb])
                     actor_out, newvalue, _ = agent(mb_obs, s_states[:, mb], s_starts[:, mb])
-                    if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's on these sequences
+                    if (
+                        epoch == 0 and i == 0
+                    ):  # no step yet: this pass replays the rollout's on these sequences
                         recorded = (s_actor_outs[:, mb], s_values[:, mb])
-                        check_replay(s_states[:, mb], s_starts[:, mb], (actor_out, newvalue), recorded)
+                        check_replay(
+                            s_states[:, mb], s_starts[:, mb], (actor_out, newvalue), recorded
+                        )
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, s_actions[:, mb])
                     logratio = newlogprob - s_logprobs[:, mb]
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())
 
-                    mb_advantages, mb_returns, mb_values = s_advantages[:, mb], s_returns[:, mb], s_values[:, mb]
+                    mb_advantages, mb_returns, mb_values = (
+                        s_advantages[:, mb],
+                        s_returns[:, mb],
+                        s_values[:, mb],
+                    )
                     if norm_adv:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss2 = -mb_advantages * torch.clamp(
+                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
+                    )
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                     if args.clip_vloss:
                         v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+                        v_clipped = mb_values + torch.clamp(
+                            newvalue - mb_values, -args.clip_coef, args.clip_coef
+                        )
                         v_loss_clipped = (v_clipped - mb_returns) ** 2
                         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                     else:
@@ -665,7 +851,9 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    distributed.average_gradients(agent.parameters())  # the global minibatch's gradient
+                    distributed.average_gradients(
+                        agent.parameters()
+                    )  # the global minibatch's gradient
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
@@ -673,19 +861,35 @@ def train(args: Args) -> TrainResult:
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    old_approx_kl, approx_kl = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
+                    old_approx_kl, approx_kl = distributed.mean(
+                        torch.stack([old_approx_kl, approx_kl])
+                    )
                     if approx_kl > args.target_kl:
                         break
-            check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-            if isinstance(agent.obs_norm, RunningNorm):  # --norm-obs, never of an image through the CNN
+            check_finite(
+                agent.parameters(),
+                global_step,
+                policy_loss=pg_loss,
+                value_loss=v_loss,
+                entropy=entropy_loss,
+            )
+            if isinstance(
+                agent.obs_norm, RunningNorm
+            ):  # --norm-obs, never of an image through the CNN
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
                 flat_obs = agent.normalised_part(s_obs).flatten(0, 1)
                 agent.obs_norm.merge(*distributed.moments(flat_obs))  # all ranks' observations
             update_seconds = time.time() - update_start
 
             var_y = np.var(returns.cpu().numpy())
-            explained_var = np.nan if var_y == 0 else 1 - np.var((returns - values).cpu().numpy()) / var_y
-            clipfrac = ((torch.cat([r.reshape(-1) for r in ratios]) - 1.0).abs() > args.clip_coef).float().mean()
+            explained_var = (
+                np.nan if var_y == 0 else 1 - np.var((returns - values).cpu().numpy()) / var_y
+            )
+            clipfrac = (
+                ((torch.cat([r.reshape(-1) for r in ratios]) - 1.0).abs() > args.clip_coef)
+                .float()
+                .mean()
+            )
             log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
@@ -695,7 +899,9 @@ def train(args: Args) -> TrainResult:
                 "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
-            interrupt.requested = stop = distributed.any_rank(interrupt.requested)  # one rank's Ctrl-C stops all
+            interrupt.requested = stop = distributed.any_rank(
+                interrupt.requested
+            )  # one rank's Ctrl-C stops all
             if stop:  # Ctrl-C: the run stops after a whole iteration
                 break
         saving.run_ended(iteration, stop)
@@ -704,21 +910,30 @@ def train(args: Args) -> TrainResult:
     eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
     log.finish()
     episodes = log.episodes
-    return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)
+    return TrainResult(
+        agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path
+    )
 
 
 def check_replay(
-    states: Tensor, episode_starts: Tensor, replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tensor]
+    states: Tensor,
+    episode_starts: Tensor,
+    replayed: tuple[Tensor, Tensor],
+    recorded: tuple[Tensor, Tensor],
 ) -> None:
     """Before the first gradient step: stop unless the update's pass along training sequences (from their recorded
     `states`, reset where `episode_starts`) gives the `recorded` actor outputs and values of the rollout's pass, to
     float32 rounding (1e-4 of their largest magnitude plus 1e-5: docs/ppo_lstm.md, "Update")."""
-    for replayed_part, recorded_part, what in zip(replayed, recorded, ("actor outputs", "values"), strict=True):
+    for replayed_part, recorded_part, what in zip(
+        replayed, recorded, ("actor outputs", "values"), strict=True
+    ):
         replayed_part = replayed_part.detach()
         tolerance = 1e-5 + 1e-4 * recorded_part.abs().max()
         if (replayed_part - recorded_part).abs().max() <= tolerance:
             continue
-        difference = (replayed_part - recorded_part).abs().reshape(*episode_starts.shape, -1).amax(-1)
+        difference = (
+            (replayed_part - recorded_part).abs().reshape(*episode_starts.shape, -1).amax(-1)
+        )
         step, sequence = divmod(int(difference.argmax()), episode_starts.shape[1])
         starts = episode_starts[: step + 1, sequence].nonzero()
         where = (
@@ -740,17 +955,23 @@ def compute_gae(
     """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an episode end
     stops the recursion; a truncated step bootstraps from `final_values`."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)  # final_values elsewhere is not read
+    bootstrap = np.where(
+        truncations & ~terminations, final_values, 0.0
+    )  # final_values elsewhere is not read
     following_values = np.concatenate([values[1:], next_value[None]])
     deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
     advantages = np.zeros_like(deltas)
     lastgaelam = np.zeros_like(next_value)
     for t in reversed(range(len(deltas))):
-        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        advantages[t] = lastgaelam = (
+            deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        )
     return advantages
 
 
-def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
+def evaluate(
+    agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
+) -> list[float]:
     """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with the hidden state it
     came from."""
     device, state = next(agent.parameters()).device, agent.initial_state(1)
@@ -763,7 +984,9 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
         acted_from = state * ~starts[0, None, :, None]
         actor_out, _, state = agent(obs_tensor, state, starts)
         policy = agent.distribution(actor_out[0])
-        action = evaluation.select_action(policy, args.sampling_method, args.temperature, args.sampling_k)
+        action = evaluation.select_action(
+            policy, args.sampling_method, args.temperature, args.sampling_k
+        )
         fields = {"policy": {"hidden_state": acted_from.transpose(0, 1).cpu().numpy()}}
         return env_action(action.cpu().numpy(), agent.action_space), fields
 
@@ -773,8 +996,12 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     check_args(args)
-    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False)
-    device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
+    trained, checkpoint = from_checkpoint(
+        args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False
+    )
+    device = seed_and_pick_device(
+        trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
+    )
     agent = build_agent(trained, checkpoint, device)
     step = checkpoint["global_step"]
     return evaluation.evaluate_checkpoint(

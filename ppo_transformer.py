@@ -24,7 +24,17 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import atari, checkpoints, cli, distributed, env_state, evaluation, run_start, stand_in, tracking
+from common import (
+    atari,
+    checkpoints,
+    cli,
+    distributed,
+    env_state,
+    evaluation,
+    run_start,
+    stand_in,
+    tracking,
+)
 from common.envs import (
     IMAGE,
     VECTOR,
@@ -170,8 +180,13 @@ class PreviousActionReward(gym.Wrapper):
     def __init__(self, env: gym.Env):
         super().__init__(env)
         self.discrete = isinstance(env.action_space, gym.spaces.Discrete)
-        self.action_size = int(env.action_space.n) if self.discrete else int(np.prod(env.action_space.shape))
-        space, extra = env.observation_space, np.full(self.action_size + 1, np.inf, dtype=np.float32)
+        self.action_size = (
+            int(env.action_space.n) if self.discrete else int(np.prod(env.action_space.shape))
+        )
+        space, extra = (
+            env.observation_space,
+            np.full(self.action_size + 1, np.inf, dtype=np.float32),
+        )
         self.image = image_layout(space) is not None
         if self.image:
             space = gym.spaces.Dict({IMAGE: space, VECTOR: gym.spaces.Box(-extra, extra)})
@@ -184,7 +199,9 @@ class PreviousActionReward(gym.Wrapper):
             space = gym.spaces.Box(np.concatenate([low, -extra]), np.concatenate([high, extra]))
         self.observation_space = space
 
-    def with_previous(self, obs: np.ndarray | dict, action=None, reward: float = 0.0) -> np.ndarray | dict:
+    def with_previous(
+        self, obs: np.ndarray | dict, action=None, reward: float = 0.0
+    ) -> np.ndarray | dict:
         previous = np.zeros(self.action_size + 1, dtype=np.float32)
         if action is not None and self.discrete:
             previous[int(action) - int(self.env.action_space.start)] = 1.0
@@ -213,20 +230,26 @@ def make_env(
     def thunk():
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
-            env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda n: n % video_every == 0)
+            env = gym.wrappers.RecordVideo(
+                env, video_folder, episode_trigger=lambda n: n % video_every == 0
+            )
         else:
             env = gym.make(env_id, **atari.make_kwargs(env_id))
         # CleanRL's Atari wrappers (only for Atari games); one frame, as the memory sees the steps before it
         env = atari.preprocessed(env, frame_stack=1)
         # per env: vector observation wrappers refuse SAME_STEP autoreset
         env = joint_actions(flat_observations(env, keep_images=True, image_parts=True))
-        actions_known = isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))  # others: refused later
+        actions_known = isinstance(
+            env.action_space, (gym.spaces.Discrete, gym.spaces.Box)
+        )  # others: refused later
         return PreviousActionReward(env) if prev_action_reward and actions_known else env
 
     return thunk
 
 
-def layer_init(layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+def layer_init(
+    layer: nn.Linear | nn.Conv2d, std: float = math.sqrt(2), bias_const: float = 0.0
+) -> nn.Module:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -252,11 +275,19 @@ class NatureCNN(nn.Module):
         with torch.no_grad():
             conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
         self.linear = nn.Sequential(layer_init(nn.Linear(conv_size, 512)), nn.ReLU())
-        self.convs.to(memory_format=torch.channels_last)  # oneDNN's convolutions: 1.5x faster on a CPU
+        self.convs.to(
+            memory_format=torch.channels_last
+        )  # oneDNN's convolutions: 1.5x faster on a CPU
 
     def channels_first(self, x: Tensor) -> Tensor:
         """A batch of images of this layout as (batch, channels, height, width)."""
-        return x.unsqueeze(1) if self.layout == "hw" else x.permute(0, 3, 1, 2) if self.layout == "hwc" else x
+        return (
+            x.unsqueeze(1)
+            if self.layout == "hw"
+            else x.permute(0, 3, 1, 2)
+            if self.layout == "hwc"
+            else x
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         batch_shape = x.shape[: x.dim() - len(self.image_shape)]
@@ -280,7 +311,9 @@ def rotary(positions: Tensor, head_size: int) -> tuple[Tensor, Tensor]:
     """RoPE's cosines and sines for tokens at `positions` (B, T), their steps within their episodes: rotating queries
     and keys by them makes attention see how far apart two steps are, and nothing of where they are."""
     frequencies = 10_000.0 ** -(torch.arange(0, head_size, 2, device=positions.device) / head_size)
-    angles = positions[:, None, :, None].float() * frequencies  # (B, 1, T, head_size / 2), shared by the heads
+    angles = (
+        positions[:, None, :, None].float() * frequencies
+    )  # (B, 1, T, head_size / 2), shared by the heads
     return angles.cos(), angles.sin()
 
 
@@ -307,7 +340,9 @@ class CausalSelfAttention(nn.Module):
         """Attention of the tokens `x` (B, T, C) to the `cached` keys and values of earlier steps and to their own,
         where `mask` (B, 1, T, cached + T) allows; also every key and value attended to."""
         batch, steps, width = x.shape
-        heads = self.qkv(x).view(batch, steps, 3 * self.n_heads, width // self.n_heads).transpose(1, 2)
+        heads = (
+            self.qkv(x).view(batch, steps, 3 * self.n_heads, width // self.n_heads).transpose(1, 2)
+        )
         q, k, v = heads.split(self.n_heads, 1)
         q, k = rotate(q, rotation), rotate(k, rotation)
         if cached is not None:
@@ -320,7 +355,9 @@ class MLP(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(config.d_model, 4 * config.d_model), nn.GELU(), nn.Linear(4 * config.d_model, config.d_model)
+            nn.Linear(config.d_model, 4 * config.d_model),
+            nn.GELU(),
+            nn.Linear(4 * config.d_model, config.d_model),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -348,7 +385,9 @@ def window_mask(episodes: Tensor, context_len: int) -> Tensor:
     the same episode with i - K < j <= i. (B, 1, T, T), for every layer."""
     index = torch.arange(episodes.shape[1], device=episodes.device)
     back = index[:, None] - index[None, :]
-    return (((back >= 0) & (back < context_len)) & (episodes[:, :, None] == episodes[:, None, :]))[:, None]
+    return (((back >= 0) & (back < context_len)) & (episodes[:, :, None] == episodes[:, None, :]))[
+        :, None
+    ]
 
 
 class Agent(nn.Module):
@@ -356,13 +395,21 @@ class Agent(nn.Module):
         super().__init__()
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.action_size = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        self.action_size = (
+            int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        )
         self.config = TransformerConfig(args.d_model, args.n_heads, args.n_layers, args.context_len)
         # An observation is a vector, an image, or both (common.envs.image_and_vector). The image goes through the
         # CNN; the vector (the previous action and reward included) joins its features. With --encoder mlp the
         # image's pixels are flattened in front of the vector, and normalised with it.
         parts = observation_space if isinstance(observation_space, gym.spaces.Dict) else None
-        image_space = parts[IMAGE] if parts else observation_space if image_layout(observation_space) else None
+        image_space = (
+            parts[IMAGE]
+            if parts
+            else observation_space
+            if image_layout(observation_space)
+            else None
+        )
         vector_space = parts[VECTOR] if parts else None if image_space else observation_space
         layout = cnn_layout(image_space or observation_space, args.encoder)
         self.image_rank = len(image_space.shape) if image_space else 0
@@ -378,15 +425,23 @@ class Agent(nn.Module):
         action_part = slice(vector_size - previous, vector_size - 1) if previous else None
         reward_part = slice(vector_size - 1, vector_size) if previous else None
         normalised = args.norm_obs and vector_size > 0
-        self.obs_norm = RunningNorm(vector_size, as_is=action_part, scaled_only=reward_part) if normalised else None
+        self.obs_norm = (
+            RunningNorm(vector_size, as_is=action_part, scaled_only=reward_part)
+            if normalised
+            else None
+        )
         self.embed = layer_init(nn.Linear((512 if layout else 0) + vector_size, args.d_model))
         self.blocks = nn.ModuleList(Block(self.config) for _ in range(args.n_layers))
         self.ln_f = nn.LayerNorm(args.d_model)
-        self.actor = layer_init(nn.Linear(args.d_model, self.action_size), std=0.01)  # logits or mean
+        self.actor = layer_init(
+            nn.Linear(args.d_model, self.action_size), std=0.01
+        )  # logits or mean
         self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
-        for block in self.blocks:  # nanoGPT's initialisation, the projections into the residual stream scaled by depth
+        for block in (
+            self.blocks
+        ):  # nanoGPT's initialisation, the projections into the residual stream scaled by depth
             for layer in block.modules():
                 if isinstance(layer, nn.Linear):
                     nn.init.normal_(layer.weight, 0.0, 0.02)
@@ -408,7 +463,9 @@ class Agent(nn.Module):
         x = self.embed(self.token_input(obs))
         rotation = rotary(positions, self.config.d_model // self.config.n_heads)
         keys_values = []
-        for block, layer_cache in zip(self.blocks, cached or [None] * len(self.blocks), strict=True):
+        for block, layer_cache in zip(
+            self.blocks, cached or [None] * len(self.blocks), strict=True
+        ):
             x, layer_keys_values = block(x, rotation, mask, layer_cache)
             keys_values.append(layer_keys_values)
         x = self.ln_f(x)
@@ -429,7 +486,11 @@ class Agent(nn.Module):
         """The part of the observation that is not the CNN's, as float (--norm-obs normalises it): a vector, a Dict's
         vector, or with --encoder mlp an image's pixels flattened in front of it; None for an image alone."""
         image, vector = (
-            (obs[IMAGE], obs[VECTOR]) if isinstance(obs, dict) else (obs, None) if self.image_rank else (None, obs)
+            (obs[IMAGE], obs[VECTOR])
+            if isinstance(obs, dict)
+            else (obs, None)
+            if self.image_rank
+            else (None, obs)
         )
         if self.image_encoder is None and image is not None:
             pixels = image.flatten(-self.image_rank).float()
@@ -439,7 +500,9 @@ class Agent(nn.Module):
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
         if self.discrete:
-            return Categorical(logits=actor_out, validate_args=False)  # validating costs more than the network
+            return Categorical(
+                logits=actor_out, validate_args=False
+            )  # validating costs more than the network
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
     def log_prob_and_entropy(self, actor_out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
@@ -447,7 +510,9 @@ class Agent(nn.Module):
         policy = self.distribution(actor_out)
         if self.discrete:
             return policy.log_prob(action), policy.entropy()
-        return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)  # independent dimensions add up
+        return policy.log_prob(action).sum(-1), policy.entropy().sum(
+            -1
+        )  # independent dimensions add up
 
 
 class Context:
@@ -468,23 +533,39 @@ class Context:
         episodes = first_of_each_run(valid).cumsum(1)
         _, _, keys_values = agent(obs, positions, window_mask(episodes, agent.config.context_len))
         kept = positions.shape[1] - (agent.config.context_len - 1)
-        return cls(agent, [(k[:, :, kept:], v[:, :, kept:]) for k, v in keys_values], valid[:, kept:])
+        return cls(
+            agent, [(k[:, :, kept:], v[:, :, kept:]) for k, v in keys_values], valid[:, kept:]
+        )
 
     @classmethod
     def empty(cls, agent: Agent, batch_size: int) -> Context:
         """The context of `batch_size` envs before their first steps: nothing in it belongs to their episodes."""
         device, config = next(agent.parameters()).device, agent.config
-        shape = (batch_size, config.n_heads, config.context_len - 1, config.d_model // config.n_heads)
+        shape = (
+            batch_size,
+            config.n_heads,
+            config.context_len - 1,
+            config.d_model // config.n_heads,
+        )
         nothing = torch.zeros(shape, device=device)
         valid = torch.zeros(batch_size, config.context_len - 1, dtype=torch.bool, device=device)
         return cls(agent, [(nothing, nothing)] * config.n_layers, valid)
 
-    def step(self, obs: Tensor, positions: Tensor, starts: Tensor, envs: Tensor | None = None, keep: bool = True):
+    def step(
+        self,
+        obs: Tensor,
+        positions: Tensor,
+        starts: Tensor,
+        envs: Tensor | None = None,
+        keep: bool = True,
+    ):
         """The actor's output and value of the next step of each env (or of `envs`), observing `obs` (B, obs) at
         `positions` (B,) and starting an episode where `starts` (B,); with `keep`, the step joins the context."""
         if envs is not None and keep:
             raise ValueError("a step of some envs only cannot join the context of all")
-        keys_values = self.keys_values if envs is None else [(k[envs], v[envs]) for k, v in self.keys_values]
+        keys_values = (
+            self.keys_values if envs is None else [(k[envs], v[envs]) for k, v in self.keys_values]
+        )
         valid = (self.valid if envs is None else self.valid[envs]) & ~starts[:, None]
         mask = torch.cat([valid, valid.new_ones(len(valid), 1)], 1)[:, None, None, :]
         actor_out, value, keys_values = self.agent(
@@ -501,13 +582,21 @@ def first_of_each_run(valid: Tensor) -> Tensor:
     return valid & ~torch.cat([torch.zeros_like(valid[:, :1]), valid[:, :-1]], 1)
 
 
-def check_outputs(replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tensor], positions: Tensor, why: str):
+def check_outputs(
+    replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tensor], positions: Tensor, why: str
+):
     """Stop unless `replayed` actor outputs and values equal the `recorded` ones (B, T, ...) to float32 rounding (1e-4
     of their largest magnitude plus 1e-5); the message says at which step of its episode the largest difference is."""
-    for replayed_part, recorded_part, what in zip(replayed, recorded, ("actor outputs", "values"), strict=True):
+    for replayed_part, recorded_part, what in zip(
+        replayed, recorded, ("actor outputs", "values"), strict=True
+    ):
         if not torch.isfinite(recorded_part).all():
-            raise TrainingDiverged(f"the policy's {what} are NaN or inf: an observation or a parameter is")
-        difference = (replayed_part.detach() - recorded_part).abs().reshape(*positions.shape, -1).amax(-1)
+            raise TrainingDiverged(
+                f"the policy's {what} are NaN or inf: an observation or a parameter is"
+            )
+        difference = (
+            (replayed_part.detach() - recorded_part).abs().reshape(*positions.shape, -1).amax(-1)
+        )
         tolerance = 1e-5 + 1e-4 * recorded_part.abs().max()
         if difference.max() <= tolerance:
             continue
@@ -520,11 +609,34 @@ def check_outputs(replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tenso
 
 def check_args(args: Args) -> None:
     """Reject bad settings before anything is built or written."""
-    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "video_every")
-    positive += ("sampling_k", "temperature", "learning_rate", "clip_coef", "max_grad_norm", "d_model", "n_heads")
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "video_every",
+    )
+    positive += (
+        "sampling_k",
+        "temperature",
+        "learning_rate",
+        "clip_coef",
+        "max_grad_norm",
+        "d_model",
+        "n_heads",
+    )
     positive += ("n_layers", "context_len")
-    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "end_learning_rate")
-    cli.check_ranges(args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda"))
+    non_negative = (
+        "seed",
+        "eval_episodes",
+        "checkpoint_every",
+        "torch_threads",
+        "end_learning_rate",
+    )
+    cli.check_ranges(
+        args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
+    )
     if args.d_model % args.n_heads or (args.d_model // args.n_heads) % 2:
         raise UsageError(
             f"--n-heads {args.n_heads} must divide --d-model {args.d_model} into an even width per head (RoPE rotates "
@@ -537,10 +649,14 @@ def check_args(args: Args) -> None:
         )
     batch_size = args.num_envs * args.num_steps * distributed.launched_size()
     if args.total_timesteps < batch_size:
-        raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)")
+        raise UsageError(
+            f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
+        )
 
 
-def from_checkpoint(path: str | None, args: Args, kept: tuple[str, ...], strict: bool) -> tuple[Args, dict | None]:
+def from_checkpoint(
+    path: str | None, args: Args, kept: tuple[str, ...], strict: bool
+) -> tuple[Args, dict | None]:
     """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
     no path: `args` and no checkpoint."""
     if path is None:
@@ -568,11 +684,15 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
 
 def train(args: Args) -> TrainResult:
     check_args(args)
-    distributed.setup(args.dist_backend, args.cuda)  # under torchrun: join its processes (docs/distributed.md)
+    distributed.setup(
+        args.dist_backend, args.cuda
+    )  # under torchrun: join its processes (docs/distributed.md)
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     world_size = distributed.world_size()
     global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
-    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches  # (a minibatch of one has no std)
+    norm_adv = (
+        args.norm_adv and global_batch_size > args.num_minibatches
+    )  # (a minibatch of one has no std)
     num_iterations = args.total_timesteps // global_batch_size
     reward_clip = args.norm_reward_clip
 
@@ -586,7 +706,9 @@ def train(args: Args) -> TrainResult:
         optimizer.load_state_dict(checkpoint["optimizer"])
     run = run_start.start_run(args, checkpoint, num_iterations, global_batch_size)
     global_step = run.global_step
-    envs, reward_normalizer = training_envs(env_maker(args), args, str(run.video_folder), checkpoint)
+    envs, reward_normalizer = training_envs(
+        env_maker(args), args, str(run.video_folder), checkpoint
+    )
     combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
 
     # Rollout storage, (num_steps, num_envs, ...).
@@ -594,12 +716,20 @@ def train(args: Args) -> TrainResult:
     observation_space = envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
     obs = observation_zeros(observation_space, args.num_steps, num_envs)  # images stay uint8
-    positions = np.zeros((args.num_steps, num_envs), dtype=np.int64)  # each step's index within its episode
-    final_values = np.zeros((args.num_steps, num_envs), dtype=np.float32)  # where an episode was truncated
+    positions = np.zeros(
+        (args.num_steps, num_envs), dtype=np.int64
+    )  # each step's index within its episode
+    final_values = np.zeros(
+        (args.num_steps, num_envs), dtype=np.float32
+    )  # where an episode was truncated
     rewards = np.zeros((args.num_steps, num_envs), dtype=np.float32)
     terminations, truncations, episode_starts = np.zeros((3, args.num_steps, num_envs), dtype=bool)
-    actions = np.zeros((args.num_steps, num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32)
-    acted_outs = torch.zeros((args.num_steps, num_envs, agent.action_size), device=device)  # what the rollout saw
+    actions = np.zeros(
+        (args.num_steps, num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32
+    )
+    acted_outs = torch.zeros(
+        (args.num_steps, num_envs, agent.action_size), device=device
+    )  # what the rollout saw
     acted_values = torch.zeros((args.num_steps, num_envs), device=device)
 
     # Last, after everything is built. Each env carries its last L(K-1) steps across rollouts (and checkpoints):
@@ -609,12 +739,20 @@ def train(args: Args) -> TrainResult:
     next_starts = carried.get("episode_starts", np.ones(num_envs, dtype=bool))
     next_positions = carried.get("episode_positions", np.zeros(num_envs, dtype=np.int64))
     context_obs = carried.get("context_obs", observation_zeros(observation_space, num_envs, prefix))
-    context_positions = carried.get("context_positions", np.zeros((num_envs, prefix), dtype=np.int64))
+    context_positions = carried.get(
+        "context_positions", np.zeros((num_envs, prefix), dtype=np.int64)
+    )
     context_valid = carried.get("context_valid", np.zeros((num_envs, prefix), dtype=bool))
-    log = tracking.TrainingLog(run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step)
+    log = tracking.TrainingLog(
+        run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step
+    )
 
     def write_checkpoint(iteration: int) -> Path:
-        state = {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration}
+        state = {
+            "model": agent.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "iteration": iteration,
+        }
         state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
         state["episodes"] = env_state.capture(
             envs, next_obs_np, episode_starts=next_starts, episode_positions=next_positions, context_obs=context_obs,
@@ -622,7 +760,9 @@ def train(args: Args) -> TrainResult:
         )  # fmt: skip
         state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
         log.flush(global_step)  # and the logs up to the checkpoint
-        return checkpoints.save(run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
+        return checkpoints.save(
+            run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state
+        )
 
     as_tensor = partial(torch.as_tensor, device=device)
 
@@ -632,12 +772,17 @@ def train(args: Args) -> TrainResult:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+                optimizer.param_groups[0]["lr"] = (
+                    1.0 - frac
+                ) * args.learning_rate + frac * args.end_learning_rate
             rollout_start = time.time()
 
             # The rollout acts through the key/value context; after it, one pass along each env's sequence gives
             # the log-probs and values, and must give what the rollout acted on.
-            t_context_obs, t_context_positions = obs_tensor(context_obs), as_tensor(context_positions)
+            t_context_obs, t_context_positions = (
+                obs_tensor(context_obs),
+                as_tensor(context_positions),
+            )
             t_context_valid = as_tensor(context_valid)
             with torch.no_grad():
                 context = Context.after(agent, t_context_obs, t_context_positions, t_context_valid)
@@ -649,7 +794,9 @@ def train(args: Args) -> TrainResult:
                 positions[step] = next_positions
                 with torch.no_grad():
                     step_obs = obs_tensor(observation_at(obs, step))
-                    actor_out, value = context.step(step_obs, as_tensor(positions[step]), as_tensor(next_starts))
+                    actor_out, value = context.step(
+                        step_obs, as_tensor(positions[step]), as_tensor(next_starts)
+                    )
                     action = agent.distribution(actor_out).sample()
                 acted_outs[step], acted_values[step] = actor_out, value
                 actions[step] = action.cpu().numpy()
@@ -657,14 +804,18 @@ def train(args: Args) -> TrainResult:
                 next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
                 terminations[step], truncations[step] = terminated, truncated
                 # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
-                rewards[step] = reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
+                rewards[step] = (
+                    reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
+                )
                 recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
 
                 # Truncated episodes bootstrap from the value of their last observation, seen with their context.
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
                     last_obs = obs_tensor(
-                        observation_map(lambda *parts: np.stack(parts), *infos["final_obs"][truncated_only])
+                        observation_map(
+                            lambda *parts: np.stack(parts), *infos["final_obs"][truncated_only]
+                        )
                     )
                     where = as_tensor(truncated_only)
                     with torch.no_grad():
@@ -687,13 +838,18 @@ def train(args: Args) -> TrainResult:
                 t_context_obs, obs,
             )  # fmt: skip
             s_positions = torch.cat([t_context_positions, as_tensor(positions).T], 1)
-            s_starts = torch.cat([first_of_each_run(t_context_valid), as_tensor(episode_starts).T], 1)
+            s_starts = torch.cat(
+                [first_of_each_run(t_context_valid), as_tensor(episode_starts).T], 1
+            )
             s_valid = torch.cat([t_context_valid, torch.ones_like(s_starts[:, prefix:])], 1)
             s_episodes = s_starts.cumsum(1)
             s_mask = window_mask(s_episodes, args.context_len)
             with torch.no_grad():
                 actor_outs, values, _ = agent(s_obs, s_positions, s_mask)
-                actor_outs, values = actor_outs[:, prefix:], values[:, prefix:]  # (num_envs, num_steps, ...)
+                actor_outs, values = (
+                    actor_outs[:, prefix:],
+                    values[:, prefix:],
+                )  # (num_envs, num_steps, ...)
                 check_outputs(
                     (actor_outs, values), (acted_outs.transpose(0, 1), acted_values.T), s_positions[:, prefix:],
                     "the rollout's key/value context (Context.step) acted otherwise than Agent.forward along each "
@@ -704,7 +860,9 @@ def train(args: Args) -> TrainResult:
                 logprobs = check_draws(agent, actor_outs, t_actions)
                 next_starts_t = as_tensor(next_starts)
                 next_positions_t = as_tensor(next_positions)
-                _, next_value = context.step(obs_tensor(next_obs_np), next_positions_t, next_starts_t, keep=False)
+                _, next_value = context.step(
+                    obs_tensor(next_obs_np), next_positions_t, next_starts_t, keep=False
+                )
                 advantages = compute_gae(
                     rewards, values.T.cpu().numpy(), next_value.cpu().numpy(), terminations, truncations, final_values,
                     args.gamma, args.gae_lambda,
@@ -714,12 +872,16 @@ def train(args: Args) -> TrainResult:
             # The next rollout's context: each env's last L(K-1) steps, those of the episode its next step continues.
             current = (s_episodes == s_episodes[:, -1:]) & s_valid & ~next_starts_t[:, None]
             kept = s_positions.shape[1] - prefix
-            context_obs = observation_map(lambda part: part.cpu().numpy(), observation_at(s_obs, np.s_[:, kept:]))
+            context_obs = observation_map(
+                lambda part: part.cpu().numpy(), observation_at(s_obs, np.s_[:, kept:])
+            )
             context_positions = s_positions[:, kept:].cpu().numpy()
             context_valid = current[:, kept:].cpu().numpy()
             # With a continuous policy, also the unclipped sample that `logprobs` belong to.
             sampled = {} if agent.discrete else {"actions": actions}
-            recorder.end_rollout(logprobs=logprobs.T, values=values.T, position=positions, **sampled)
+            recorder.end_rollout(
+                logprobs=logprobs.T, values=values.T, position=positions, **sampled
+            )
             rollout_seconds = time.time() - rollout_start
 
             update_start = time.time()
@@ -731,7 +893,10 @@ def train(args: Args) -> TrainResult:
                 for i, mb in enumerate(minibatches):
                     mb_obs = observation_at(s_obs, mb)
                     actor_out, newvalue, _ = agent(mb_obs, s_positions[mb], s_mask[mb])
-                    actor_out, newvalue = actor_out[:, prefix:], newvalue[:, prefix:]  # only the rollout's steps
+                    actor_out, newvalue = (
+                        actor_out[:, prefix:],
+                        newvalue[:, prefix:],
+                    )  # only the rollout's steps
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         check_outputs(
                             (actor_out, newvalue), (acted_outs[:, mb].transpose(0, 1), acted_values[:, mb].T),
@@ -750,12 +915,16 @@ def train(args: Args) -> TrainResult:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss2 = -mb_advantages * torch.clamp(
+                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
+                    )
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                     if args.clip_vloss:
                         v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+                        v_clipped = mb_values + torch.clamp(
+                            newvalue - mb_values, -args.clip_coef, args.clip_coef
+                        )
                         v_loss_clipped = (v_clipped - mb_returns) ** 2
                         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                     else:
@@ -766,7 +935,9 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    distributed.average_gradients(agent.parameters())  # the global minibatch's gradient
+                    distributed.average_gradients(
+                        agent.parameters()
+                    )  # the global minibatch's gradient
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
@@ -774,19 +945,35 @@ def train(args: Args) -> TrainResult:
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    old_approx_kl, approx_kl = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
+                    old_approx_kl, approx_kl = distributed.mean(
+                        torch.stack([old_approx_kl, approx_kl])
+                    )
                     if approx_kl > args.target_kl:
                         break
-            check_finite(agent.parameters(), global_step, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
+            check_finite(
+                agent.parameters(),
+                global_step,
+                policy_loss=pg_loss,
+                value_loss=v_loss,
+                entropy=entropy_loss,
+            )
             if agent.obs_norm is not None:  # --norm-obs, where there is a vector
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
                 vectors = agent.vector_part(obs_tensor(obs))
-                agent.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))  # all ranks'
+                agent.obs_norm.merge(
+                    *distributed.moments(vectors.reshape(-1, vectors.shape[-1]))
+                )  # all ranks'
             update_seconds = time.time() - update_start
 
             var_y = np.var(returns.cpu().numpy())
-            explained_var = np.nan if var_y == 0 else 1 - np.var((returns - values).cpu().numpy()) / var_y
-            clipfrac = ((torch.cat([r.reshape(-1) for r in ratios]) - 1.0).abs() > args.clip_coef).float().mean()
+            explained_var = (
+                np.nan if var_y == 0 else 1 - np.var((returns - values).cpu().numpy()) / var_y
+            )
+            clipfrac = (
+                ((torch.cat([r.reshape(-1) for r in ratios]) - 1.0).abs() > args.clip_coef)
+                .float()
+                .mean()
+            )
             log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
@@ -796,7 +983,9 @@ def train(args: Args) -> TrainResult:
                 "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
-            interrupt.requested = stop = distributed.any_rank(interrupt.requested)  # one rank's Ctrl-C stops all
+            interrupt.requested = stop = distributed.any_rank(
+                interrupt.requested
+            )  # one rank's Ctrl-C stops all
             if stop:  # Ctrl-C: the run stops after a whole iteration
                 break
         saving.run_ended(iteration, stop)
@@ -805,7 +994,9 @@ def train(args: Args) -> TrainResult:
     eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
     log.finish()
     episodes = log.episodes
-    return TrainResult(agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path)
+    return TrainResult(
+        agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path
+    )
 
 
 def check_draws(agent: Agent, actor_outs: Tensor, actions: Tensor) -> Tensor:
@@ -826,17 +1017,23 @@ def compute_gae(
     """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an episode end
     stops the recursion; a truncated step bootstraps from `final_values`."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)  # final_values elsewhere is not read
+    bootstrap = np.where(
+        truncations & ~terminations, final_values, 0.0
+    )  # final_values elsewhere is not read
     following_values = np.concatenate([values[1:], next_value[None]])
     deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
     advantages = np.zeros_like(deltas)
     lastgaelam = np.zeros_like(next_value)
     for t in reversed(range(len(deltas))):
-        advantages[t] = lastgaelam = deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        advantages[t] = lastgaelam = (
+            deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        )
     return advantages
 
 
-def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None) -> list[float]:
+def evaluate(
+    agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
+) -> list[float]:
     """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with its step's position in
     its episode (the observations before it are in the file)."""
     device = next(agent.parameters()).device
@@ -849,11 +1046,15 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
         nonlocal position
         position = np.where(episode_starts, 0, position + 1)
         starts = torch.as_tensor(episode_starts, device=device)
-        actor_out, _ = context.step(observation_tensor(obs, device), torch.as_tensor(position, device=device), starts)
+        actor_out, _ = context.step(
+            observation_tensor(obs, device), torch.as_tensor(position, device=device), starts
+        )
         action = evaluation.select_action(
             agent.distribution(actor_out), args.sampling_method, args.temperature, args.sampling_k
         )
-        return env_action(action.cpu().numpy(), agent.action_space), {"policy": {"position": position.copy()}}
+        return env_action(action.cpu().numpy(), agent.action_space), {
+            "policy": {"position": position.copy()}
+        }
 
     return evaluation.evaluate(agent, act, env_maker(args), args, writer, step, record_to)
 
@@ -861,8 +1062,12 @@ def evaluate(agent: Agent, args: Args, writer: SummaryWriter, step: int, record_
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     check_args(args)
-    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False)
-    device = seed_and_pick_device(trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda)
+    trained, checkpoint = from_checkpoint(
+        args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False
+    )
+    device = seed_and_pick_device(
+        trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
+    )
     agent = build_agent(trained, checkpoint, device)
     step = checkpoint["global_step"]
     return evaluation.evaluate_checkpoint(

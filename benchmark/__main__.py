@@ -199,9 +199,13 @@ class CasePlan:
 
 def cases_to_run(args: Run) -> tuple[list[Case], tuple[int, ...]]:
     if args.suite is not None:
-        return with_script_flags(suite_cases(args.suite), args.script_flags), args.seeds or SUITES[args.suite].seeds
+        return with_script_flags(suite_cases(args.suite), args.script_flags), args.seeds or SUITES[
+            args.suite
+        ].seeds
     scripts, envs = args.scripts or DEFAULT_SCRIPTS, args.envs or DEFAULT_ENVS
-    cases = [find_case(script, env_id, args.total_timesteps) for script in scripts for env_id in envs]
+    cases = [
+        find_case(script, env_id, args.total_timesteps) for script in scripts for env_id in envs
+    ]
     if args.nproc is not None:
         cases = [replace(case, nproc=args.nproc) for case in cases]
     return with_script_flags(cases, args.script_flags), args.seeds or DEFAULT_SEEDS
@@ -214,7 +218,9 @@ def with_script_flags(cases: list[Case], script_flags: tuple[str, ...]) -> list[
     for entry in script_flags:
         script, equals, flags = entry.partition("=")
         if not equals or not script or not flags.strip():
-            raise UsageError(f"--script-flags {entry!r}: write SCRIPT=FLAGS, e.g. 'ppo_lstm=--no-norm-adv'")
+            raise UsageError(
+                f"--script-flags {entry!r}: write SCRIPT=FLAGS, e.g. 'ppo_lstm=--no-norm-adv'"
+            )
         if script not in {case.script for case in cases}:
             raise UsageError(f"--script-flags {entry!r}: no case of this benchmark runs {script}")
         added[script] = (*added.get(script, ()), *shlex.split(flags))
@@ -245,7 +251,11 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
     """Bad input: one `error:` line and exit status 2, before anything runs."""
     problems = []
     if args.suite is not None:
-        named = [("--scripts", args.scripts), ("--envs", args.envs), ("--total-timesteps", args.total_timesteps)]
+        named = [
+            ("--scripts", args.scripts),
+            ("--envs", args.envs),
+            ("--total-timesteps", args.total_timesteps),
+        ]
         given = [flag for flag, value in [*named, ("--nproc", args.nproc)] if value is not None]
         if given:
             problems.append(
@@ -264,7 +274,9 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
         if not (REPO / f"{script}.py").is_file():
             problems.append(f"no script {script}.py in {REPO}")
         elif args.baselines and script not in SCRIPTS:
-            problems.append(f"{script} has no entry in benchmark/registry.py for its baselines (drop --baselines)")
+            problems.append(
+                f"{script} has no entry in benchmark/registry.py for its baselines (drop --baselines)"
+            )
     for other in sorted({case.compare_with for case in cases if case.compare_with is not None}):
         if not (REPO / f"{other}.py").is_file():
             problems.append(f"no script {other}.py in {REPO} to compare with")
@@ -281,7 +293,9 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
         sys.exit(2)
 
 
-def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -> tuple[list[Job], list[CasePlan]]:
+def make_jobs(
+    args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path
+) -> tuple[list[Job], list[CasePlan]]:
     """Every job of the benchmark, once each: a baseline that several cases share (the same settings, env and steps)
     runs once, and so does a raw-env measurement (the same script, env and flags)."""
     jobs: dict[str, Job] = {}
@@ -293,8 +307,12 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
         run_dir = out / "runs" / job_id
         if kind in ("script", "sb3"):
             command = [*command, "--run-dir", str(run_dir)]
-        job = Job(kind, job_id, group, label, case.env_id, seed, command, run_dir, window=case.window)
-        job.nproc = case.nproc if kind == "script" else 1  # baselines and measurements run in one process
+        job = Job(
+            kind, job_id, group, label, case.env_id, seed, command, run_dir, window=case.window
+        )
+        job.nproc = (
+            case.nproc if kind == "script" else 1
+        )  # baselines and measurements run in one process
         jobs.setdefault(job_id, job)
 
     baselines_module = [sys.executable, "-m", "benchmark.baselines"]
@@ -307,16 +325,28 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
         if case.compare_with is not None:
             flags = same_settings_flags(case.script, case.flags, case.compare_with)
             # under as many processes: the ratio of SPS is of the scripts, not of their numbers of processes
-            plan.reference = Case(case.compare_with, case.env_id, case.total_timesteps, flags=flags, nproc=case.nproc)
+            plan.reference = Case(
+                case.compare_with, case.env_id, case.total_timesteps, flags=flags, nproc=case.nproc
+            )
             scripts.append(plan.reference)
         if isinstance(case.reference, SameRun):  # the suite runs that case too
             plan.reference_group = case.reference.case.key
         if isinstance(case.reference, ReferenceRuns):
             reference = REFERENCES[case.reference.name]
             settings_id = settings_hash(reference.settings)
-            plan.reference_group = f"{reference.name}__{env_name}__{case.total_timesteps}__{settings_id}"
+            plan.reference_group = (
+                f"{reference.name}__{env_name}__{case.total_timesteps}__{settings_id}"
+            )
             for seed in case.reference.seeds:
-                command = [*baselines_module, "sb3", "--algo", reference.sb3_algo, *run_flags, "--seed", str(seed)]
+                command = [
+                    *baselines_module,
+                    "sb3",
+                    "--algo",
+                    reference.sb3_algo,
+                    *run_flags,
+                    "--seed",
+                    str(seed),
+                ]
                 command += ["--settings", json.dumps(reference.settings), "--label", reference.name]
                 add("sb3", plan.reference_group, reference.name, case, seed, command)
         if case.task_max is not None:
@@ -327,15 +357,22 @@ def make_jobs(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -
         for script_case in [] if args.only_baselines else scripts:
             script_launcher = launcher(script_case.nproc)
             for seed in seeds:
-                command = [*script_launcher, str(REPO / f"{script_case.script}.py"), *run_flags, "--seed", str(seed)]
+                command = [
+                    *script_launcher,
+                    str(REPO / f"{script_case.script}.py"),
+                    *run_flags,
+                    "--seed",
+                    str(seed),
+                ]
                 command += ["--no-progress", *script_case.flags]
                 add("script", script_case.key, script_case.script, script_case, seed, command)
         if args.baselines:
             script = SCRIPTS[case.script]
-            settings = script.sb3_settings(resolve_args(case.script, [*case.flags, "--env-id", case.env_id]))
-            plan.baseline_group = (
-                f"sb3_{script.sb3_algo}__{env_name}__{case.total_timesteps}__{settings_hash(settings)}"
+            settings = script.sb3_settings(
+                resolve_args(case.script, [*case.flags, "--env-id", case.env_id])
             )
+            baseline_name = f"sb3_{script.sb3_algo}__{env_name}__{case.total_timesteps}"
+            plan.baseline_group = f"{baseline_name}__{settings_hash(settings)}"
             for seed in baseline_seeds(args, seeds):
                 command = [*baselines_module, "sb3", "--algo", script.sb3_algo, *run_flags]
                 command += ["--seed", str(seed), "--settings", json.dumps(settings)]
@@ -373,7 +410,9 @@ def run_job(job: Job, logs: Path, threads: int | None = None) -> Job:
             job.error = f"expected one run folder in {job.run_dir}, found {len(made)}"
             return job
         try:
-            job.summary = summarise_run(made[0], script=job.label, env_id=job.env_id, window=job.window)
+            job.summary = summarise_run(
+                made[0], script=job.label, env_id=job.env_id, window=job.window
+            )
         except Exception as exc:  # a corrupt events file is reported like a crash
             job.error = f"reading the events of {made[0]} failed: {exc!r}"
     return job
@@ -383,7 +422,10 @@ def portable(command: list[str]) -> list[str]:
     """A job's command less the interpreter, the run folder and the checkout's folder of a script, which differ
     between machines and benchmarks."""
     at = command.index("--run-dir") if "--run-dir" in command else len(command)
-    return [Path(part).name if part.endswith(".py") else part for part in command[1:at] + command[at + 2 :]]
+    return [
+        Path(part).name if part.endswith(".py") else part
+        for part in command[1:at] + command[at + 2 :]
+    ]
 
 
 @dataclass(frozen=True)
@@ -417,7 +459,10 @@ def take_stored(jobs: list[Job], stores: Stores) -> list[Job]:
             message = "was made by another command than this benchmark's (its made.command): delete it to run it again"
             raise UsageError(f"{stored_path(store, job.id)} {message}")
         job.summary, job.stored = kept
-        print(f"[stored] {job.id} ({job.label}): made {job.stored['date']} at {job.stored['git']}", flush=True)
+        print(
+            f"[stored] {job.id} ({job.label}): made {job.stored['date']} at {job.stored['git']}",
+            flush=True,
+        )
     return to_run
 
 
@@ -447,7 +492,10 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path, stores: Stores = Stores(
                 done += 1
                 job = future.result()
                 status = job_status(job, stores.of(job))
-                print(f"[{done}/{len(jobs)}] {job.id} ({job.label}): {job.wall_seconds:.0f} s, {status}", flush=True)
+                print(
+                    f"[{done}/{len(jobs)}] {job.id} ({job.label}): {job.wall_seconds:.0f} s, {status}",
+                    flush=True,
+                )
 
 
 def job_status(job: Job, store: Path | None) -> str:
@@ -458,8 +506,15 @@ def job_status(job: Job, store: Path | None) -> str:
         run = job.summary
         status = f"last-{run.window} return {fmt(run.last_return)}, eval {fmt(run.eval_return)}, SPS {fmt(run.sps, 0)}"
         if store is not None:
-            made = {"date": datetime.now().astimezone().isoformat(timespec="seconds"), "git": job.revision}
-            made |= {"machine": machine(), "command": shlex.join(job.command), "wall_seconds": job.wall_seconds}
+            made = {
+                "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+                "git": job.revision,
+            }
+            made |= {
+                "machine": machine(),
+                "command": shlex.join(job.command),
+                "wall_seconds": job.wall_seconds,
+            }
             status += f"; stored in {store_run(store, job.id, run, made)}"
         return status
     if job.kind == "random-policy":
@@ -481,9 +536,13 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
             (plan.baseline_group, (), 1, False),
         ]
         if plan.reference is not None:
-            groups.insert(1, (plan.reference.key, plan.reference.flags, plan.reference.nproc, False))
+            groups.insert(
+                1, (plan.reference.key, plan.reference.flags, plan.reference.nproc, False)
+            )
         for group, flags, nproc, judged in groups:
-            if group is None or group in seen or not by_group[group]:  # none: --only-baselines left the script out
+            if (
+                group is None or group in seen or not by_group[group]
+            ):  # none: --only-baselines left the script out
                 continue
             seen.add(group)
             group_jobs = by_group[group]
@@ -503,7 +562,11 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                     judged=judged,
                     judged_on=case.judged_on,
                     runs=[job.summary for job in group_jobs if job.summary is not None],
-                    failed_seeds=[job.seed for job in group_jobs if job.summary is None and job.seed is not None],
+                    failed_seeds=[
+                        job.seed
+                        for job in group_jobs
+                        if job.summary is None and job.seed is not None
+                    ],
                 )
             )
     return rows
@@ -519,17 +582,25 @@ def task_and_reference(plan: CasePlan, jobs: list[Job]) -> tuple[float | None, f
     if isinstance(reference, Published):
         return random_return, reference.eval_return
     if isinstance(reference, Learned):
-        learned = None if random_return is None else random_return + reference.share * (task_max - random_return)
+        learned = (
+            None
+            if random_return is None
+            else random_return + reference.share * (task_max - random_return)
+        )
         return random_return, learned
     evals = [
         job.summary.eval_return
         for job in jobs
-        if job.group == plan.reference_group and job.summary is not None and job.summary.eval_return is not None
+        if job.group == plan.reference_group
+        and job.summary is not None
+        and job.summary.eval_return is not None
     ]
     return random_return, float(np.mean(evals)) if evals else None
 
 
-def reference_bound(case: Case, random_return: float | None, reference_eval: float | None) -> float | None:
+def reference_bound(
+    case: Case, random_return: float | None, reference_eval: float | None
+) -> float | None:
     """What a case's mean evaluation must reach: the reference's, less REFERENCE_MARGIN of the task's range; a
     `Learned` reference's exactly; against a `SameRun` that did not learn the task, nothing (no verdict)."""
     if random_return is None or reference_eval is None or case.task_max is None:
@@ -560,14 +631,22 @@ def against_reference(
         speed_threshold = random_return + SPEED_THRESHOLD * (reference_eval - random_return)
     script_numbers = numbers.get(case.key)
     script_eval = script_numbers.eval_return_mean if script_numbers else None
-    reference_jobs = [job for job in jobs if job.group == plan.reference_group and job.summary is not None]
-    made = [f"seed {job.seed} {job.stored['date'][:10]} at {job.stored['git']}" for job in reference_jobs if job.stored]
+    reference_jobs = [
+        job for job in jobs if job.group == plan.reference_group and job.summary is not None
+    ]
+    made = [
+        f"seed {job.seed} {job.stored['date'][:10]} at {job.stored['git']}"
+        for job in reference_jobs
+        if job.stored
+    ]
     return AgainstReference(
         env_id=case.env_id,
         total_timesteps=case.total_timesteps,
         random_return=random_return,
         task_max=case.task_max,
-        reference=case.reference.name if isinstance(case.reference, ReferenceRuns) else case.reference.source,
+        reference=case.reference.name
+        if isinstance(case.reference, ReferenceRuns)
+        else case.reference.source,
         reference_eval=reference_eval,
         reference_seeds=[run.seed for run in reference_runs],
         reference_made=made,
@@ -586,23 +665,38 @@ def against_reference(
     )
 
 
-def speed_rows(jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNumbers]) -> list[SpeedNumbers]:
+def speed_rows(
+    jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNumbers]
+) -> list[SpeedNumbers]:
     """The SPS ratios measured in this run: a run taken from a store ran in another, so it has none (a case whose own
     runs were stored has no row; a reference or compared script whose runs were stored, no ratio)."""
     raw = {job.id: job.output.get("sps") for job in jobs if job.kind == "raw-env"}
     stored = {job.group for job in jobs if job.stored is not None}
     rows = []
     for plan in plans:
-        baseline_group = plan.baseline_group or (plan.reference_group if plan.reference_group not in stored else None)
-        other = numbers[plan.reference.key] if plan.reference and plan.reference.key not in stored else None
+        baseline_group = plan.baseline_group or (
+            plan.reference_group if plan.reference_group not in stored else None
+        )
+        other = (
+            numbers[plan.reference.key]
+            if plan.reference and plan.reference.key not in stored
+            else None
+        )
         if plan.case.key in numbers and plan.case.key not in stored and (baseline_group or other):
             raw_env_sps = raw.get(plan.raw_env_job) if plan.raw_env_job else None
-            rows.append(speed_numbers(numbers[plan.case.key], raw_env_sps, numbers.get(baseline_group or ""), other))
+            rows.append(
+                speed_numbers(
+                    numbers[plan.case.key], raw_env_sps, numbers.get(baseline_group or ""), other
+                )
+            )
     return rows
 
 
 def draw(rows: list[Row], raw_bars: list[tuple[str, list[float]]], out: Path) -> list[Path]:
-    bars = [(f"{plain_name(row)}\n{row.env_id}", [run.sps for run in row.runs if run.sps is not None]) for row in rows]
+    bars = [
+        (f"{plain_name(row)}\n{row.env_id}", [run.sps for run in row.runs if run.sps is not None])
+        for row in rows
+    ]
     figures = [*plot_learning_curves(rows, out), plot_sps([*bars, *raw_bars], out / "sps.png")]
     values = aggregates(rows)
     if values:
@@ -625,16 +719,22 @@ def machine() -> str:
             versions.append(f"{package} {metadata.version(package)}")
         except metadata.PackageNotFoundError:
             pass
-    return f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}; {', '.join(versions)}"
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}; {', '.join(versions)}"
+    )
 
 
 def git_revision(output: Path) -> str:
     """The commit the code runs at, "(uncommitted changes)" added if a tracked file outside `output` has changed."""
     # A benchmark rewrites its own output folder (tracked where its results are committed, as under docs/benchmark/):
     # that is no change to the code that ran.
-    outside_output = ["--", ".", f":(exclude){output.relative_to(REPO)}"] if output.is_relative_to(REPO) else []
+    outside_output = (
+        ["--", ".", f":(exclude){output.relative_to(REPO)}"] if output.is_relative_to(REPO) else []
+    )
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", *outside_output],
             cwd=REPO,
@@ -643,10 +743,14 @@ def git_revision(output: Path) -> str:
         )
     except OSError:
         return "unknown"
-    return (head.stdout.strip() or "unknown") + (" (uncommitted changes)" if dirty.stdout.strip() else "")
+    return (head.stdout.strip() or "unknown") + (
+        " (uncommitted changes)" if dirty.stdout.strip() else ""
+    )
 
 
-def report(title: str, header_lines: list[str], tables: list[str], figures: list[Path], out: Path) -> None:
+def report(
+    title: str, header_lines: list[str], tables: list[str], figures: list[Path], out: Path
+) -> None:
     lines = [f"# {title}", "", *header_lines, "", *tables, "", "## Figures", ""]
     lines += [f"![{figure.stem}]({figure.name})" for figure in figures]
     (out / "results.md").write_text("\n".join(lines).rstrip() + "\n")
@@ -659,9 +763,16 @@ def run(args: Run) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     check(args, cases, seeds)
-    out = Path(args.out or REPO / "benchmark" / "results" / datetime.now().strftime("%Y-%m-%d_%H%M%S")).resolve()
+    out = Path(
+        args.out or REPO / "benchmark" / "results" / datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    ).resolve()
     jobs, plans = make_jobs(args, cases, seeds, out)
-    stores = Stores(*(Path(folder).resolve() if folder else None for folder in (args.reuse_baselines, args.reuse_runs)))
+    stores = Stores(
+        *(
+            Path(folder).resolve() if folder else None
+            for folder in (args.reuse_baselines, args.reuse_runs)
+        )
+    )
     try:
         to_run = take_stored(jobs, stores)
     except UsageError as exc:
@@ -679,15 +790,33 @@ def run(args: Run) -> int:
     numbers = {row.key: row_numbers(row) for row in rows}
     speed = speed_rows(jobs, plans, numbers)
     raw_bars = [
-        (f"raw env\n{job.label} {job.output['env_id']}", [job.output["sps"]]) for job in jobs if "sps" in job.output
+        (f"raw env\n{job.label} {job.output['env_id']}", [job.output["sps"]])
+        for job in jobs
+        if "sps" in job.output
     ]
     figures = draw(rows, raw_bars, out)
     tables = ["## Results", "", *results_table(list(numbers.values()))]
-    against = [against_reference(plan, jobs, rows, numbers) for plan in plans if plan.case.judged_on == "reference"]
+    against = [
+        against_reference(plan, jobs, rows, numbers)
+        for plan in plans
+        if plan.case.judged_on == "reference"
+    ]
     if against:
-        tables += ["", "## Against the reference", "", *against_reference_table(against), "", *AGAINST_REFERENCE]
+        tables += [
+            "",
+            "## Against the reference",
+            "",
+            *against_reference_table(against),
+            "",
+            *AGAINST_REFERENCE,
+        ]
     if speed:
-        tables += ["", "## Speed against the baselines and other scripts (same run)", "", *speed_table(speed)]
+        tables += [
+            "",
+            "## Speed against the baselines and other scripts (same run)",
+            "",
+            *speed_table(speed),
+        ]
     tables += ["", *HOW_MEASURED]
     failures = [job for job in jobs if job.error is not None]
     if failures:
@@ -731,7 +860,11 @@ def run(args: Run) -> int:
 
 def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -> list[str]:
     """Date, machine, command, cases and seeds: what is needed to reproduce the results."""
-    command = "python -m benchmark " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["run"] else "(called from Python)"
+    command = (
+        "python -m benchmark " + shlex.join(sys.argv[1:])
+        if sys.argv[1:2] == ["run"]
+        else "(called from Python)"
+    )
     return [
         f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}; git {git_revision(out)}",
         f"- machine: {machine()}",
@@ -798,15 +931,30 @@ def plot(args: Plot) -> int:
     figures = draw(rows, [], out)
     numbers = [row_numbers(row) for row in rows]
     header_lines = [f"- runs: {len(run_dirs)} run folders under {' '.join(args.run_dirs)}"]
-    report("Runs", header_lines, ["## Results", "", *results_table(numbers), "", *HOW_MEASURED], figures, out)
+    report(
+        "Runs",
+        header_lines,
+        ["## Results", "", *results_table(numbers), "", *HOW_MEASURED],
+        figures,
+        out,
+    )
     print(f"wrote {out / 'results.md'} and {len(figures)} figures", flush=True)
     return 0
 
 
 def main() -> int:
-    commands = {"run": (Run, run), "plot": (Plot, plot), "tune": (Tune, tune), "tune-report": (TuneReport, tune_report)}
-    command = tyro.extras.subcommand_cli_from_dict({name: kind for name, (kind, _) in commands.items()})
-    return next(function for kind, function in commands.values() if isinstance(command, kind))(command)
+    commands = {
+        "run": (Run, run),
+        "plot": (Plot, plot),
+        "tune": (Tune, tune),
+        "tune-report": (TuneReport, tune_report),
+    }
+    command = tyro.extras.subcommand_cli_from_dict(
+        {name: kind for name, (kind, _) in commands.items()}
+    )
+    return next(function for kind, function in commands.values() if isinstance(command, kind))(
+        command
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ def true_counts(observations: np.ndarray) -> np.ndarray:
     return dealt_so_far[np.arange(len(queried)), queried]
 
 
-def answers_by_step(data: dict[str, np.ndarray], count_recall: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+def answers_by_step(
+    data: dict[str, np.ndarray], count_recall: bool = False
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The share of right answers at each step of the finished episodes (up to the shortest one's length), and with
     `count_recall` the mean absolute error of the count there."""
     episodes = [episode for episode in split_episodes(data) if episode.finished]
@@ -44,9 +46,13 @@ def answers_by_step(data: dict[str, np.ndarray], count_recall: bool = False) -> 
         return right.mean(0), None
     errors = []
     for episode in episodes:
-        error = np.abs(episode.data["/actions"].reshape(-1) - true_counts(episode.data["/observations"]))
+        error = np.abs(
+            episode.data["/actions"].reshape(-1) - true_counts(episode.data["/observations"])
+        )
         if not np.array_equal(error == 0, episode.data["/rewards"] > 0):
-            raise TrajectoryFileError("its rewards do not match the counts: not a CountRecallEasy evaluation")
+            raise TrajectoryFileError(
+                "its rewards do not match the counts: not a CountRecallEasy evaluation"
+            )
         errors.append(error[:length])
     return right.mean(0), np.stack(errors).mean(0)
 
@@ -60,20 +66,39 @@ def answers_by_action(data: dict[str, np.ndarray]) -> dict[int, tuple[float, flo
     try:
         space = gym.make(resolve_env_id(json.loads(str(data["/meta/args"]))["env_id"])).action_space
         num_actions = int(space.n)
-    except Exception:  # no args, an env that cannot be made here, or not a discrete one: the answers given
+    except (
+        Exception
+    ):  # no args, an env that cannot be made here, or not a discrete one: the answers given
         num_actions = int(actions.max()) + 1
     return {
-        action: ((actions == action).mean(), right[actions == action].mean() if (actions == action).any() else None)
+        action: (
+            (actions == action).mean(),
+            right[actions == action].mean() if (actions == action).any() else None,
+        )
         for action in range(num_actions)
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.answers_by_step", description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", help="trajectory files of evaluations on a popgym card game")
-    parser.add_argument("--steps", nargs="+", type=int, default=[0, 5, 10, 20, 30, 40], help="where each range starts")
-    parser.add_argument("--count-recall", action="store_true", help="also the count's error (CountRecallEasy)")
-    parser.add_argument("--by-answer", action="store_true", help="also each action's share of answers and of right")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmark.answers_by_step", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "paths", nargs="+", help="trajectory files of evaluations on a popgym card game"
+    )
+    parser.add_argument(
+        "--steps",
+        nargs="+",
+        type=int,
+        default=[0, 5, 10, 20, 30, 40],
+        help="where each range starts",
+    )
+    parser.add_argument(
+        "--count-recall", action="store_true", help="also the count's error (CountRecallEasy)"
+    )
+    parser.add_argument(
+        "--by-answer", action="store_true", help="also each action's share of answers and of right"
+    )
     options = parser.parse_args(argv)
     starts = sorted(set(options.steps))
     if starts[0] < 0:
@@ -93,15 +118,23 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         rows.append((path, right, error))
         shortest = len(right) if shortest is None else min(shortest, len(right))
-    ranges = [(first, last) for first, last in zip(starts, [*starts[1:], shortest], strict=True) if first < last]
+    ranges = [
+        (first, last)
+        for first, last in zip(starts, [*starts[1:], shortest], strict=True)
+        if first < last
+    ]
     if not ranges:
-        print(f"error: every --steps range starts at or after the episodes' end ({shortest} steps)", file=sys.stderr)
+        print(
+            f"error: every --steps range starts at or after the episodes' end ({shortest} steps)",
+            file=sys.stderr,
+        )
         return 2
     print("| file | " + " | ".join(f"steps {first}-{last - 1}" for first, last in ranges) + " |")
     print("|---" * (len(ranges) + 1) + "|")
     for path, right, error in rows:
         cells = [
-            f"{right[first:last].mean():.2f}" + ("" if error is None else f", error {error[first:last].mean():.2f}")
+            f"{right[first:last].mean():.2f}"
+            + ("" if error is None else f", error {error[first:last].mean():.2f}")
             for first, last in ranges
         ]
         print(f"| {path} | " + " | ".join(cells) + " |")

@@ -72,11 +72,22 @@ def speed(options: argparse.Namespace) -> None:
             ours.append(our_run(OURS[script], options.steps))
             if options.cleanrl:
                 python, path = options.cleanrl_python, options.cleanrl_pythonpath
-                cleanrl.append(cleanrl_sps(options.cleanrl, script, options.steps, python, path, cuda=True))
-        ratio = statistics.median(run["sps"] for run in ours) / statistics.median(cleanrl) if cleanrl else None
+                cleanrl.append(
+                    cleanrl_sps(options.cleanrl, script, options.steps, python, path, cuda=True)
+                )
+        ratio = (
+            statistics.median(run["sps"] for run in ours) / statistics.median(cleanrl)
+            if cleanrl
+            else None
+        )
         report(options.out, "speed", script=script, ours=ours, cleanrl=cleanrl, ratio=ratio)
     for script in ("ppo_fc", "ppo_lstm"):
-        report(options.out, "async", script=script, ours=our_run(OURS[script], options.steps, "--async-envs"))
+        report(
+            options.out,
+            "async",
+            script=script,
+            ours=our_run(OURS[script], options.steps, "--async-envs"),
+        )
 
 
 def transformer(options: argparse.Namespace) -> None:
@@ -102,16 +113,26 @@ def checkpoints_on_cpu(options: argparse.Namespace) -> None:
             )  # fmt: skip
             lines = (evaluated.stdout + evaluated.stderr).splitlines()
             said = [line for line in lines if "return" in line or "error" in line]
-            report(options.out, "checkpoint_on_cpu", script=script, status=evaluated.returncode, output=said)
+            report(
+                options.out,
+                "checkpoint_on_cpu",
+                script=script,
+                status=evaluated.returncode,
+                output=said,
+            )
 
 
 def seconds_per_call(step: Callable[[], object], device: torch.device) -> float:
     """The median seconds of 50 calls of `step`, after 10 warm-up calls, the GPU synchronised around each."""
-    synchronize = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    synchronize = (
+        (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    )
     return median_seconds(step, 50, warmup=10, synchronize=synchronize)
 
 
-def in_cuda_graph(step: Callable[[], object], device: torch.device) -> tuple[Callable[[], None], object]:
+def in_cuda_graph(
+    step: Callable[[], object], device: torch.device
+) -> tuple[Callable[[], None], object]:
     """`step` captured once in a CUDA graph, after warm-up calls on a side stream (as torch's docs and LeanRL's
     CudaGraphModule do): the graph's replay, and the output of the captured call, which each replay overwrites. The
     inputs of `step` must stay at fixed addresses, and its optimizer be capturable."""
@@ -140,9 +161,20 @@ UPDATE_VARIANTS = (
 def update_and_act(options: argparse.Namespace) -> None:
     """Section 4: each variant in a process of its own, since a CUDA error spoils the rest of a process."""
     for variant in UPDATE_VARIANTS:
-        command = [sys.executable, "-m", "benchmark.atari_gpu", "--sections", "update", "--variant", variant]
+        command = [
+            sys.executable,
+            "-m",
+            "benchmark.atari_gpu",
+            "--sections",
+            "update",
+            "--variant",
+            variant,
+        ]
         done = subprocess.run(
-            [*command, "--device", options.device, "--out", str(options.out)], cwd=REPO, capture_output=True, text=True
+            [*command, "--device", options.device, "--out", str(options.out)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         )
         if done.returncode:
             report(options.out, "update_and_act", variant=variant, error=done.stderr[-1500:])
@@ -153,13 +185,19 @@ def time_variant(options: argparse.Namespace) -> None:
     device, variant = torch.device(options.device), options.variant
     _, args, agent = floor_agent("ppo_fc", [*OURS["ppo_fc"][1:], "--env-id", ENV_ID])
     agent.to(device)
-    torch.backends.cudnn.deterministic = args.torch_deterministic  # as the scripts and CleanRL's set it
+    torch.backends.cudnn.deterministic = (
+        args.torch_deterministic
+    )  # as the scripts and CleanRL's set it
     torch.backends.cudnn.allow_tf32 = "TF32" in variant
     minibatch = args.num_envs * args.num_steps // args.num_minibatches
     frames = torch.randint(0, 256, (minibatch, 4, 84, 84), dtype=torch.uint8, device=device)
     actions = torch.randint(0, agent.action_size, (minibatch,), device=device)
-    host_frames = np.random.default_rng(0).integers(0, 256, (args.num_envs, 4, 84, 84), dtype=np.uint8)
-    host_noise = np.random.default_rng(1).gumbel(size=(args.num_envs, agent.action_size)).astype(np.float32)
+    host_frames = np.random.default_rng(0).integers(
+        0, 256, (args.num_envs, 4, 84, 84), dtype=np.uint8
+    )
+    host_noise = (
+        np.random.default_rng(1).gumbel(size=(args.num_envs, agent.action_size)).astype(np.float32)
+    )
     compiled = variant.startswith("torch.compile")
     graphed = "CUDA graph" in variant
 
@@ -184,16 +222,26 @@ def time_variant(options: argparse.Namespace) -> None:
             return policy(on_device(host_frames), on_device(host_noise)).cpu().numpy()
 
     start = time.perf_counter()
-    report(options.out, "update_and_act", variant=variant, act_ms=seconds_per_call(act, device) * 1e3)
+    report(
+        options.out, "update_and_act", variant=variant, act_ms=seconds_per_call(act, device) * 1e3
+    )
     optimizer = torch.optim.Adam(
-        agent.parameters(), lr=args.learning_rate, eps=1e-5, fused="foreach" not in variant, capturable=graphed
+        agent.parameters(),
+        lr=args.learning_rate,
+        eps=1e-5,
+        fused="foreach" not in variant,
+        capturable=graphed,
     )
 
     def update() -> None:
         """One minibatch's update as ppo_fc.py makes it, with a simpler loss of the same outputs."""
         _, logprob, entropy, value = agent.get_action_and_value(frames, actions)
-        loss = -logprob.mean() - args.ent_coef * entropy.mean() + args.vf_coef * value.square().mean()
-        optimizer.zero_grad(set_to_none=not graphed)  # a CUDA graph keeps its gradients at fixed addresses
+        loss = (
+            -logprob.mean() - args.ent_coef * entropy.mean() + args.vf_coef * value.square().mean()
+        )
+        optimizer.zero_grad(
+            set_to_none=not graphed
+        )  # a CUDA graph keeps its gradients at fixed addresses
         loss.backward()
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
         optimizer.step()
@@ -205,34 +253,55 @@ def time_variant(options: argparse.Namespace) -> None:
            seconds_to_build_and_time=time.perf_counter() - start)  # fmt: skip
 
 
-SECTIONS = {"speed": speed, "transformer": transformer, "checkpoints": checkpoints_on_cpu, "update": update_and_act}
+SECTIONS = {
+    "speed": speed,
+    "transformer": transformer,
+    "checkpoints": checkpoints_on_cpu,
+    "update": update_and_act,
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16384)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--cleanrl", type=Path, default=None, help="a folder with run.py and CleanRL's two scripts")
+    parser.add_argument(
+        "--cleanrl", type=Path, default=None, help="a folder with run.py and CleanRL's two scripts"
+    )
     parser.add_argument("--cleanrl-python", default=sys.executable)
     parser.add_argument("--cleanrl-pythonpath", default="")
     parser.add_argument("--out", type=Path, default=Path("."))
-    parser.add_argument("--device", default="cuda", help="section 4's device (cpu only to try this file out)")
+    parser.add_argument(
+        "--device", default="cuda", help="section 4's device (cpu only to try this file out)"
+    )
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
-    parser.add_argument("--variant", choices=UPDATE_VARIANTS, help="time this variant of section 4 in this process")
+    parser.add_argument(
+        "--variant", choices=UPDATE_VARIANTS, help="time this variant of section 4 in this process"
+    )
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     if options.variant:
         return time_variant(options)
-    options.cleanrl = options.cleanrl and options.cleanrl.resolve()  # its runs start in folders of their own
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
+    options.cleanrl = (
+        options.cleanrl and options.cleanrl.resolve()
+    )  # its runs start in folders of their own
+    print(
+        f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}"
+    )
     for section in options.sections:
         start = time.perf_counter()
         try:
             SECTIONS[section](options)
         except Exception as error:  # a failed section is reported, and the next one runs
             detail = getattr(error, "stderr", b"") or b""
-            tail = detail.decode(errors="replace")[-1500:] if isinstance(detail, bytes) else str(detail)[-1500:]
-            report(options.out, section, error=f"{type(error).__name__}: {error}"[:500], stderr=tail)
+            tail = (
+                detail.decode(errors="replace")[-1500:]
+                if isinstance(detail, bytes)
+                else str(detail)[-1500:]
+            )
+            report(
+                options.out, section, error=f"{type(error).__name__}: {error}"[:500], stderr=tail
+            )
         print(f"[{section}: {time.perf_counter() - start:.0f} s]", flush=True)
 
 

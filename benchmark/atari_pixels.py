@@ -38,13 +38,17 @@ def differences(game: str, steps: int, seed: int = 1) -> np.ndarray:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--games", nargs="+", default=["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"])
+    parser.add_argument(
+        "--games", nargs="+", default=["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"]
+    )
     parser.add_argument("--steps", type=int, default=300)
     options = parser.parse_args()
     gym.register_envs(ale_py)
     for game in options.games:
         diff = differences(game, options.steps)
-        print(f"{game}: mean |diff| {diff.mean():.3f}, max {diff.max()}, pixels differing {(diff > 0).mean():.2%}")
+        print(
+            f"{game}: mean |diff| {diff.mean():.3f}, max {diff.max()}, pixels differing {(diff > 0).mean():.2%}"
+        )
 
 
 if __name__ == "__main__":

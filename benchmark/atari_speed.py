@@ -21,7 +21,16 @@ from benchmark.events import Session, find_run_dirs, load_sessions, merged_scala
 from benchmark.registry import REPO
 
 ENV_ID = "BreakoutNoFrameskip-v4"
-CLEANRL_ATARI = ("--num-envs", "8", "--num-steps", "128", "--learning-rate", "2.5e-4", "--clip-coef", "0.1")
+CLEANRL_ATARI = (
+    "--num-envs",
+    "8",
+    "--num-steps",
+    "128",
+    "--learning-rate",
+    "2.5e-4",
+    "--clip-coef",
+    "0.1",
+)
 OURS = {
     "ppo_fc": ("ppo_fc.py", *CLEANRL_ATARI),
     "ppo_lstm": (
@@ -69,7 +78,9 @@ def script_sessions(command: str, flags: list[str] | tuple[str, ...]) -> list[Se
     """The TensorBoard sessions of one quiet run of our script file `command` with `flags`, in a folder of its own."""
     with tempfile.TemporaryDirectory() as run_dir:
         quiet = ("--no-progress", "--eval-episodes", "0", "--no-save-model", "--run-dir", run_dir)
-        subprocess.run([sys.executable, command, *flags, *quiet], cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, command, *flags, *quiet], cwd=REPO, check=True, capture_output=True
+        )
         (run,) = find_run_dirs([run_dir])
         return load_sessions(run)
 
@@ -82,19 +93,29 @@ def median_after_first(sessions: list[Session], tag: str) -> float:
 def our_sps(script: str, steps: int, *flags: str) -> float:
     command, *settings = OURS[script]
     return steps_per_second(
-        script_sessions(command, ["--env-id", ENV_ID, "--total-timesteps", str(steps), *settings, *flags])
+        script_sessions(
+            command, ["--env-id", ENV_ID, "--total-timesteps", str(steps), *settings, *flags]
+        )
     )
 
 
 def sb3_sps(script: str, steps: int) -> float:
     done = subprocess.run(
-        [sys.executable, "-c", SB3_RUN, SB3_OF[script], ENV_ID, str(steps)], check=True, capture_output=True, text=True
+        [sys.executable, "-c", SB3_RUN, SB3_OF[script], ENV_ID, str(steps)],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])["sps"]
 
 
 def cleanrl_sps(
-    folder: Path, script: str, steps: int, python: str | None = None, pythonpath: str = "", cuda: bool = False
+    folder: Path,
+    script: str,
+    steps: int,
+    python: str | None = None,
+    pythonpath: str = "",
+    cuda: bool = False,
 ) -> float:
     """SPS of CleanRL's `script` in `folder` (its run.py launcher), under `python` (default: the folder's .venv) with
     `pythonpath` first on its path."""
@@ -107,7 +128,9 @@ def cleanrl_sps(
         cuda_flag = "--cuda" if cuda else "--no-cuda"
         flags = ["--env-id", ENV_ID, "--total-timesteps", str(steps), "--num-envs", "8", cuda_flag]
         environment = {**os.environ, "PYTHONPATH": pythonpath}
-        subprocess.run([*launcher, *flags], cwd=run_dir, check=True, capture_output=True, env=environment)
+        subprocess.run(
+            [*launcher, *flags], cwd=run_dir, check=True, capture_output=True, env=environment
+        )
         (run,) = find_run_dirs([run_dir])
         return steps_per_second(load_sessions(run))
 
@@ -119,7 +142,9 @@ def main() -> None:
     parser.add_argument("--scripts", nargs="+", default=list(OURS), choices=list(OURS))
     parser.add_argument("--cleanrl", type=Path, default=None)
     options = parser.parse_args()
-    print(f"| script | SPS | SB3 SPS | ratio |{' CleanRL SPS | ratio |' if options.cleanrl else ''}")
+    print(
+        f"| script | SPS | SB3 SPS | ratio |{' CleanRL SPS | ratio |' if options.cleanrl else ''}"
+    )
     print(f"|---|---|---|---|{'---|---|' if options.cleanrl else ''}")
     for script in options.scripts:
         ours, sb3, cleanrl = [], [], []
@@ -131,7 +156,9 @@ def main() -> None:
         shown = lambda values: " ".join(f"{value:,.0f}" for value in values)  # noqa: E731
         row = f"| {script} | {shown(ours)} | {shown(sb3)} | {statistics.median(ours) / statistics.median(sb3):.2f}x |"
         if options.cleanrl:
-            row += f" {shown(cleanrl)} | {statistics.median(ours) / statistics.median(cleanrl):.2f}x |"
+            row += (
+                f" {shown(cleanrl)} | {statistics.median(ours) / statistics.median(cleanrl):.2f}x |"
+            )
         print(row, flush=True)
 
 

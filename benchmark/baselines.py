@@ -121,7 +121,16 @@ def random_policy_returns(env_id: str, episodes: int, seed: int = 1) -> list[flo
 def random_policy(args: RandomPolicyArgs) -> None:
     returns = random_policy_returns(args.env_id, args.episodes, args.seed)
     summary = {"env_id": args.env_id, "episodes": args.episodes, "seed": args.seed}
-    print(json.dumps({**summary, "mean": float(np.mean(returns)), "std": float(np.std(returns)), "returns": returns}))
+    print(
+        json.dumps(
+            {
+                **summary,
+                "mean": float(np.mean(returns)),
+                "std": float(np.std(returns)),
+                "returns": returns,
+            }
+        )
+    )
 
 
 @dataclass
@@ -157,11 +166,16 @@ def sb3(args: Sb3Args) -> None:
     if settings["torch_threads"]:
         torch.set_num_threads(settings["torch_threads"])
     exp_name = args.label or f"sb3_{args.algo}"
-    run_path = Path(args.run_dir) / f"{safe_name(args.env_id)}__{exp_name}__{args.seed}__{int(time.time())}"
+    run_path = (
+        Path(args.run_dir)
+        / f"{safe_name(args.env_id)}__{exp_name}__{args.seed}__{int(time.time())}"
+    )
     writer = SummaryWriter(str(run_path))
     envs = make_sb3_envs(args.env_id, settings, args.seed)
     model = build_sb3_model(args.algo, settings, envs, args.seed)
-    threads_for(settings["torch_threads"], model.policy)  # left out: by the network, by the scripts' own rule
+    threads_for(
+        settings["torch_threads"], model.policy
+    )  # left out: by the network, by the scripts' own rule
 
     class Logger(BaseCallback):
         """Every finished episode (Monitor's raw return), and SPS and resident memory about every 512 steps."""
@@ -173,13 +187,21 @@ def sb3(args: Sb3Args) -> None:
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
                 if "episode" in info:
-                    writer.add_scalar("charts/episodic_return", info["episode"]["r"], self.num_timesteps)
-                    writer.add_scalar("charts/episodic_length", info["episode"]["l"], self.num_timesteps)
+                    writer.add_scalar(
+                        "charts/episodic_return", info["episode"]["r"], self.num_timesteps
+                    )
+                    writer.add_scalar(
+                        "charts/episodic_length", info["episode"]["l"], self.num_timesteps
+                    )
             if self.num_timesteps - self.last_logged >= 512:
                 self.last_logged = self.num_timesteps
-                sps = (self.num_timesteps - self.start_step) / (time.perf_counter() - self.start_time)
+                sps = (self.num_timesteps - self.start_step) / (
+                    time.perf_counter() - self.start_time
+                )
                 writer.add_scalar("charts/SPS", int(sps), self.num_timesteps)
-                writer.add_scalar("system/rss_mb", rss_mb(), self.num_timesteps)  # as the scripts log it
+                writer.add_scalar(
+                    "system/rss_mb", rss_mb(), self.num_timesteps
+                )  # as the scripts log it
             return True
 
     model.learn(total_timesteps=args.total_timesteps, callback=Logger())
@@ -190,7 +212,15 @@ def sb3(args: Sb3Args) -> None:
         writer.add_scalar("eval/episodic_return", episode_return, model.num_timesteps)
     writer.close()
     envs.close()
-    print(json.dumps({"run_dir": str(run_path), "steps": int(model.num_timesteps), "eval_returns": eval_returns}))
+    print(
+        json.dumps(
+            {
+                "run_dir": str(run_path),
+                "steps": int(model.num_timesteps),
+                "eval_returns": eval_returns,
+            }
+        )
+    )
 
 
 def flat_env(env_id: str) -> gym.Env:
@@ -205,10 +235,14 @@ def sb3_vec_env(env_id: str, num_envs: int, seed: int, async_envs: bool = False)
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     vec_env_cls = SubprocVecEnv if async_envs else DummyVecEnv
-    return make_vec_env(partial(flat_env, env_id), n_envs=num_envs, seed=seed, vec_env_cls=vec_env_cls)
+    return make_vec_env(
+        partial(flat_env, env_id), n_envs=num_envs, seed=seed, vec_env_cls=vec_env_cls
+    )
 
 
-def sb3_atari_env(env_id: str, num_envs: int, seed: int, frame_stack: int, async_envs: bool = False) -> Any:
+def sb3_atari_env(
+    env_id: str, num_envs: int, seed: int, frame_stack: int, async_envs: bool = False
+) -> Any:
     """SB3's Atari envs (`make_atari_env`: Monitor, then AtariWrapper) with `frame_stack` frames (VecFrameStack),
     made as the scripts make the id (the `-v5` ids with frameskip=1: AtariWrapper skips 4)."""
     from stable_baselines3.common.env_util import make_atari_env
@@ -216,11 +250,15 @@ def sb3_atari_env(env_id: str, num_envs: int, seed: int, frame_stack: int, async
 
     env_id = resolve_env_id(env_id)
     vec_env_cls = SubprocVecEnv if async_envs else DummyVecEnv
-    envs = make_atari_env(env_id, num_envs, seed, vec_env_cls=vec_env_cls, env_kwargs=atari.make_kwargs(env_id))
+    envs = make_atari_env(
+        env_id, num_envs, seed, vec_env_cls=vec_env_cls, env_kwargs=atari.make_kwargs(env_id)
+    )
     return VecFrameStack(envs, frame_stack) if frame_stack > 1 else envs
 
 
-def make_sb3_envs(env_id: str, settings: dict[str, Any], seed: int, num_envs: int | None = None) -> Any:
+def make_sb3_envs(
+    env_id: str, settings: dict[str, Any], seed: int, num_envs: int | None = None
+) -> Any:
     """The SB3 vector env of `settings` (`num_envs` of them, default the settings'): `sb3_atari_env` for an Atari
     game, else `sb3_vec_env`; in VecNormalize when observations or rewards are normalised."""
     from stable_baselines3.common.vec_env import VecNormalize
@@ -259,13 +297,23 @@ def build_sb3_model(algo: str, settings: dict[str, Any], envs: Any, seed: int) -
         action_space = envs.action_space
         # SB3 adds the noise to the action scaled to [-1, 1], so its scale is in half-ranges already, as the script's.
         noise_std = np.full(action_space.shape, settings["exploration_noise"])
-        policy_kwargs = {"net_arch": hidden, "activation_fn": activation, **settings.get("policy_kwargs", {})}
-        if settings.get("noise", "gaussian") == "ou":  # the DDPG paper's discrete form: a time step of 1
-            action_noise = OrnsteinUhlenbeckActionNoise(np.zeros(action_space.shape), noise_std, theta=0.15, dt=1.0)
+        policy_kwargs = {
+            "net_arch": hidden,
+            "activation_fn": activation,
+            **settings.get("policy_kwargs", {}),
+        }
+        if (
+            settings.get("noise", "gaussian") == "ou"
+        ):  # the DDPG paper's discrete form: a time step of 1
+            action_noise = OrnsteinUhlenbeckActionNoise(
+                np.zeros(action_space.shape), noise_std, theta=0.15, dt=1.0
+            )
         else:
             action_noise = NormalActionNoise(np.zeros(action_space.shape), noise_std)
         algorithm = DDPG if algo == "ddpg" else TD3
-        return algorithm("MlpPolicy", envs, action_noise=action_noise, policy_kwargs=policy_kwargs, **common)
+        return algorithm(
+            "MlpPolicy", envs, action_noise=action_noise, policy_kwargs=policy_kwargs, **common
+        )
     policy_kwargs = {"net_arch": {"pi": hidden, "vf": hidden}, "activation_fn": activation}
     policy_kwargs.update(settings.get("policy_kwargs", {}))
     encoder = "Cnn" if "atari_frame_stack" in settings else "Mlp"
@@ -285,14 +333,23 @@ def evaluate_sb3(model: Any, train_envs: Any, args: Sb3Args) -> list[float]:
 
     if not args.eval_episodes:
         return []
-    unnormalised = {**json.loads(args.settings), "norm_obs": False, "norm_reward": False, "async_envs": False}
+    unnormalised = {
+        **json.loads(args.settings),
+        "norm_obs": False,
+        "norm_reward": False,
+        "async_envs": False,
+    }
     env = make_sb3_envs(args.env_id, unnormalised, args.seed + 10_000, num_envs=1)
     if isinstance(train_envs, VecNormalize):
         env = VecNormalize(env, training=False, norm_reward=False, norm_obs=train_envs.norm_obs)
         if train_envs.norm_obs:  # SB3 makes no statistics without it
             env.obs_rms = train_envs.obs_rms
     returns, _ = evaluate_policy(
-        model, env, n_eval_episodes=args.eval_episodes, deterministic=True, return_episode_rewards=True
+        model,
+        env,
+        n_eval_episodes=args.eval_episodes,
+        deterministic=True,
+        return_episode_rewards=True,
     )
     env.close()
     return [float(value) for value in returns]
@@ -306,5 +363,7 @@ if __name__ == "__main__":
         "sb3": (Sb3Args, sb3),
         "random-policy": (RandomPolicyArgs, random_policy),
     }
-    command = tyro.extras.subcommand_cli_from_dict({name: args for name, (args, _) in commands.items()})
+    command = tyro.extras.subcommand_cli_from_dict(
+        {name: args for name, (args, _) in commands.items()}
+    )
     next(function for args, function in commands.values() if isinstance(command, args))(command)

@@ -113,7 +113,12 @@ class Case:
 
 # The issue asks for 475 "within 500k steps": reached by then, the end's last-100 return shown beside it.
 CARTPOLE_NOVEL_500K = Case(
-    "ppo_lstm", "CartPoleNoVel-v1", 500_000, threshold=475.0, judged_on="reached", compare_with="ppo_fc"
+    "ppo_lstm",
+    "CartPoleNoVel-v1",
+    500_000,
+    threshold=475.0,
+    judged_on="reached",
+    compare_with="ppo_fc",
 )
 
 # Continuous actions: the one set of flags for every continuous task (docs/ppo_lstm.md), as CleanRL keeps
@@ -128,7 +133,9 @@ CONTINUOUS_FLAGS: tuple[str, ...] = (
 # hold 100 Pendulum episodes of 200 steps, the random ones included: the training return is the last 10's.
 DDPG_PENDULUM = Case("ddpg", "Pendulum-v1", 20_000, threshold=-200.0, window=10)
 # Wall-clock to solve: steps and seconds until the last-10 mean first reaches -200, beside the SB3 baseline.
-DDPG_PENDULUM_TO_SOLVE = Case("ddpg", "Pendulum-v1", 50_000, threshold=-200.0, judged_on="reached", window=10)
+DDPG_PENDULUM_TO_SOLVE = Case(
+    "ddpg", "Pendulum-v1", 50_000, threshold=-200.0, judged_on="reached", window=10
+)
 # MuJoCo: the issue asks for 3,000 at 100k on HalfCheetah-v5 (CleanRL's DDPG: 10,374 ± 157 on HalfCheetah-v4 and
 # 1,576 ± 819 on Hopper-v4, at 1M); Hopper-v5 has no threshold, its returns are reported beside the baseline's.
 DDPG_MUJOCO: tuple[Case, ...] = (
@@ -141,7 +148,9 @@ DDPG_MUJOCO: tuple[Case, ...] = (
 # is the quick suite's check that learning happens at all.
 PPO_FC_CARTPOLE_500K = Case("ppo_fc", "CartPole-v1", 500_000, threshold=490.0)
 PPO_FC_CARTPOLE_100K = Case("ppo_fc", "CartPole-v1", 100_000, threshold=150.0)
-LSTM_CARTPOLE_500K = Case("ppo_lstm", "CartPole-v1", 500_000, threshold=490.0, compare_with="ppo_fc")
+LSTM_CARTPOLE_500K = Case(
+    "ppo_lstm", "CartPole-v1", 500_000, threshold=490.0, compare_with="ppo_fc"
+)
 CASES: tuple[Case, ...] = (
     PPO_FC_CARTPOLE_500K,
     PPO_FC_CARTPOLE_100K,
@@ -171,7 +180,8 @@ CASES: tuple[Case, ...] = (
 
 # Variants of a row that only a suite runs: a lookup by script, env and steps gives the row itself.
 BPTT_VARIANTS: tuple[Case, ...] = tuple(
-    replace(CARTPOLE_NOVEL_500K, flags=("--bptt-len", str(length)), compare_with=None) for length in (32, 8)
+    replace(CARTPOLE_NOVEL_500K, flags=("--bptt-len", str(length)), compare_with=None)
+    for length in (32, 8)
 )
 
 # ddpg.py's --num-envs: each vector step brings num_envs transitions and as many updates (docs/ddpg.md).
@@ -195,15 +205,26 @@ def memory_case(env_id: str, total_timesteps: int, task_max: float, reference: P
 # Maxima: CartPole pays 1 a step for at most 500 steps; Pendulum's reward is at most 0; popgym scales every task's
 # episode return into [-1, 1] (its pendulum's into [0, 1]); MiniGrid pays at most 1, at the goal.
 MEMORY_CASES: tuple[Case, ...] = (
-    memory_case("CartPoleNoVel-v1", 500_000, 500.0, Published(498.0, "the RL Zoo's RecurrentPPO, 498 ± 7 at 100k")),
+    memory_case(
+        "CartPoleNoVel-v1",
+        500_000,
+        500.0,
+        Published(498.0, "the RL Zoo's RecurrentPPO, 498 ± 7 at 100k"),
+    ),
     memory_case("popgym-RepeatFirstEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS),
     memory_case("popgym-CountRecallEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS),
     memory_case("popgym-PositionOnlyCartPoleEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS),
     memory_case("MiniGrid-MemoryS7-v0", 500_000, 1.0, replace(RECURRENT_PPO_RUNS, seeds=(1,))),
     memory_case(
-        "PendulumNoVel-v1", 500_000, 0.0, Published(-218.0, "RecurrentPPO, -218 ± 140 (issue 11)"), CONTINUOUS_FLAGS
+        "PendulumNoVel-v1",
+        500_000,
+        0.0,
+        Published(-218.0, "RecurrentPPO, -218 ± 140 (issue 11)"),
+        CONTINUOUS_FLAGS,
     ),
-    memory_case("popgym-PositionOnlyPendulumEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS, CONTINUOUS_FLAGS),
+    memory_case(
+        "popgym-PositionOnlyPendulumEasy-v0", 300_000, 1.0, RECURRENT_PPO_RUNS, CONTINUOUS_FLAGS
+    ),
 )
 
 # ppo_transformer.py's continuous set (docs/ppo_transformer.md): ppo_lstm's rollout shape and horizon; its
@@ -211,7 +232,10 @@ MEMORY_CASES: tuple[Case, ...] = (
 TRANSFORMER_CONTINUOUS_FLAGS: tuple[str, ...] = (
     "--num-envs", "4", "--num-steps", "1024", "--num-minibatches", "4", "--gamma", "0.9",
 )  # fmt: skip
-CONTINUOUS_FLAGS_OF = {"ppo_lstm": CONTINUOUS_FLAGS, "ppo_transformer": TRANSFORMER_CONTINUOUS_FLAGS}
+CONTINUOUS_FLAGS_OF = {
+    "ppo_lstm": CONTINUOUS_FLAGS,
+    "ppo_transformer": TRANSFORMER_CONTINUOUS_FLAGS,
+}
 """each memory script's one set of flags for continuous actions"""
 # The memory suite's tasks for ppo_transformer.py, judged against the same references.
 TRANSFORMER_MEMORY_CASES: tuple[Case, ...] = tuple(
@@ -225,7 +249,8 @@ TRANSFORMER_MEMORY_CASES: tuple[Case, ...] = tuple(
 
 # The same without --prev-action-reward: ppo_lstm has no such input (docs/ppo_transformer.md).
 TRANSFORMER_MEMORY_CASES_WITHOUT_PREVIOUS: tuple[Case, ...] = tuple(
-    replace(case, flags=(*case.flags, "--no-prev-action-reward")) for case in TRANSFORMER_MEMORY_CASES
+    replace(case, flags=(*case.flags, "--no-prev-action-reward"))
+    for case in TRANSFORMER_MEMORY_CASES
 )
 
 # The memory-length study (docs/ppo_transformer.md): RepeatCue-v0 (probe_envs) shows a cue at its first step and
@@ -268,7 +293,9 @@ POPGYM_EASY_TASKS: tuple[str, ...] = (
     "RepeatFirst", "RepeatPrevious", "VelocityOnlyCartpole",
 )  # fmt: skip
 POPGYM_EASY_IDS: tuple[str, ...] = tuple(f"popgym-{task}Easy-v0" for task in POPGYM_EASY_TASKS)
-POPGYM_CONTINUOUS = frozenset({"popgym-PositionOnlyPendulumEasy-v0", "popgym-NoisyPositionOnlyPendulumEasy-v0"})
+POPGYM_CONTINUOUS = frozenset(
+    {"popgym-PositionOnlyPendulumEasy-v0", "popgym-NoisyPositionOnlyPendulumEasy-v0"}
+)
 LSTM_LEARNED = Learned(0.2)
 
 
@@ -278,20 +305,29 @@ def breadth_cases(env_id: str, total_timesteps: int = 300_000) -> tuple[Case, Ca
     def case(script: str, reference: Learned | SameRun) -> Case:
         flags = CONTINUOUS_FLAGS_OF[script] if env_id in POPGYM_CONTINUOUS else ()
         return Case(
-            script, env_id, total_timesteps, flags=flags, judged_on="reference", reference=reference, task_max=1.0
+            script,
+            env_id,
+            total_timesteps,
+            flags=flags,
+            judged_on="reference",
+            reference=reference,
+            task_max=1.0,
         )
 
     lstm = case("ppo_lstm", LSTM_LEARNED)
     return lstm, case("ppo_transformer", SameRun(lstm, LSTM_LEARNED))
 
 
-BREADTH_CASES: tuple[Case, ...] = tuple(case for env_id in POPGYM_EASY_IDS for case in breadth_cases(env_id))
+BREADTH_CASES: tuple[Case, ...] = tuple(
+    case for env_id in POPGYM_EASY_IDS for case in breadth_cases(env_id)
+)
 
 
 # ppo_lstm's advantage normalisation on the mission's own command (CartPole-v1, 500k): 490 or more on 8 of 8 seeds
 # with the defaults, and without --norm-adv (the transformer's default), alone: ppo_fc's SPS is not asked for.
 LSTM_CARTPOLE_NORM_ADV: tuple[Case, ...] = tuple(
-    replace(LSTM_CARTPOLE_500K, flags=flags, compare_with=None) for flags in ((), ("--no-norm-adv",))
+    replace(LSTM_CARTPOLE_500K, flags=flags, compare_with=None)
+    for flags in ((), ("--no-norm-adv",))
 )
 
 
@@ -301,7 +337,9 @@ LSTM_MEMORY_WITHOUT_NORM_ADV: tuple[Case, ...] = tuple(
     replace(case, flags=(*case.flags, "--no-norm-adv")) for case in MEMORY_CASES
 )
 LSTM_BREADTH_WITHOUT_NORM_ADV: tuple[Case, ...] = tuple(
-    replace(case, flags=(*case.flags, "--no-norm-adv")) for case in BREADTH_CASES if case.script == "ppo_lstm"
+    replace(case, flags=(*case.flags, "--no-norm-adv"))
+    for case in BREADTH_CASES
+    if case.script == "ppo_lstm"
 )
 
 
@@ -309,7 +347,11 @@ LSTM_BREADTH_WITHOUT_NORM_ADV: tuple[Case, ...] = tuple(
 # (twice the envs, so twice the global batch), and in two with the same global batch (half the envs each: ppo_fc's
 # default is 4). The one-process variant is the case itself, its key that of its row.
 def distributed_variants(case: Case) -> tuple[Case, ...]:
-    return case, replace(case, nproc=2), replace(case, nproc=2, flags=(*case.flags, "--num-envs", "2"))
+    return (
+        case,
+        replace(case, nproc=2),
+        replace(case, nproc=2, flags=(*case.flags, "--num-envs", "2")),
+    )
 
 
 # The issue's comparison of learning, every variant judged on the 500k row's threshold (490 on training).
@@ -332,7 +374,9 @@ ATARI_FLAGS = {
     ),
 }  # fmt: skip
 ATARI_CASES: tuple[Case, ...] = tuple(
-    Case(script, game, 100_000, flags=flags) for game in ATARI_GAMES for script, flags in ATARI_FLAGS.items()
+    Case(script, game, 100_000, flags=flags)
+    for game in ATARI_GAMES
+    for script, flags in ATARI_FLAGS.items()
 )
 # ppo_transformer.py with ppo_atari_lstm.py's settings (its own --no-norm-adv and --target-kl 0.02 set back to
 # CleanRL's), beside ppo_lstm.py with the same, on Breakout.
@@ -363,7 +407,9 @@ class Suite(NamedTuple):
 
 SUITES: dict[str, Suite] = {
     "quick": Suite((("ppo_fc", "CartPole-v1", 100_000),), (1, 2)),  # a few minutes on 2 cores
-    "full": Suite((("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3, 4, 5)),  # the numbers in the README
+    "full": Suite(
+        (("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3, 4, 5)
+    ),  # the numbers in the README
     "recurrent": Suite(  # ppo_lstm's numbers in the README
         (
             ("ppo_lstm", "CartPole-v1", 500_000),
@@ -391,10 +437,16 @@ SUITES: dict[str, Suite] = {
     "memory-speed": Suite(MEMORY_SPEED_CASES, (1,), eval_episodes=0),
     # ppo_transformer.py's defaults on the memory suite's tasks, against the same references (docs/ppo_transformer.md)
     "memory-transformer": Suite(TRANSFORMER_MEMORY_CASES, (1, 2, 3), eval_episodes=20),
-    "memory-transformer-no-par": Suite(TRANSFORMER_MEMORY_CASES_WITHOUT_PREVIOUS, (1, 2, 3), eval_episodes=20),
+    "memory-transformer-no-par": Suite(
+        TRANSFORMER_MEMORY_CASES_WITHOUT_PREVIOUS, (1, 2, 3), eval_episodes=20
+    ),
     # ppo_transformer.py on CartPole-v1 (beside ppo_fc.py, for SPS) and CartPoleNoVel-v1
     "transformer": Suite(
-        (("ppo_transformer", "CartPole-v1", 500_000), ("ppo_transformer", "CartPoleNoVel-v1", 500_000)), (1, 2, 3)
+        (
+            ("ppo_transformer", "CartPole-v1", 500_000),
+            ("ppo_transformer", "CartPoleNoVel-v1", 500_000),
+        ),
+        (1, 2, 3),
     ),
     # a cue beyond ppo_transformer.py's receptive field, with and without --prev-action-reward, beside ppo_lstm.py
     "memory-length": Suite(MEMORY_LENGTH_CASES, (1, 2), eval_episodes=20),

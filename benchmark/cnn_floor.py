@@ -21,14 +21,18 @@ from common.cli import exit_status
 from common.envs import env_spaces, resolve_env_id
 
 
-def update_floor_seconds(script_name: str, flags: list[str], repeats: int = 20) -> tuple[float, int]:
+def update_floor_seconds(
+    script_name: str, flags: list[str], repeats: int = 20
+) -> tuple[float, int]:
     """Seconds of an iteration's update that the network's arithmetic takes, and the threads it ran on."""
     script, args, agent = floor_agent(script_name, flags)
     observation_space, _, _ = env_spaces(script.make_env(resolve_env_id(args.env_id)))
     recurrent = script_name == "ppo_lstm"
     sequence_len = (args.bptt_len or args.num_steps) if recurrent else 1
     minibatch_size = args.num_envs * args.num_steps // args.num_minibatches // sequence_len
-    frames = random_observations(observation_space, *((sequence_len,) if recurrent else ()), minibatch_size)
+    frames = random_observations(
+        observation_space, *((sequence_len,) if recurrent else ()), minibatch_size
+    )
     actions = torch.randint(0, agent.action_size, frames.shape[: 2 if recurrent else 1])
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
@@ -42,7 +46,9 @@ def update_floor_seconds(script_name: str, flags: list[str], repeats: int = 20) 
             logprob, entropy = policy.log_prob(actions), policy.entropy()
         else:
             _, logprob, entropy, value = agent.get_action_and_value(frames, actions)
-        loss = -logprob.mean() - args.ent_coef * entropy.mean() + args.vf_coef * value.square().mean()
+        loss = (
+            -logprob.mean() - args.ent_coef * entropy.mean() + args.vf_coef * value.square().mean()
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -57,7 +63,9 @@ def main() -> None:
     options, flags = parser.parse_known_args()
     flags = flags or ["--env-id", ENV_ID, *OURS[options.script][1:], "--total-timesteps", "6144"]
     floor, threads = update_floor_seconds(options.script, flags)
-    update = median_after_first(script_sessions(f"{options.script}.py", flags), "perf/update_seconds")
+    update = median_after_first(
+        script_sessions(f"{options.script}.py", flags), "perf/update_seconds"
+    )
     print(f"floor {floor:.2f} s per iteration ({threads} threads); the script's update {update:.2f} s: "
           f"{floor / update:.2f} of the floor's speed")  # fmt: skip
 

@@ -32,9 +32,16 @@ REPEATS = 500
 
 def sps_after(sessions: list, step: int) -> float:
     """SPS between the first charts/SPS record at or past `step` and the last record."""
-    records = [record for session in sessions for record in session.scalars.get(SPS_TAG, []) if record.step >= step]
+    records = [
+        record
+        for session in sessions
+        for record in session.scalars.get(SPS_TAG, [])
+        if record.step >= step
+    ]
     if len(records) < 2:
-        raise ValueError(f"the run logged fewer than two SPS records after step {step}: give it more steps")
+        raise ValueError(
+            f"the run logged fewer than two SPS records after step {step}: give it more steps"
+        )
     return (records[-1].step - records[0].step) / (records[-1].wall_time - records[0].wall_time)
 
 
@@ -47,10 +54,14 @@ def loop_seconds(flags: list[str]) -> dict[str, float]:
     space = envs.single_action_space
     actions = np.stack([space.sample() for _ in range(args.num_envs)]).astype(np.float32)
     observation_size, action_size = observations.shape[1], actions.shape[1]
-    rb = script.ReplayBuffer(min(args.buffer_size, args.total_timesteps), observation_size, action_size)
+    rb = script.ReplayBuffer(
+        min(args.buffer_size, args.total_timesteps), observation_size, action_size
+    )
     while not rb.full:
         rows = np.random.randn(1024, observation_size).astype(np.float32)
-        rb.add(rows, rows, np.zeros((1024, action_size), np.float32), np.zeros(1024), np.zeros(1024))
+        rb.add(
+            rows, rows, np.zeros((1024, action_size), np.float32), np.zeros(1024), np.zeros(1024)
+        )
     noise_state = np.zeros_like(actions)
     starts = np.zeros(args.num_envs, dtype=bool)
     half_range = agent.actor.action_scale.numpy()
@@ -65,7 +76,9 @@ def loop_seconds(flags: list[str]) -> dict[str, float]:
     per_step = {
         "env step": median_seconds(lambda: envs.step(actions), REPEATS),
         "action and noise": median_seconds(act, REPEATS),
-        "buffer add": median_seconds(lambda: rb.add(observations, observations, actions, rewards, starts), REPEATS),
+        "buffer add": median_seconds(
+            lambda: rb.add(observations, observations, actions, rewards, starts), REPEATS
+        ),
     }
     envs.close()
     seconds = {part: value / args.num_envs for part, value in per_step.items()}
@@ -85,9 +98,19 @@ def floor_seconds(flags: list[str]) -> float:
 def train_sessions(flags: list[str]) -> list:
     """The sessions of a ddpg.py run with `flags`, no evaluation and no checkpoint, in a folder deleted after."""
     with tempfile.TemporaryDirectory() as run_dir:
-        command = [sys.executable, str(REPO / "ddpg.py"), *flags, "--no-progress", "--eval-episodes", "0"]
+        command = [
+            sys.executable,
+            str(REPO / "ddpg.py"),
+            *flags,
+            "--no-progress",
+            "--eval-episodes",
+            "0",
+        ]
         subprocess.run(
-            [*command, "--no-save-model", "--run-dir", run_dir], cwd=REPO, check=True, stdout=subprocess.DEVNULL
+            [*command, "--no-save-model", "--run-dir", run_dir],
+            cwd=REPO,
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         return load_sessions(find_run_dirs([run_dir])[0])
 
@@ -103,10 +126,16 @@ def main() -> int:
         after = sps_after(sessions, args.learning_starts + SETTLE_STEPS)
         parts = loop_seconds(flags)
         print(f"ddpg.py {' '.join(flags)}")
-        print(f"floor: {floors[0] * 1e3:.2f} ms per transition before the run, {floors[1] * 1e3:.2f} after")
+        print(
+            f"floor: {floors[0] * 1e3:.2f} ms per transition before the run, {floors[1] * 1e3:.2f} after"
+        )
         print(f"SPS over the whole run: {steps_per_second(sessions):,.0f}")
-        print(f"SPS after --learning-starts: {after:,.0f}, {after * floor:.0%} of the floor's {1 / floor:,.0f}")
-        print(f"per transition after it: {1e3 / after:.2f} ms, of which the floor {floor * 1e3:.2f} ms and")
+        print(
+            f"SPS after --learning-starts: {after:,.0f}, {after * floor:.0%} of the floor's {1 / floor:,.0f}"
+        )
+        print(
+            f"per transition after it: {1e3 / after:.2f} ms, of which the floor {floor * 1e3:.2f} ms and"
+        )
         for part, seconds in parts.items():
             print(f"  {part}: {seconds * 1e3:.3f} ms")
         rest = 1 / after - floor - sum(parts.values())

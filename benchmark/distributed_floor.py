@@ -35,11 +35,15 @@ from benchmark.registry import REPO, launcher
 from common.cli import exit_status
 
 
-def time_all_reduces(rank: int, world_size: int, port: int, size: int, calls: int, results: mp.Queue) -> None:
+def time_all_reduces(
+    rank: int, world_size: int, port: int, size: int, calls: int, results: mp.Queue
+) -> None:
     """In each of `world_size` processes: `calls` all-reduces of `size` float32 after 50 that warm up; rank 0 puts
     the seconds of each in `results`."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
     buffer = torch.zeros(size)
     for _ in range(50):
         dist.all_reduce(buffer)
@@ -61,7 +65,9 @@ def all_reduce_seconds(size: int, calls: int, world_size: int = 2) -> np.ndarray
     context = mp.get_context("spawn")
     results = context.Queue()
     workers = [
-        context.Process(target=time_all_reduces, args=(rank, world_size, port, size, calls, results))
+        context.Process(
+            target=time_all_reduces, args=(rank, world_size, port, size, calls, results)
+        )
         for rank in range(world_size)
     ]
     for worker in workers:
@@ -75,7 +81,15 @@ def all_reduce_seconds(size: int, calls: int, world_size: int = 2) -> np.ndarray
 def run_script(flags: list[str], nproc: int, total_timesteps: int, out: Path) -> dict[str, float]:
     """Run ppo_fc.py with `flags` in `nproc` processes; its mean seconds per iteration of each perf key (the first
     iteration left out: start-up) and its SPS."""
-    base = ["ppo_fc.py", *flags, "--total-timesteps", str(total_timesteps), "--no-progress", "--eval-episodes", "0"]
+    base = [
+        "ppo_fc.py",
+        *flags,
+        "--total-timesteps",
+        str(total_timesteps),
+        "--no-progress",
+        "--eval-episodes",
+        "0",
+    ]
     base += ["--no-save-model", "--run-dir", str(out)]
     subprocess.run([*launcher(nproc), *base], cwd=REPO, check=True, capture_output=True)
     (run_dir,) = out.iterdir()
@@ -93,12 +107,17 @@ def run_script(flags: list[str], nproc: int, total_timesteps: int, out: Path) ->
 def main() -> int:
     def run() -> None:
         parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-        parser.add_argument("--iterations", type=int, default=60, help="iterations of each run of the script")
+        parser.add_argument(
+            "--iterations", type=int, default=60, help="iterations of each run of the script"
+        )
         parser.add_argument("--calls", type=int, default=1000, help="all-reduces timed")
         options, flags = parser.parse_known_args()
         _, args, agent = floor_agent("ppo_fc", flags)
         size = sum(parameter.numel() for parameter in agent.parameters())
-        steps, minibatch_steps = args.num_envs * args.num_steps, args.update_epochs * args.num_minibatches
+        steps, minibatch_steps = (
+            args.num_envs * args.num_steps,
+            args.update_epochs * args.num_minibatches,
+        )
         seconds = all_reduce_seconds(size, options.calls)
         mean, median, p90 = seconds.mean(), np.median(seconds), np.percentile(seconds, 90)
         print(f"all-reduce of the {size:,} gradients between 2 processes ({options.calls} calls): mean {mean * 1e3:.2f}"

@@ -44,7 +44,10 @@ class Session:
     @property
     def last_record_time(self) -> float:
         """The wall time of its last scalar record (its start while it has none)."""
-        return max((event.wall_time for records in self.scalars.values() for event in records), default=self.start)
+        return max(
+            (event.wall_time for records in self.scalars.values() for event in records),
+            default=self.start,
+        )
 
 
 def read_session(events_file: str | Path) -> Session | None:
@@ -58,7 +61,9 @@ def read_session(events_file: str | Path) -> Session | None:
             purge_step = event.step if purge_step is None else min(purge_step, event.step)
         for value in event.summary.value:
             if value.HasField("simple_value"):  # the scalars EventAccumulator.Scalars gives
-                scalars.setdefault(value.tag, []).append(ScalarEvent(event.wall_time, event.step, value.simple_value))
+                scalars.setdefault(value.tag, []).append(
+                    ScalarEvent(event.wall_time, event.step, value.simple_value)
+                )
     return None if start is None else Session(Path(events_file), start, purge_step, scalars)
 
 
@@ -66,13 +71,18 @@ def load_sessions(run_dir: str | Path) -> list[Session]:
     """The sessions of a run folder (or of one events file) in the order they started, each keeping only the records
     below the purge steps of the sessions after it."""
     path = Path(run_dir)
-    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if io_wrapper.IsSummaryEventsFile(str(p)))
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(p for p in path.iterdir() if io_wrapper.IsSummaryEventsFile(str(p)))
+    )
     sessions = sorted(filter(None, map(read_session, files)), key=lambda session: session.start)
     cutoff: int | None = None  # the lowest purge step of the sessions after this one
     for session in reversed(sessions):
         if cutoff is not None:
             kept = {
-                tag: [event for event in records if event.step < cutoff] for tag, records in session.scalars.items()
+                tag: [event for event in records if event.step < cutoff]
+                for tag, records in session.scalars.items()
             }
             session.scalars = {tag: records for tag, records in kept.items() if records}
         if session.purge_step is not None:
@@ -102,7 +112,9 @@ def training_seconds(sessions: list[Session], tag: str) -> np.ndarray:
     seconds: list[float] = []
     elapsed = 0.0  # the training time of the sessions before this one
     for session in sessions:
-        seconds += [elapsed + event.wall_time - session.start for event in session.scalars.get(tag, [])]
+        seconds += [
+            elapsed + event.wall_time - session.start for event in session.scalars.get(tag, [])
+        ]
         elapsed += session.last_record_time - session.start
     return np.array(seconds, dtype=np.float64)
 
@@ -179,7 +191,11 @@ class RunSummary:
     @property
     def last_return(self) -> float | None:
         """The mean return of the last `window` training episodes."""
-        return float(np.mean(self.episode_returns[-self.window :])) if len(self.episode_returns) else None
+        return (
+            float(np.mean(self.episode_returns[-self.window :]))
+            if len(self.episode_returns)
+            else None
+        )
 
     @property
     def eval_return(self) -> float | None:
@@ -209,7 +225,10 @@ class RunSummary:
 
 
 def summarise_run(
-    run_dir: str | Path, script: str | None = None, env_id: str | None = None, window: int = LAST_EPISODES
+    run_dir: str | Path,
+    script: str | None = None,
+    env_id: str | None = None,
+    window: int = LAST_EPISODES,
 ) -> RunSummary:
     """Read one run folder; `script` and `env_id` default to what its name says."""
     run_dir = Path(run_dir)
@@ -224,7 +243,13 @@ def summarise_run(
     summary.eval_returns = [event.value for event in scalars.get(EVAL_TAG, [])]
     sps_records = scalars.get(SPS_TAG, [])
     # The last training step: the SPS records are training's only (evaluation writes none).
-    summary.steps = sps_records[-1].step if sps_records else int(summary.episode_steps[-1]) if len(episodes) else 0
+    summary.steps = (
+        sps_records[-1].step
+        if sps_records
+        else int(summary.episode_steps[-1])
+        if len(episodes)
+        else 0
+    )
     summary.sps = steps_per_second(sessions)
     if scalars.get(RSS_TAG):
         summary.peak_rss_mb = max(event.value for event in scalars[RSS_TAG])

@@ -30,7 +30,9 @@ def _die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_stoppable(command: list[str], cwd: Path, log_stem: Path, environment: dict[str, str]) -> subprocess.Popen:
+def start_stoppable(
+    command: list[str], cwd: Path, log_stem: Path, environment: dict[str, str]
+) -> subprocess.Popen:
     """Start `command` in a process group of its own, its output to `log_stem`.stdout and .stderr: a terminal's
     Ctrl-C does not reach it (the harness stops it, see `stop`), and on Linux it is sent SIGTERM if the harness dies."""
     with open(f"{log_stem}.stdout", "w") as stdout, open(f"{log_stem}.stderr", "w") as stderr:

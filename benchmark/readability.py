@@ -37,9 +37,16 @@ def read(path: Path) -> Reading:
     """The numbers of the script at `path` (None where it has no `train()` or `Args`)."""
     text = path.read_text()
     tree = ast.parse(text)
-    train = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "train"), None)
-    args = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"), None)
-    fields = [node.target.id for node in args.body if isinstance(node, ast.AnnAssign)] if args else []
+    train = next(
+        (node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "train"),
+        None,
+    )
+    args = next(
+        (node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"), None
+    )
+    fields = (
+        [node.target.id for node in args.body if isinstance(node, ast.AnnAssign)] if args else []
+    )
     lines = text.splitlines()
     return Reading(
         path.stem,
@@ -63,7 +70,9 @@ def table(readings: list[Reading]) -> list[str]:
     for r in readings:
         values = [r.lines, f"{r.characters:,}", r.long_lines, r.train_lines, r.train_start, r.args_fields,
                   r.env_id_position]  # fmt: skip
-        rows.append(f"| {r.script} | " + " | ".join("-" if v is None else str(v) for v in values) + " |")
+        rows.append(
+            f"| {r.script} | " + " | ".join("-" if v is None else str(v) for v in values) + " |"
+        )
     return rows
 
 

@@ -21,11 +21,20 @@ import torch
 
 from benchmark.registry import load_script, resolve_args
 from common.cli import exit_status
-from common.envs import env_spaces, observation_map, observation_tensor, observation_zeros, resolve_env_id
+from common.envs import (
+    env_spaces,
+    observation_map,
+    observation_tensor,
+    observation_zeros,
+    resolve_env_id,
+)
 
 
 def median_seconds(
-    step: Callable[[], object], repeats: int, warmup: int = 5, synchronize: Callable[[], object] = lambda: None
+    step: Callable[[], object],
+    repeats: int,
+    warmup: int = 5,
+    synchronize: Callable[[], object] = lambda: None,
 ) -> float:
     """The median time of `repeats` calls of `step`, after `warmup` that set up oneDNN's (or cuDNN's) kernels, with
     `synchronize` (a GPU's) before and after each timed call."""
@@ -47,7 +56,11 @@ def floor_agent(name: str, flags: list[str]) -> tuple[ModuleType, Any, torch.nn.
     torch.manual_seed(args.seed)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    return script, args, script.build_agent(args, None, torch.device("cpu"))  # which sets the default threads
+    return (
+        script,
+        args,
+        script.build_agent(args, None, torch.device("cpu")),
+    )  # which sets the default threads
 
 
 def random_observations(space: Any, *leading: int) -> Any:

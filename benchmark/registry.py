@@ -24,7 +24,9 @@ from common.envs import resolve_env_id, training_envs
 
 REPO = Path(__file__).resolve().parent.parent
 
-RUN_PLUMBING = "run plumbing: it changes where and how a run is logged, saved or evaluated, not how it trains"
+RUN_PLUMBING = (
+    "run plumbing: it changes where and how a run is logged, saved or evaluated, not how it trains"
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,9 @@ def shared_sb3_settings(args: Any) -> dict[str, Any]:
         "torch_threads": args.torch_threads,
         "learning_rate": args.learning_rate,
         "end_learning_rate": args.end_learning_rate if args.anneal_lr else args.learning_rate,
-        "hidden_sizes": [args.hidden_size, args.hidden_size] if hasattr(args, "hidden_size") else [],
+        "hidden_sizes": [args.hidden_size, args.hidden_size]
+        if hasattr(args, "hidden_size")
+        else [],
     }
 
 
@@ -184,7 +188,8 @@ def ddpg_sb3_settings(args: Any) -> dict[str, Any]:
             "tau": args.tau,
             "gamma": args.gamma,
             "train_freq": 1,
-            "gradient_steps": args.num_envs * args.updates_per_step,  # per vector step: num_envs transitions
+            "gradient_steps": args.num_envs
+            * args.updates_per_step,  # per vector step: num_envs transitions
             "policy_delay": args.policy_frequency,
             "target_policy_noise": 0.0,
             "target_noise_clip": 0.0,
@@ -308,7 +313,9 @@ HARNESS_SET = ("env_id", "total_timesteps", "seed", "eval_episodes", "run_dir", 
 """fields the harness gives every run itself (exp_name names the run after its script)"""
 
 
-def same_settings_flags(name: str, flags: tuple[str, ...] | list[str], other: str) -> tuple[str, ...]:
+def same_settings_flags(
+    name: str, flags: tuple[str, ...] | list[str], other: str
+) -> tuple[str, ...]:
     """Flags for script `other` that give it every setting it shares with script `name` run with `flags` (the fields
     of both `Args` with the same name), so that the two can be timed on equal terms; the result is parsed back and
     checked, a mismatch being a `ValueError`."""
@@ -327,14 +334,19 @@ def same_settings_flags(name: str, flags: tuple[str, ...] | list[str], other: st
     differing = [
         field_name
         for field_name in shared
-        if field_name not in HARNESS_SET and getattr(parsed, field_name) != getattr(args, field_name)
+        if field_name not in HARNESS_SET
+        and getattr(parsed, field_name) != getattr(args, field_name)
     ]
     if differing:
-        raise ValueError(f"{other} could not be given the settings {', '.join(differing)} of {name} {' '.join(flags)}")
+        raise ValueError(
+            f"{other} could not be given the settings {', '.join(differing)} of {name} {' '.join(flags)}"
+        )
     return tuple(derived)
 
 
-if __name__ == "__main__":  # python -m benchmark.registry SCRIPT [FLAGS...]: the baseline's settings, as JSON
+if (
+    __name__ == "__main__"
+):  # python -m benchmark.registry SCRIPT [FLAGS...]: the baseline's settings, as JSON
     import json
 
     name, *script_flags = sys.argv[1:]

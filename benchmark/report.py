@@ -12,7 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import LAST_EPISODES, RunSummary, safe_name, trailing_mean
-from benchmark.statistics import MIN_SEEDS_FOR_IQM, iqm, iqm_interval, mean_std, median_steps_to_threshold
+from benchmark.statistics import (
+    MIN_SEEDS_FOR_IQM,
+    iqm,
+    iqm_interval,
+    mean_std,
+    median_steps_to_threshold,
+)
 
 SMOOTHING_EPISODES = 20
 """learning curves show the mean of a trailing window of this many episodes"""
@@ -98,18 +104,28 @@ def row_numbers(row: Row) -> RowNumbers:
         low, high = iqm_interval([last_returns])
     on_training = row.threshold is not None and row.judged_on in ("training", "reached")
     to_threshold = [run.steps_to_reach(row.threshold) for run in runs] if on_training else []
-    seconds_to_threshold = [run.seconds_to_reach(row.threshold) for run in runs] if on_training else []
+    seconds_to_threshold = (
+        [run.seconds_to_reach(row.threshold) for run in runs] if on_training else []
+    )
     median = median_steps_to_threshold(to_threshold)
-    (return_mean, return_std), (eval_mean, eval_std), (sps_mean, sps_std) = map(mean_std, (last_returns, evals, sps))
+    (return_mean, return_std), (eval_mean, eval_std), (sps_mean, sps_std) = map(
+        mean_std, (last_returns, evals, sps)
+    )
     verdict = "-"
     if row.judged and row.threshold is not None:
         if row.judged_on == "reached":  # -inf for a seed that never reached it
-            judged_returns = [row.threshold if steps is not None else -math.inf for steps in to_threshold]
+            judged_returns = [
+                row.threshold if steps is not None else -math.inf for steps in to_threshold
+            ]
         else:
             judged_returns = last_returns if row.judged_on == "training" else evals
         passed = runs and not row.failed_seeds and len(judged_returns) == len(runs)
         # Against a reference the mean over seeds is judged; otherwise every seed.
-        judged = np.mean(judged_returns) if row.judged_on == "reference" and passed else min(judged_returns, default=0)
+        judged = (
+            np.mean(judged_returns)
+            if row.judged_on == "reference" and passed
+            else min(judged_returns, default=0)
+        )
         verdict = "PASS" if passed and judged >= row.threshold else "FAIL"
     elif row.judged and row.failed_seeds:
         verdict = "FAIL"
@@ -136,10 +152,14 @@ def row_numbers(row: Row) -> RowNumbers:
         median_steps_to_threshold=None if median is None or math.isinf(median) else median,
         median_beyond_budget=median is not None and math.isinf(median),
         seconds_to_threshold=seconds_to_threshold,
-        median_seconds_to_threshold=median_to_reach(runs, row.threshold, seconds=True) if on_training else None,
+        median_seconds_to_threshold=median_to_reach(runs, row.threshold, seconds=True)
+        if on_training
+        else None,
         sps_mean=sps_mean,
         sps_std=sps_std,
-        peak_rss_mb=max((run.peak_rss_mb for run in runs if run.peak_rss_mb is not None), default=None),
+        peak_rss_mb=max(
+            (run.peak_rss_mb for run in runs if run.peak_rss_mb is not None), default=None
+        ),
         verdict=verdict,
         window=runs[0].window if runs else LAST_EPISODES,
     )
@@ -173,7 +193,10 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def speed_numbers(
-    row: RowNumbers, raw_env_sps: float | None, baseline: RowNumbers | None, reference: RowNumbers | None = None
+    row: RowNumbers,
+    raw_env_sps: float | None,
+    baseline: RowNumbers | None,
+    reference: RowNumbers | None = None,
 ) -> SpeedNumbers:
     baseline_sps = baseline.sps_mean if baseline is not None else None
     reference_sps = reference.sps_mean if reference is not None else None
@@ -199,7 +222,11 @@ def speed_numbers(
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.{digits}f}"
+    return (
+        "n/a"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{value:,.{digits}f}"
+    )
 
 
 def with_flags(label: str, flags: Sequence[str]) -> str:
@@ -233,7 +260,9 @@ def threshold_text(numbers: RowNumbers) -> str:
     if numbers.judged_on == "eval":
         return f"- (judged on the eval return ≥ {numbers.threshold:g})"
     if numbers.judged_on == "reference":
-        return f"- (judged on the mean eval return ≥ {numbers.threshold:.4g}: see the reference table)"
+        return (
+            f"- (judged on the mean eval return ≥ {numbers.threshold:.4g}: see the reference table)"
+        )
     reached = sum(steps is not None for steps in numbers.steps_to_threshold)
     budget = f"> {numbers.total_timesteps:,}" if numbers.total_timesteps else "beyond the budget"
     median = budget if numbers.median_beyond_budget else fmt(numbers.median_steps_to_threshold, 0)
@@ -259,7 +288,10 @@ def results_table(rows: Sequence[RowNumbers]) -> list[str]:
     ]
     lines = []
     for numbers in rows:
-        seeds = [*(str(seed) for seed in numbers.seeds), *(f"{seed} (failed)" for seed in numbers.failed_seeds)]
+        seeds = [
+            *(str(seed) for seed in numbers.seeds),
+            *(f"{seed} (failed)" for seed in numbers.failed_seeds),
+        ]
         iqm_text = "-"
         if numbers.last_return_iqm is not None:
             iqm_text = f"{fmt(numbers.last_return_iqm)} [{fmt(numbers.last_return_iqm_low)}, "
@@ -358,12 +390,17 @@ def share_of_range(value: float | None, low: float | None, high: float) -> float
     return None if value is None or low is None or high == low else (value - low) / (high - low)
 
 
-def median_to_reach(runs: Sequence[RunSummary], threshold: float | None, seconds: bool) -> float | None:
+def median_to_reach(
+    runs: Sequence[RunSummary], threshold: float | None, seconds: bool
+) -> float | None:
     """The median over `runs` of the steps (or seconds of training) to `threshold`, a run that never reaches it
     counting as beyond; None when the median run never reaches it."""
     if threshold is None or not runs:
         return None
-    reach = [run.seconds_to_reach(threshold) if seconds else run.steps_to_reach(threshold) for run in runs]
+    reach = [
+        run.seconds_to_reach(threshold) if seconds else run.steps_to_reach(threshold)
+        for run in runs
+    ]
     median = median_steps_to_threshold(reach)
     return None if median is None or math.isinf(median) else median
 
@@ -444,10 +481,18 @@ def plot_learning_curves(rows: Sequence[Row], out: Path) -> list[Path]:
                 if curve is None:
                     continue
                 grid, curves = curve
-                name = plain_name(row) + (f" ({row.total_timesteps:,} steps)" if row.total_timesteps else "")
+                name = plain_name(row) + (
+                    f" ({row.total_timesteps:,} steps)" if row.total_timesteps else ""
+                )
                 line = axes.plot(grid, curves.mean(0), label=f"{name}, {len(curves)} seeds")[0]
-                axes.fill_between(grid, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.2)
-            axes.set(title=env_id, xlabel=label, ylabel=f"episodic return (mean of {SMOOTHING_EPISODES} episodes)")
+                axes.fill_between(
+                    grid, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.2
+                )
+            axes.set(
+                title=env_id,
+                xlabel=label,
+                ylabel=f"episodic return (mean of {SMOOTHING_EPISODES} episodes)",
+            )
             axes.grid(alpha=0.3)
             if axes.has_data():
                 axes.legend()
@@ -464,16 +509,28 @@ def plot_sps(bars: Sequence[tuple[str, list[float]]], path: Path) -> Path:
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(max(5, 1.4 * len(bars) + 2), 4.5))
     means = [float(np.mean(values)) if values else 0.0 for _, values in bars]
-    low = [mean - min(values) if values else 0.0 for mean, (_, values) in zip(means, bars, strict=True)]
-    high = [max(values) - mean if values else 0.0 for mean, (_, values) in zip(means, bars, strict=True)]
+    low = [
+        mean - min(values) if values else 0.0 for mean, (_, values) in zip(means, bars, strict=True)
+    ]
+    high = [
+        max(values) - mean if values else 0.0 for mean, (_, values) in zip(means, bars, strict=True)
+    ]
     positions = np.arange(len(bars))
     axes.bar(positions, means, yerr=[low, high], capsize=4, color="tab:blue")
     for position, mean in zip(positions, means, strict=True):
         axes.annotate(
-            f"{mean:,.0f}", (position, mean), ha="center", va="bottom", xytext=(0, 3), textcoords="offset points"
+            f"{mean:,.0f}",
+            (position, mean),
+            ha="center",
+            va="bottom",
+            xytext=(0, 3),
+            textcoords="offset points",
         )
     axes.set_xticks(positions, [label for label, _ in bars], rotation=20, ha="right")
-    axes.set(ylabel="environment steps per second", title="speed (bar: mean over seeds; whiskers: min to max)")
+    axes.set(
+        ylabel="environment steps per second",
+        title="speed (bar: mean over seeds; whiskers: min to max)",
+    )
     axes.grid(axis="y", alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -498,9 +555,13 @@ class Aggregate:
 def aggregates(rows: Sequence[Row]) -> list[Aggregate]:
     by_label: dict[str, list[list[float]]] = defaultdict(list)
     for row in rows:
-        if row.threshold is None or row.threshold <= 0 or row.judged_on != "training":  # a ratio to it would not
+        if (
+            row.threshold is None or row.threshold <= 0 or row.judged_on != "training"
+        ):  # a ratio to it would not
             continue  # order returns, and an eval threshold is not one on the training return
-        scores = [run.last_return / row.threshold for run in row.runs if run.last_return is not None]
+        scores = [
+            run.last_return / row.threshold for run in row.runs if run.last_return is not None
+        ]
         if scores:
             by_label[row.label].append(scores)
     result = []
@@ -522,9 +583,15 @@ def plot_aggregate(values: Sequence[Aggregate], path: Path) -> Path:
         if value.low is not None and value.high is not None:
             error = [[value.iqm - value.low], [value.high - value.iqm]]
         axes.errorbar(value.iqm, position, xerr=error, fmt="o", capsize=4)
-    axes.set_yticks(range(len(values)), [f"{value.label} ({value.runs} runs, {value.cases} cases)" for value in values])
+    axes.set_yticks(
+        range(len(values)),
+        [f"{value.label} ({value.runs} runs, {value.cases} cases)" for value in values],
+    )
     axes.axvline(1.0, color="gray", linestyle="--", linewidth=1)
-    axes.set(xlabel="IQM of last-100 return / case threshold (95% stratified bootstrap CI)", title="aggregate")
+    axes.set(
+        xlabel="IQM of last-100 return / case threshold (95% stratified bootstrap CI)",
+        title="aggregate",
+    )
     axes.grid(axis="x", alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=100)

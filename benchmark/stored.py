@@ -49,7 +49,9 @@ def store_run(folder: str | Path, job_id: str, summary: RunSummary, made: dict[s
     }
     path = stored_path(folder, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")  # then a rename: a reader never sees half a file
+    temporary = path.with_name(
+        f".{path.name}.tmp"
+    )  # then a rename: a reader never sees half a file
     temporary.write_text(json.dumps(record, separators=(",", ":")))
     os.replace(temporary, path)
     return path
@@ -67,7 +69,9 @@ def load_run(folder: str | Path, job_id: str) -> tuple[RunSummary, dict[str, Any
     except (ValueError, KeyError, TypeError):
         run = None
     if run is None:
-        raise UsageError(f"{path} is not a stored run of format {FORMAT} for {job_id}: delete it to run it again")
+        raise UsageError(
+            f"{path} is not a stored run of format {FORMAT} for {job_id}: delete it to run it again"
+        )
     summary = RunSummary(
         run_dir=run["run_dir"],
         script=run["script"],

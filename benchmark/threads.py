@@ -37,7 +37,9 @@ def run_sps(command: tuple[str, ...], threads: int) -> float:
     """The SPS of one run of `command` (a script and its flags) at `threads` torch threads."""
     with tempfile.TemporaryDirectory() as run_dir:
         flags = (*command[1:], *QUIET, "--torch-threads", str(threads), "--run-dir", run_dir)
-        subprocess.run([sys.executable, command[0], *flags], cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, command[0], *flags], cwd=REPO, check=True, capture_output=True
+        )
         (run,) = find_run_dirs([run_dir])
         return steps_per_second(load_sessions(run))
 

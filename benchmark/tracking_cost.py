@@ -26,7 +26,16 @@ from common.cli import exit_status
 def run_sps(checkout: Path, script: str, flags: list[str], track: bool, run_dir: Path) -> float:
     """One run of `script` in `checkout`; its last `charts/SPS`."""
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    command = [sys.executable, script, *flags, "--run-dir", str(run_dir), "--no-progress", "--eval-episodes", "0"]
+    command = [
+        sys.executable,
+        script,
+        *flags,
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--eval-episodes",
+        "0",
+    ]
     command += ["--no-save-model", *(["--track"] if track else [])]
     completed = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True)
     if completed.returncode:
@@ -37,11 +46,15 @@ def run_sps(checkout: Path, script: str, flags: list[str], track: bool, run_dir:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmark.tracking_cost", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmark.tracking_cost", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--script", default="ppo_fc.py")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--before", type=Path, help="a checkout of another commit, run without --track")
+    parser.add_argument(
+        "--before", type=Path, help="a checkout of another commit, run without --track"
+    )
     options, flags = parser.parse_known_args(argv)
     flags = ["--total-timesteps", str(options.steps), *flags]
     arms = {"without --track": (REPO, False), "with --track": (REPO, True)}
@@ -53,9 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as folder:
             for round_index in range(options.rounds):
                 for name, (checkout, track) in arms.items():
-                    run_dir = Path(folder) / f"{round_index}-{len(results[name])}-{track}-{hash(name)}"
+                    run_dir = (
+                        Path(folder) / f"{round_index}-{len(results[name])}-{track}-{hash(name)}"
+                    )
                     results[name].append(run_sps(checkout, options.script, flags, track, run_dir))
-                    print(f"round {round_index + 1}, {name}: {results[name][-1]:.0f} SPS", flush=True)
+                    print(
+                        f"round {round_index + 1}, {name}: {results[name][-1]:.0f} SPS", flush=True
+                    )
         print(f"\n| {options.script} {' '.join(flags)} | SPS of each run | median |\n|---|---|---|")
         for name, values in results.items():
             print(f"| {name} | {', '.join(f'{v:.0f}' for v in values)} | {np.median(values):.0f} |")

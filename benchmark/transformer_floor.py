@@ -44,7 +44,10 @@ def update_floor(flags: list[str], repeats: int = 30) -> dict[str, float]:
             minibatch()
     events = profiled.key_averages()
     total = sum(event.self_cpu_time_total for event in events)
-    share = lambda words: sum(e.self_cpu_time_total for e in events if any(w in e.key for w in words)) / total  # noqa: E731
+
+    def share(words):
+        return sum(e.self_cpu_time_total for e in events if any(w in e.key for w in words)) / total
+
     return {
         "seconds": seconds * args.num_minibatches * args.update_epochs,
         "steps": args.num_envs * args.num_steps,

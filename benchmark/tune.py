@@ -156,10 +156,19 @@ class Plan:
         }
 
 
-def command_line(settings: dict[str, Any], env_id: str, flags: list[str], seed: int | None = None) -> list[str]:
+def command_line(
+    settings: dict[str, Any], env_id: str, flags: list[str], seed: int | None = None
+) -> list[str]:
     """The command of a run of a study (`Plan.settings`) on `env_id` with the space's `flags`: the trial's run with
     its `seed`, or without one, the command the report prints."""
-    command = ["python", f"{settings['script']}.py", "--env-id", env_id, "--total-timesteps", str(settings["steps"])]
+    command = [
+        "python",
+        f"{settings['script']}.py",
+        "--env-id",
+        env_id,
+        "--total-timesteps",
+        str(settings["steps"]),
+    ]
     command += [] if seed is None else ["--seed", str(seed)]
     command += ["--eval-episodes", str(settings["eval_episodes"])]
     return [*command, *without_flags(settings["flags"], flags), *flags]
@@ -180,7 +189,9 @@ def flag_groups(flags: list[str]) -> list[tuple[str, list[str]]]:
 def without_flags(flags: list[str], overriding: list[str]) -> list[str]:
     """`flags` less those that `overriding` sets again (the sweep's --flags under a trial's own)."""
     overridden = {field for field, _ in flag_groups(overriding)}
-    return [token for field, tokens in flag_groups(flags) if field not in overridden for token in tokens]
+    return [
+        token for field, tokens in flag_groups(flags) if field not in overridden for token in tokens
+    ]
 
 
 class RunFailed(Exception):
@@ -208,7 +219,9 @@ def named_values(entries: tuple[str, ...], flag: str, env_ids: tuple[str, ...]) 
 def registry_target(env_id: str) -> float | None:
     """The highest return of `env_id` as the registry knows it: a case's `task_max`, 1 for a popgym task (popgym
     scales every return into [-1, 1], its pendulums' into [0, 1]), else the env's own reward threshold, if any."""
-    maxima = {case.task_max for name in SUITES for case in suite_cases(name) if case.env_id == env_id}
+    maxima = {
+        case.task_max for name in SUITES for case in suite_cases(name) if case.env_id == env_id
+    }
     maxima.discard(None)
     if maxima:
         return max(maxima)  # type: ignore[type-var]
@@ -239,10 +252,15 @@ def env_bounds(args: Tune, stored: dict[str, list[float]]) -> dict[str, tuple[fl
     for env_id, target in env_targets(args).items():
         random = randoms.get(env_id, stored[env_id][0] if env_id in stored else None)
         if random is None:
-            print(f"tune: measuring the random policy's return on {env_id} ({RANDOM_EPISODES} episodes)", flush=True)
+            print(
+                f"tune: measuring the random policy's return on {env_id} ({RANDOM_EPISODES} episodes)",
+                flush=True,
+            )
             random = float(np.mean(random_policy_returns(env_id, RANDOM_EPISODES)))
         if target == random:
-            raise UsageError(f"{env_id}: the target return equals the random policy's ({target}): give --target")
+            raise UsageError(
+                f"{env_id}: the target return equals the random policy's ({target}): give --target"
+            )
         bounds[env_id] = (random, target)
     return bounds
 
@@ -262,7 +280,9 @@ def check_tune(args: Tune) -> None:
     if not args.seeds or len(set(args.seeds)) != len(args.seeds):
         problems.append("--seeds needs one or more distinct seeds")
     if args.steps <= 0 or args.trials < 0 or args.workers < 1 or args.heartbeat_seconds <= 0:
-        problems.append("--steps, --workers and --heartbeat-seconds must be positive, --trials at least 0")
+        problems.append(
+            "--steps, --workers and --heartbeat-seconds must be positive, --trials at least 0"
+        )
     if args.eval_episodes < (1 if args.objective == "eval" else 0):
         problems.append("--objective eval needs --eval-episodes of at least 1")
     if problems:
@@ -277,7 +297,11 @@ def make_plan(args: Tune, out: Path) -> Plan:
     flags = tuple(shlex.split(args.flags))
     resolve_args(args.script, flags)
     set_by_sweep = sorted(
-        {f"--{field.replace('_', '-')}" for field, _ in flag_groups(list(flags)) if field in HARNESS_SET}
+        {
+            f"--{field.replace('_', '-')}"
+            for field, _ in flag_groups(list(flags))
+            if field in HARNESS_SET
+        }
     )
     if set_by_sweep:
         raise UsageError(f"--flags: the sweep sets {', '.join(set_by_sweep)} itself")
@@ -345,7 +369,13 @@ class TrialRun:
     def final_score(self, plan: Plan) -> float:
         """Its normalised return at the end, by the plan's objective (RunFailed: it has none)."""
         summary = self.summary
-        value = None if summary is None else summary.eval_return if plan.objective == "eval" else summary.last_return
+        value = (
+            None
+            if summary is None
+            else summary.eval_return
+            if plan.objective == "eval"
+            else summary.last_return
+        )
         if value is None:
             missing = "evaluation" if plan.objective == "eval" else "episode"
             raise RunFailed(f"{self.env_id} seed {self.seed}: the run logged no {missing}")
@@ -382,7 +412,9 @@ def run_trial(trial: Any, plan: Plan, stopping: threading.Event) -> float:
         stop([run.process for run in runs])
     scores = [run.final_score(plan) for run in runs]
     trial.set_user_attr("wall_seconds", time.time() - start)
-    trial.set_user_attr("sps", float(np.mean([run.summary.sps or 0.0 for run in runs if run.summary])))
+    trial.set_user_attr(
+        "sps", float(np.mean([run.summary.sps or 0.0 for run in runs if run.summary]))
+    )
     trial.set_user_attr("scores", scores)
     return float(np.mean(scores))
 
@@ -398,7 +430,9 @@ def watch_trial(trial: Any, plan: Plan, runs: list[TrialRun], stopping: threadin
         for run in runs:
             if run.process.poll() not in (None, 0):
                 stderr = stderr_tail(Path(f"{run.run_dir}.stderr").read_text())
-                raise RunFailed(f"{run.env_id} seed {run.seed}: exit status {run.process.returncode}: {stderr}")
+                raise RunFailed(
+                    f"{run.env_id} seed {run.seed}: exit status {run.process.returncode}: {stderr}"
+                )
         if stopping.is_set():
             raise Interrupted
         now = time.time()
@@ -406,12 +440,16 @@ def watch_trial(trial: Any, plan: Plan, runs: list[TrialRun], stopping: threadin
             try:
                 trial.set_user_attr("heartbeat", now)
             except RuntimeError:  # UpdateFinishedTrialError: another process failed it as stale
-                raise RunFailed("failed by another process: its heartbeat had stopped for too long") from None
+                raise RunFailed(
+                    "failed by another process: its heartbeat had stopped for too long"
+                ) from None
             last_beat = now
         if ended or now - last_read >= EVENTS_EVERY_SECONDS:
             last_read = now
             reached = min(summary.steps if (summary := run.read()) else 0 for run in runs)
-            while reported < REPORTS - 1 and reached >= (step := plan.steps * (reported + 1) // REPORTS):
+            while reported < REPORTS - 1 and reached >= (
+                step := plan.steps * (reported + 1) // REPORTS
+            ):
                 trial.report(float(np.mean([run.training_score(plan, step) for run in runs])), step)
                 reported += 1
                 if not ended and trial.should_prune():
@@ -432,19 +470,28 @@ def fail_stale_trials(study: Any, storage: Any) -> None:
         # A trial whose process died before its first heartbeat is judged by its start (a naive local time: another
         # machine's clock may be hours off), after a day.
         interval = trial.user_attrs.get("heartbeat_seconds", 86_400 / STALE_HEARTBEATS)
-        last = trial.user_attrs.get("heartbeat", trial.datetime_start.timestamp() if trial.datetime_start else now)
+        last = trial.user_attrs.get(
+            "heartbeat", trial.datetime_start.timestamp() if trial.datetime_start else now
+        )
         if now - last <= STALE_HEARTBEATS * interval:
             continue
         try:  # another process may fail it first
             error = f"no heartbeat since {datetime.fromtimestamp(last).isoformat(timespec='seconds')} (process ended)"
-            storage.set_trial_user_attr(trial._trial_id, "error", error)  # no public setter for another's trial
+            storage.set_trial_user_attr(
+                trial._trial_id, "error", error
+            )  # no public setter for another's trial
             study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-            print(f"tune: trial {trial.number} of {trial.user_attrs.get('host', '?')} failed: {error}", flush=True)
+            print(
+                f"tune: trial {trial.number} of {trial.user_attrs.get('host', '?')} failed: {error}",
+                flush=True,
+            )
         except (RuntimeError, ValueError):  # it finished meanwhile
             pass
 
 
-def work(study: Any, storage: Any, plan: Plan, trials_left: Iterator[int], stopping: threading.Event) -> None:
+def work(
+    study: Any, storage: Any, plan: Plan, trials_left: Iterator[int], stopping: threading.Event
+) -> None:
     """One worker: run trials while `trials_left` gives one and no stop is asked, telling the study how each ended."""
     import optuna
     from optuna.trial import TrialState
@@ -460,7 +507,11 @@ def work(study: Any, storage: Any, plan: Plan, trials_left: Iterator[int], stopp
             study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
             print(f"tune: trial {trial.number} pruned {pruned}", flush=True)
         except (RunFailed, Interrupted) as error:
-            reason = str(error) if isinstance(error, RunFailed) else "interrupted (Ctrl-C, SIGTERM or SIGHUP)"
+            reason = (
+                str(error)
+                if isinstance(error, RunFailed)
+                else "interrupted (Ctrl-C, SIGTERM or SIGHUP)"
+            )
             fail(study, trial, reason)
             print(f"tune: trial {trial.number} failed: {reason.splitlines()[0]}", flush=True)
         except BaseException as error:  # a bug of the harness: the trial must not stay running
@@ -468,7 +519,10 @@ def work(study: Any, storage: Any, plan: Plan, trials_left: Iterator[int], stopp
             raise
         else:
             study.tell(trial, value)
-            print(f"tune: trial {trial.number} value {value:.4f} ({trial.user_attrs['flags']})", flush=True)
+            print(
+                f"tune: trial {trial.number} value {value:.4f} ({trial.user_attrs['flags']})",
+                flush=True,
+            )
 
 
 def fail(study: Any, trial: Any, reason: str) -> None:
@@ -491,7 +545,11 @@ def stop_signals_set(stopping: threading.Event) -> Iterator[None]:
 
     def stop(signum: int, frame: Any) -> None:
         if not stopping.is_set():
-            print(f"\ntune: {signal.Signals(signum).name}: stopping every running trial", file=sys.stderr, flush=True)
+            print(
+                f"\ntune: {signal.Signals(signum).name}: stopping every running trial",
+                file=sys.stderr,
+                flush=True,
+            )
         stopping.set()
 
     previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
@@ -511,25 +569,43 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
     plan = make_plan(args, Path(args.out or TUNE_FOLDER / name))  # before anything is written
     storage = open_storage(storage_location)
     seed = args.sampler_seed if args.sampler_seed is not None else secrets.randbits(31)
-    sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)  # workers in flight: no repeated proposal
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=args.steps * 3 // REPORTS)
+    sampler = optuna.samplers.TPESampler(
+        seed=seed, constant_liar=True
+    )  # workers in flight: no repeated proposal
+    pruner = optuna.pruners.MedianPruner(
+        n_startup_trials=5, n_warmup_steps=args.steps * 3 // REPORTS
+    )
     if args.pruner == "none":
         pruner = optuna.pruners.NopPruner()
     study = optuna.create_study(
-        study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction="maximize", load_if_exists=True
+        study_name=name,
+        storage=storage,
+        sampler=sampler,
+        pruner=pruner,
+        direction="maximize",
+        load_if_exists=True,
     )
     stored = study.user_attrs.get("settings")
     if stored is None and not study.trials and any(plan.out.glob("trial-*")):
-        raise UsageError(f"{plan.out} holds the trials of another study: give another --out, or delete them")
+        raise UsageError(
+            f"{plan.out} holds the trials of another study: give another --out, or delete them"
+        )
     plan = replace(plan, bounds=env_bounds(args, stored["bounds"] if stored else {}))
     settings = plan.settings()
     if stored is None:
         study.set_user_attr("settings", settings)
         # The first trial runs the script's defaults (and --flags), where the space holds them: the yardstick.
         defaults = resolve_args(plan.script, plan.flags)
-        values = {param.field: param.value_of(getattr(defaults, param.field)) for param in plan.space}
-        study.enqueue_trial({field: value for field, value in values.items() if value is not None}, skip_if_exists=True)
-        stored = optuna.load_study(study_name=name, storage=storage).user_attrs["settings"]  # another's, if it won
+        values = {
+            param.field: param.value_of(getattr(defaults, param.field)) for param in plan.space
+        }
+        study.enqueue_trial(
+            {field: value for field, value in values.items() if value is not None},
+            skip_if_exists=True,
+        )
+        stored = optuna.load_study(study_name=name, storage=storage).user_attrs[
+            "settings"
+        ]  # another's, if it won
     if stored != settings:
         differing = ", ".join(key for key in settings if stored.get(key) != settings[key])
         raise UsageError(f"study {name!r} in {storage_location} was made with other settings ({differing}): give "
@@ -567,7 +643,10 @@ def tune(args: Tune) -> int:
 
     stopping = threading.Event()
     with stop_signals_set(stopping), ThreadPoolExecutor(max_workers=args.workers) as pool:
-        workers = [pool.submit(work, study, storage, plan, next_trial(), stopping) for _ in range(args.workers)]
+        workers = [
+            pool.submit(work, study, storage, plan, next_trial(), stopping)
+            for _ in range(args.workers)
+        ]
         wait(workers)
     for worker in workers:
         worker.result()  # a harness bug: its traceback
@@ -577,14 +656,23 @@ def tune(args: Tune) -> int:
 
 def trial_table(trials: list[Any], params: list[str]) -> list[str]:
     """A markdown table of `trials`: value, the space's values, SPS and wall-clock."""
-    lines = ["| trial | value | " + " | ".join(param.replace("_", "-") for param in params) + " | SPS | minutes |"]
+    lines = [
+        "| trial | value | "
+        + " | ".join(param.replace("_", "-") for param in params)
+        + " | SPS | minutes |"
+    ]
     lines.append("|---" * (len(params) + 4) + "|")
     for trial in trials:
         values = [f"{value:.4g}" if isinstance(value := trial.params.get(param, ""), float) else str(value)
                   for param in params]  # fmt: skip
         sps, seconds = trial.user_attrs.get("sps"), trial.user_attrs.get("wall_seconds")
-        numbers = [f"{sps:.0f}" if sps is not None else "", f"{seconds / 60:.1f}" if seconds is not None else ""]
-        lines.append(f"| {trial.number} | {trial.value:.4f} | " + " | ".join([*values, *numbers]) + " |")
+        numbers = [
+            f"{sps:.0f}" if sps is not None else "",
+            f"{seconds / 60:.1f}" if seconds is not None else "",
+        ]
+        lines.append(
+            f"| {trial.number} | {trial.value:.4f} | " + " | ".join([*values, *numbers]) + " |"
+        )
     return lines
 
 
@@ -600,16 +688,24 @@ def report(study: Any, out: Path, top: int = 10) -> None:
         + ", ".join(f"{count} {state.name.lower()}" for state, count in counts.items() if count),
         flush=True,
     )
-    complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value, reverse=True)
+    complete = sorted(
+        (t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value, reverse=True
+    )
     if not complete:
         print("no trial has completed yet", flush=True)
         return
     settings, best = study.user_attrs["settings"], complete[0]
-    objective = "its evaluation" if settings["objective"] == "eval" else "the mean of its last 100 training episodes"
+    objective = (
+        "its evaluation"
+        if settings["objective"] == "eval"
+        else "the mean of its last 100 training episodes"
+    )
     print(f"best: trial {best.number}, value {best.value:.4f} (mean normalised score; a run's return: {objective}); "
           f"each command ran with --seed {' and '.join(map(str, settings['seeds']))}")  # fmt: skip
     for env_id in settings["env_ids"]:
-        print("  " + shlex.join(command_line(settings, env_id, shlex.split(best.user_attrs["flags"]))))
+        print(
+            "  " + shlex.join(command_line(settings, env_id, shlex.split(best.user_attrs["flags"])))
+        )
     params = sorted({param for trial in complete for param in trial.params})
     print("\n".join(["", *trial_table(complete[:top], params), ""]), flush=True)
     for figure in draw(study, complete, out):
@@ -639,13 +735,19 @@ def draw(study: Any, complete: list[Any], out: Path) -> list[Path]:
             axes.figure.savefig(out / f"{name}.png", bbox_inches="tight", dpi=120)
             plt.close(axes.figure)
             figures.append(out / f"{name}.png")
-    started = min(trial.datetime_start for trial in study.get_trials(deepcopy=False) if trial.datetime_start)
+    started = min(
+        trial.datetime_start for trial in study.get_trials(deepcopy=False) if trial.datetime_start
+    )
     ended = sorted(complete, key=lambda trial: trial.datetime_complete)
     hours = [(trial.datetime_complete - started).total_seconds() / 3600 for trial in ended]
     figure, axes = plt.subplots(figsize=(6, 4))
-    axes.step(hours, np.maximum.accumulate([trial.value for trial in ended]), where="post", marker="o")
+    axes.step(
+        hours, np.maximum.accumulate([trial.value for trial in ended]), where="post", marker="o"
+    )
     axes.set_xlim(left=0)
-    axes.set(xlabel="hours since the study's first trial", ylabel="best value", title=study.study_name)
+    axes.set(
+        xlabel="hours since the study's first trial", ylabel="best value", title=study.study_name
+    )
     figure.savefig(out / "best_by_wall_clock.png", bbox_inches="tight", dpi=120)
     plt.close(figure)
     return [*figures, out / "best_by_wall_clock.png"]

@@ -89,7 +89,11 @@ class Param:
         if self.kind == "choice":
             text = str(setting).lower() if isinstance(setting, bool) else str(setting)
             return text if text in self.choices else None
-        if isinstance(setting, bool) or not isinstance(setting, (int, float)) or not self.low <= setting <= self.high:
+        if (
+            isinstance(setting, bool)
+            or not isinstance(setting, (int, float))
+            or not self.low <= setting <= self.high
+        ):
             return None
         return int(setting) if self.kind == "int" else float(setting)
 
@@ -107,7 +111,9 @@ def parse_param(line: str, fields: set[str]) -> Param:
     kind, _, values = spec.strip().partition(":")
     where = f"search space {line.strip()!r}"
     if not spec or kind not in ("float", "log", "int", "choice"):
-        raise UsageError(f"{where}: write FLAG=float:LOW:HIGH, log:LOW:HIGH, int:LOW:HIGH or choice:A,B")
+        raise UsageError(
+            f"{where}: write FLAG=float:LOW:HIGH, log:LOW:HIGH, int:LOW:HIGH or choice:A,B"
+        )
     if field not in fields:
         raise UsageError(f"{where}: the script has no flag --{field.replace('_', '-')}")
     if kind == "choice":
@@ -156,5 +162,7 @@ def build_space(script: str, lines: list[str], base_flags: list[str]) -> list[Pa
             try:
                 module.check_args(resolve_args(script, [*base_flags, *param.flags(value)]))
             except UsageError as error:
-                raise UsageError(f"search space: {script}.py refuses {' '.join(param.flags(value))}: {error}") from None
+                raise UsageError(
+                    f"search space: {script}.py refuses {' '.join(param.flags(value))}: {error}"
+                ) from None
     return params

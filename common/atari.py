@@ -51,12 +51,16 @@ def preprocessed(env: gym.Env, frame_stack: int) -> gym.Env:
     frame, no stack axis); any other env unchanged."""
     if not is_atari(env):
         return env
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=SCREEN_SIZE)
+    env = gym.wrappers.AtariPreprocessing(
+        env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=SCREEN_SIZE
+    )
     env = RawGameStatistics(env)
     env = EpisodicLife(env)
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
-    env = gym.wrappers.ClipReward(env, -1.0, 1.0)  # Atari's rewards are integers: the clip is their sign
+    env = gym.wrappers.ClipReward(
+        env, -1.0, 1.0
+    )  # Atari's rewards are integers: the clip is their sign
     if frame_stack > 1:
         env = gym.wrappers.FrameStackObservation(env, frame_stack)
     return env
@@ -129,7 +133,11 @@ class FireReset(gym.Wrapper):
 def reset_info(info: dict[str, Any]) -> dict[str, Any]:
     """The info of a step taken inside a reset, without what belongs to the agent's steps: the reset's reward is
     not the agent's, and its end not an episode's."""
-    return {key: value for key, value in info.items() if key not in ("raw_reward", "game_over", "episode")}
+    return {
+        key: value
+        for key, value in info.items()
+        if key not in ("raw_reward", "game_over", "episode")
+    }
 
 
 class GameStatistics(gym.vector.VectorWrapper):
@@ -144,7 +152,9 @@ class GameStatistics(gym.vector.VectorWrapper):
         if "_episode" in final:
             ended = final["_episode"] & infos["_final_info"]
             if ended.any():
-                infos["episode"] = {key: np.where(ended, value, 0) for key, value in final["episode"].items()}
+                infos["episode"] = {
+                    key: np.where(ended, value, 0) for key, value in final["episode"].items()
+                }
                 infos["_episode"] = ended
         return obs, rewards, terminations, truncations, infos
 
@@ -154,7 +164,9 @@ def emulator_state(env: gym.Env) -> np.ndarray | None:
     None for an env that is not an Atari game."""
     if not is_atari(env):
         return None
-    return np.frombuffer(env.unwrapped.ale.cloneState(include_rng=True).serialize(), dtype=np.uint8).copy()
+    return np.frombuffer(
+        env.unwrapped.ale.cloneState(include_rng=True).serialize(), dtype=np.uint8
+    ).copy()
 
 
 def restore_emulator(env: gym.Env, state: np.ndarray) -> None:

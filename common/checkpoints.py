@@ -23,14 +23,38 @@ from common.seeding import rng_state
 Config = TypeVar("Config")
 
 # The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
-RUN_TIME_FLAGS = ("resume", "cuda", "torch_threads", "progress", "track", "wandb_project_name", "wandb_entity")
+RUN_TIME_FLAGS = (
+    "resume",
+    "cuda",
+    "torch_threads",
+    "progress",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+)
 RUN_TIME_FLAGS += ("numpy_rollout", "dist_backend")
-EVALUATION_FLAGS = ("eval_checkpoint", "seed", "eval_episodes", "sampling_method", "temperature", "sampling_k")
-EVALUATION_FLAGS += ("run_dir", "cuda", "torch_threads", "save_trajectories", "capture_video", "video_every")
+EVALUATION_FLAGS = (
+    "eval_checkpoint",
+    "seed",
+    "eval_episodes",
+    "sampling_method",
+    "temperature",
+    "sampling_k",
+)
+EVALUATION_FLAGS += (
+    "run_dir",
+    "cuda",
+    "torch_threads",
+    "save_trajectories",
+    "capture_video",
+    "video_every",
+)
 EVALUATION_FLAGS += ("track", "wandb_project_name", "wandb_entity")
 
 
-def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int, **state) -> Path:
+def save(
+    folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int, **state
+) -> Path:
     """Write `state` with the script's name, the format, `args` (a dataclass), `global_step` and the generators'
     states to `step_{global_step}.pt` and `latest.pt` in `folder`, each atomically (a temporary file in the same
     folder, then a rename). Returns the path of `latest.pt`.
@@ -38,7 +62,11 @@ def save(folder: Path, script: str, checkpoint_format: int, args: Any, global_st
     Under torchrun every rank calls this: rank 0 writes, with every rank's generators, `state["episodes"]` (the
     envs' places) and `state["trajectories"]` (its recording) under `ranks`, in rank order (see
     `common.env_state.start`)."""
-    own = {"rng": rng_state(), "episodes": state.get("episodes"), "trajectories": state.get("trajectories")}
+    own = {
+        "rng": rng_state(),
+        "episodes": state.get("episodes"),
+        "trajectories": state.get("trajectories"),
+    }
     ranks = distributed.gather_to_main(own)
     if ranks is None:
         return folder / "latest.pt"
@@ -66,12 +94,16 @@ def load(path: str | Path, script: str, checkpoint_format: int, required: Iterab
         raise UsageError(f"checkpoint {str(path)!r} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a corrupt file; all mean "cannot read it"
+    except (
+        Exception
+    ) as exc:  # torch raises many types for a corrupt file; all mean "cannot read it"
         raise UsageError(
             f"cannot read checkpoint {str(path)!r}: corrupt, or holds pickled objects ({type(exc).__name__})"
         ) from None
     if not isinstance(checkpoint, dict) or checkpoint.get("script") != script:
-        found = checkpoint.get("script") if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        found = (
+            checkpoint.get("script") if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        )
         raise UsageError(f"{str(path)!r} is not a {script} checkpoint (it is from {found!r})")
     missing = [key for key in ("args", "global_step", "rng", *required) if key not in checkpoint]
     if checkpoint.get("format") != checkpoint_format or missing:
@@ -93,13 +125,20 @@ def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) 
         given, saved = getattr(args, field.name), checkpoint["args"].get(field.name)
         if field.name not in kept and given != getattr(defaults, field.name) and given != saved:
             flag = "--" + field.name.replace("_", "-")
-            raise UsageError(f"{flag} {given} differs from the checkpoint's {saved}, which decides it; leave it out")
+            raise UsageError(
+                f"{flag} {given} differs from the checkpoint's {saved}, which decides it; leave it out"
+            )
     try:
         return type(args)(
-            **{**checkpoint["args"], **{name: getattr(args, name) for name in kept if hasattr(args, name)}}
+            **{
+                **checkpoint["args"],
+                **{name: getattr(args, name) for name in kept if hasattr(args, name)},
+            }
         )
     except (KeyError, TypeError) as exc:
-        raise UsageError(f"the checkpoint's settings do not match this version of the script: {exc}") from None
+        raise UsageError(
+            f"the checkpoint's settings do not match this version of the script: {exc}"
+        ) from None
 
 
 def load_weights(module: torch.nn.Module, checkpoint: dict, env_id: str) -> None:
@@ -107,14 +146,18 @@ def load_weights(module: torch.nn.Module, checkpoint: dict, env_id: str) -> None
     try:
         module.load_state_dict(checkpoint["model"])
     except (RuntimeError, KeyError) as exc:
-        raise UsageError(f"the checkpoint does not fit the agent for {env_id!r}: {str(exc)[:200]}") from None
+        raise UsageError(
+            f"the checkpoint does not fit the agent for {env_id!r}: {str(exc)[:200]}"
+        ) from None
 
 
 def resume_folder(path: str | Path) -> Path:
     """The run folder of a checkpoint that `--resume` continues; it must lie in that folder's `checkpoints/`."""
     path = Path(path).resolve()
     if path.parent.name != "checkpoints":
-        raise UsageError(f"--resume takes a checkpoint inside a run's checkpoints/ folder, got {str(path)!r}")
+        raise UsageError(
+            f"--resume takes a checkpoint inside a run's checkpoints/ folder, got {str(path)!r}"
+        )
     return path.parent.parent
 
 
@@ -123,13 +166,21 @@ def reward_normalizer_state(normalizer: Any) -> dict | None:
     if normalizer is None:
         return None
     rms = normalizer.return_rms
-    return {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+    return {
+        "mean": torch.as_tensor(rms.mean),
+        "var": torch.as_tensor(rms.var),
+        "count": float(rms.count),
+    }
 
 
 def restore_reward_normalizer(normalizer: Any, state: dict) -> None:
     """Put the statistics of `reward_normalizer_state` back into a NormalizeReward wrapper."""
     rms = normalizer.return_rms
-    rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), float(state["count"])
+    rms.mean, rms.var, rms.count = (
+        state["mean"].numpy(),
+        state["var"].numpy(),
+        float(state["count"]),
+    )
 
 
 class CheckpointSchedule:

@@ -62,7 +62,9 @@ def parse_args(config: type[Config], argv: Sequence[str] | None = None) -> Confi
     except SystemExit as exc:
         if exc.code in (0, None):
             raise
-        raise UsageError(f"{one_line(captured.getvalue()) or 'invalid arguments'} (see --help)") from None
+        raise UsageError(
+            f"{one_line(captured.getvalue()) or 'invalid arguments'} (see --help)"
+        ) from None
 
 
 def check_ranges(
@@ -98,7 +100,10 @@ def notice(message: str, every_rank: bool = False) -> None:
     if distributed.rank() and not every_rank:
         return
     _printed_notices.add(message)
-    print(f"notice: {f'rank {distributed.rank()}: ' * (distributed.world_size() > 1)}{message}", file=sys.stderr)
+    print(
+        f"notice: {f'rank {distributed.rank()}: ' * (distributed.world_size() > 1)}{message}",
+        file=sys.stderr,
+    )
 
 
 def exit_status(run: Callable[[], object]) -> int:
@@ -118,9 +123,8 @@ def exit_status(run: Callable[[], object]) -> int:
     except Exception as exc:
         if not distributed.collective_failed(exc):
             raise
-        failed = (
-            f"rank {distributed.rank()}: a collective failed, most likely because another process of the run stopped"
-        )
+        failed = f"rank {distributed.rank()}: a collective failed"
+        failed += ", most likely because another process of the run stopped"
         print(f"error: {failed} ({type(exc).__name__}: {one_line(str(exc))})", file=sys.stderr)
         return 1
     distributed.leave(0)

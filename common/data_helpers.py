@@ -39,7 +39,9 @@ def flatten_dict(dic: Mapping, sep: str = "/", prefix: str = "") -> dict[str, An
     for key, value in dic.items():
         key = str(key)
         if sep in key or key == "":
-            raise ValueError(f"flatten_dict: key {key!r} is empty or contains the separator {sep!r}")
+            raise ValueError(
+                f"flatten_dict: key {key!r} is empty or contains the separator {sep!r}"
+            )
         path = join_keys(prefix, key, sep) if prefix else sep + key
         if isinstance(value, Mapping) and value:
             flat.update(flatten_dict(value, sep=sep, prefix=path))
@@ -88,7 +90,9 @@ def nonify(element: Any) -> Any:
     return None
 
 
-def update_dict_of_lists(dic: dict[str, list], item: Mapping[str, Any], index: int = 0) -> dict[str, list]:
+def update_dict_of_lists(
+    dic: dict[str, list], item: Mapping[str, Any], index: int = 0
+) -> dict[str, list]:
     """Append each value of the (flat) ``item`` to the list under its key in ``dic``, in place, and return ``dic``.
 
     ``index`` is the step that ``item`` belongs to: a key whose list is shorter than ``index`` (seen for the first
@@ -114,13 +118,17 @@ def complete_dict_of_list(dic: dict[str, list], length: int) -> dict[str, list]:
     """
     for key, values in dic.items():
         if len(values) > length:
-            raise ValueError(f"complete_dict_of_list: {key!r} has {len(values)} entries, more than length={length}")
+            raise ValueError(
+                f"complete_dict_of_list: {key!r} has {len(values)} entries, more than length={length}"
+            )
         reference = values[-1] if values else None
         values.extend(nonify(reference) for _ in range(length - len(values)))
     return dic
 
 
-def list_of_dicts_to_flattened_dict_of_lists(samples: Sequence[Mapping], length: int) -> dict[str, list]:
+def list_of_dicts_to_flattened_dict_of_lists(
+    samples: Sequence[Mapping], length: int
+) -> dict[str, list]:
     """Turn a list of per-step (nested) dicts into one flat dict of lists, each ``length`` long.
 
     A key missing from some steps gets :func:`nonify` entries there.
@@ -146,7 +154,9 @@ def _to_array(key: str, values: Any) -> np.ndarray:
         try:
             array = np.array(values, dtype=np.float64)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{key!r}: entries are not numeric or have different shapes ({exc})") from None
+            raise ValueError(
+                f"{key!r}: entries are not numeric or have different shapes ({exc})"
+            ) from None
     return array
 
 
@@ -164,7 +174,9 @@ def convert_time_to_batch_major(episode: Mapping[str, Any]) -> dict[str, np.ndar
     for key, values in episode.items():
         array = _to_array(key, values)
         if array.ndim < 2:
-            raise ValueError(f"{key!r}: expected (num_steps, batch_size, ...), got shape {array.shape}")
+            raise ValueError(
+                f"{key!r}: expected (num_steps, batch_size, ...), got shape {array.shape}"
+            )
         result[key] = np.ascontiguousarray(array.swapaxes(0, 1))
     return result
 
@@ -179,7 +191,9 @@ def dict_of_lists_to_list_of_dicts(dic: Mapping[str, Sequence], num: int) -> lis
     """
     for key, values in dic.items():
         if len(values) != num:
-            raise ValueError(f"dict_of_lists_to_list_of_dicts: {key!r} has {len(values)} entries, expected {num}")
+            raise ValueError(
+                f"dict_of_lists_to_list_of_dicts: {key!r} has {len(values)} entries, expected {num}"
+            )
     return [{key: values[i] for key, values in dic.items()} for i in range(num)]
 
 
@@ -219,5 +233,6 @@ def describe(batch: Mapping[str, Any]) -> str:
         rows.append((key, str(tuple(array.shape)), str(array.dtype), *stats))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
     )

@@ -60,7 +60,9 @@ def launched_size() -> int:
     try:
         return int(os.environ.get("WORLD_SIZE", 1))
     except ValueError:
-        raise UsageError(f"WORLD_SIZE must be an integer, got {os.environ['WORLD_SIZE']!r}") from None
+        raise UsageError(
+            f"WORLD_SIZE must be an integer, got {os.environ['WORLD_SIZE']!r}"
+        ) from None
 
 
 def setup(backend: str | None, cuda: bool) -> None:
@@ -68,15 +70,25 @@ def setup(backend: str | None, cuda: bool) -> None:
     trains on a GPU and gloo otherwise. Does nothing for a single process, or if the group exists already."""
     if launched_size() <= 1 or dist.is_initialized():
         return
-    missing = [name for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    missing = [
+        name
+        for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        if name not in os.environ
+    ]
     if missing:
-        raise UsageError(f"WORLD_SIZE is set but {', '.join(missing)} not: start the script with torchrun")
+        raise UsageError(
+            f"WORLD_SIZE is set but {', '.join(missing)} not: start the script with torchrun"
+        )
     on_gpu = cuda and torch.cuda.is_available()
     backend = backend or ("nccl" if on_gpu else "gloo")
     if backend not in dist.Backend.backend_list:
-        raise UsageError(f"--dist-backend {backend!r}: this torch knows {', '.join(dist.Backend.backend_list)}")
+        raise UsageError(
+            f"--dist-backend {backend!r}: this torch knows {', '.join(dist.Backend.backend_list)}"
+        )
     if backend == "nccl" and not on_gpu:
-        raise UsageError("--dist-backend nccl needs a GPU for each process (--cuda, and a GPU torch can see)")
+        raise UsageError(
+            "--dist-backend nccl needs a GPU for each process (--cuda, and a GPU torch can see)"
+        )
     if on_gpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     device_id = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
@@ -109,7 +121,9 @@ def rank_seed(seed: int) -> int:
 def single_process(what: str) -> None:
     """Refuse `what` (a script or a mode without data parallelism) under torchrun with more than one process."""
     if launched_size() > 1:
-        raise UsageError(f"{what} runs in one process: start it with python, or torchrun --nproc-per-node 1")
+        raise UsageError(
+            f"{what} runs in one process: start it with python, or torchrun --nproc-per-node 1"
+        )
 
 
 @contextlib.contextmanager
@@ -124,7 +138,9 @@ def _timed() -> Iterator[None]:
 def _timed_all_reduce(tensor: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
     """`tensor` all-reduced in place (a CPU tensor goes through this rank's GPU under nccl, which takes no other)."""
     with _timed():
-        on_backend = tensor.cuda() if dist.get_backend() == "nccl" and not tensor.is_cuda else tensor
+        on_backend = (
+            tensor.cuda() if dist.get_backend() == "nccl" and not tensor.is_cuda else tensor
+        )
         dist.all_reduce(on_backend, op=op)
         if on_backend is not tensor:
             tensor.copy_(on_backend)
@@ -146,7 +162,9 @@ def average_gradients(parameters: Iterable[Tensor]) -> None:
     parameters = list(parameters)
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
     flat = _timed_all_reduce(torch.cat([grad.reshape(-1) for grad in grads])).div_(world_size())
-    for parameter, grad, averaged in zip(parameters, grads, flat.split([g.numel() for g in grads]), strict=True):
+    for parameter, grad, averaged in zip(
+        parameters, grads, flat.split([g.numel() for g in grads]), strict=True
+    ):
         parameter.grad = averaged.view_as(grad)
 
 
@@ -168,7 +186,9 @@ def _sums(x: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """The count, sum and sum of squares of `x` along `dim`, in float64, over all ranks' `x` (one all-reduce)."""
     x = x.detach().to(torch.float64)
     counts = torch.full_like(x.sum(dim), x.shape[dim])
-    count, total, squares = _timed_all_reduce(torch.stack([counts, x.sum(dim), x.square().sum(dim)]))
+    count, total, squares = _timed_all_reduce(
+        torch.stack([counts, x.sum(dim), x.square().sum(dim)])
+    )
     return count, total, squares
 
 
@@ -206,7 +226,11 @@ class CombinedReturnStats:
         self.start = self._sums() if self.rms is not None else None
 
     def _sums(self) -> np.ndarray:
-        count, mean, var = float(self.rms.count), np.asarray(self.rms.mean, np.float64), np.asarray(self.rms.var)
+        count, mean, var = (
+            float(self.rms.count),
+            np.asarray(self.rms.mean, np.float64),
+            np.asarray(self.rms.var),
+        )
         return np.stack([np.full_like(mean, count), count * mean, count * (var + mean**2)])
 
     def __call__(self) -> None:
@@ -216,7 +240,11 @@ class CombinedReturnStats:
         total = self.start + _timed_all_reduce(added).numpy()
         count = float(total[0].flat[0])
         mean = total[1] / count
-        self.rms.count, self.rms.mean, self.rms.var = count, mean, np.maximum(total[2] / count - mean**2, 0.0)
+        self.rms.count, self.rms.mean, self.rms.var = (
+            count,
+            mean,
+            np.maximum(total[2] / count - mean**2, 0.0),
+        )
         self.start = self._sums()
 
 
@@ -259,5 +287,6 @@ def gather(value: Any) -> list[Any]:
 def collective_failed(exc: BaseException) -> bool:
     """Whether `exc` is a collective that failed: another rank is gone (its connection closed) or timed out."""
     return dist.is_initialized() and (
-        isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and bool(re.search(r"gloo|NCCL", str(exc))))
+        isinstance(exc, dist.DistError)
+        or (isinstance(exc, RuntimeError) and bool(re.search(r"gloo|NCCL", str(exc))))
     )

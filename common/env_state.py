@@ -25,7 +25,11 @@ from common.seeding import restore_rng_state, seed_generators
 
 # The per-env arrays of gymnasium's vector wrappers that carry an episode (or a return) from step to step.
 WRAPPER_ARRAYS = {
-    gym.wrappers.vector.RecordEpisodeStatistics: ("episode_returns", "episode_lengths", "prev_dones"),
+    gym.wrappers.vector.RecordEpisodeStatistics: (
+        "episode_returns",
+        "episode_lengths",
+        "prev_dones",
+    ),
     gym.wrappers.vector.NormalizeReward: ("accumulated_reward", "_prev_dones"),
 }
 
@@ -40,13 +44,21 @@ class EpisodeRecorder(gym.Wrapper):
     def __init__(self, env: gym.Env):
         super().__init__(env)
         self.episode_start: dict[str, Any] = {"seed": None, "rng": None}
-        self.episode_actions: list[Any] | None = None  # None: not replayable (no reset yet, or past MAX_STEPS)
-        self.episode_resets: list[int] = []  # where resets that continue the game (a lost life) came, in the actions
-        self.replay_from: dict[str, Any] | None = None  # set through the vector env's set_attr, then `replay`
+        self.episode_actions: list[Any] | None = (
+            None  # None: not replayable (no reset yet, or past MAX_STEPS)
+        )
+        self.episode_resets: list[
+            int
+        ] = []  # where resets that continue the game (a lost life) came, in the actions
+        self.replay_from: dict[str, Any] | None = (
+            None  # set through the vector env's set_attr, then `replay`
+        )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         if seed is None and self.env.has_wrapper_attr("next_reset_continues"):
-            if self.env.get_wrapper_attr("next_reset_continues"):  # a lost life: the game and its record go on
+            if self.env.get_wrapper_attr(
+                "next_reset_continues"
+            ):  # a lost life: the game and its record go on
                 if self.episode_actions is not None:
                     self.episode_resets.append(len(self.episode_actions))
                 return super().reset(options=options)
@@ -71,8 +83,16 @@ class EpisodeRecorder(gym.Wrapper):
         reach too."""
         if self.episode_actions is None:
             return {"replayable": False}
-        actions, resets = np.array(self.episode_actions), np.array(self.episode_resets, dtype=np.int64)
-        record = {"start": self.episode_start, "actions": actions, "resets": resets, "rng": generator_state(self)}
+        actions, resets = (
+            np.array(self.episode_actions),
+            np.array(self.episode_resets, dtype=np.int64),
+        )
+        record = {
+            "start": self.episode_start,
+            "actions": actions,
+            "resets": resets,
+            "rng": generator_state(self),
+        }
         return {"replayable": True, **record}
 
     def replay(self) -> tuple[Any, dict[str, Any] | None]:
@@ -84,7 +104,9 @@ class EpisodeRecorder(gym.Wrapper):
             generator = np.random.Generator(getattr(np.random, rng["bit_generator"])())
             generator.bit_generator.state = rng
             self.unwrapped.np_random = generator
-        if self.env.has_wrapper_attr("next_reset_continues"):  # this copy's game is not the one the record began
+        if self.env.has_wrapper_attr(
+            "next_reset_continues"
+        ):  # this copy's game is not the one the record began
             self.env.set_wrapper_attr("next_reset_continues", False)
         if record["start"].get("emulator") is not None:
             atari.restore_emulator(self.unwrapped, record["start"]["emulator"])
@@ -109,7 +131,9 @@ def capture(envs: VectorEnv, observations: np.ndarray, **carried: np.ndarray) ->
     """The place of `envs` (made by `common.envs.vector_env`, under gymnasium's vector wrappers) in their episodes,
     with the `observations` the agent acts on next and what else the loop `carried` from step to step (a recurrent
     state, where episodes start), as checkpoint values."""
-    wrappers = {key: np.array(getattr(wrapper, name)) for wrapper, name, key in _wrapper_arrays(envs)}
+    wrappers = {
+        key: np.array(getattr(wrapper, name)) for wrapper, name, key in _wrapper_arrays(envs)
+    }
     state = {"envs": list(envs.unwrapped.call("episode_so_far")), "wrappers": wrappers, **carried}
     return _checkpoint_values({**state, "observations": observations})
 
@@ -135,12 +159,16 @@ def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarr
         )
         if all(
             _equal_observations(observation, saved) and _equal(rng, record["rng"])
-            for (observation, rng), saved, record in zip(replayed, per_env, state["envs"], strict=True)
+            for (observation, rng), saved, record in zip(
+                replayed, per_env, state["envs"], strict=True
+            )
         ):
             for wrapper, name, key in _wrapper_arrays(envs):
                 if key in state["wrappers"]:
                     setattr(wrapper, name, state["wrappers"][key])
-            carried = {key: state[key] for key in state if key not in ("envs", "wrappers", "observations")}
+            carried = {
+                key: state[key] for key in state if key not in ("envs", "wrappers", "observations")
+            }
             return state["observations"], {"continued": True, **carried}
     notice(
         "the envs cannot be brought back to where the checkpoint left them (see common/env_state.py): new episodes",
@@ -184,7 +212,9 @@ def _own_state(checkpoint: dict | None, seed: int) -> dict | None:
 def _equal_observations(replayed: Any, saved: Any) -> bool:
     """Whether a replayed observation is the saved one, in the saved dtype (each part of a dict)."""
     if isinstance(saved, dict):
-        return replayed.keys() == saved.keys() and all(_equal_observations(replayed[k], saved[k]) for k in saved)
+        return replayed.keys() == saved.keys() and all(
+            _equal_observations(replayed[k], saved[k]) for k in saved
+        )
     return np.array_equal(np.asarray(replayed, saved.dtype), saved)
 
 

@@ -66,9 +66,16 @@ def _candidate_modules(env_id: str) -> Iterator[str]:
     # the files a distribution installed.
     owners = metadata.packages_distributions()
     for distribution in metadata.distributions():
-        if any(re.match(r"\s*gymnasium(?![\w.-])", r, re.IGNORECASE) for r in distribution.requires or []):
+        if any(
+            re.match(r"\s*gymnasium(?![\w.-])", r, re.IGNORECASE)
+            for r in distribution.requires or []
+        ):
             name = distribution.metadata["Name"]
-            yield from (module for module, names in owners.items() if name in names and module.isidentifier())
+            yield from (
+                module
+                for module, names in owners.items()
+                if name in names and module.isidentifier()
+            )
 
 
 def _imports(module: str) -> bool:
@@ -91,10 +98,14 @@ def _unknown(env_id: str, name: str) -> UsageError:
         # Keep only messages that add something: a suggestion, the versions there are, a malformed id.
         plain = str(exc).startswith("No registered env") or str(exc).endswith("doesn't exist.")
         hint = "" if plain else f" ({one_line(str(exc))})"
-    return UsageError(f"unknown env id {env_id!r}{hint}; if a package registers it, pass it as module:{name}")
+    return UsageError(
+        f"unknown env id {env_id!r}{hint}; if a package registers it, pass it as module:{name}"
+    )
 
 
-def flat_observations(env: gym.Env, keep_images: bool = False, image_parts: bool = False) -> gym.Env:
+def flat_observations(
+    env: gym.Env, keep_images: bool = False, image_parts: bool = False
+) -> gym.Env:
     """`env` with a flat 1-D Box observation: Text parts of Dict/Tuple observations left out (one notice line),
     any non-1-D-Box space flattened with gymnasium's FlattenObservation wrapper; with `keep_images`, an image
     (`image_layout`) as it is, for the network to take through its CNN or flatten (--encoder mlp); with
@@ -106,22 +117,38 @@ def flat_observations(env: gym.Env, keep_images: bool = False, image_parts: bool
     if text:
         name = _env_name(env)
         if _only_text(space):
-            raise UsageError(f"{name}: the observation has only text parts, which the networks cannot take")
+            raise UsageError(
+                f"{name}: the observation has only text parts, which the networks cannot take"
+            )
         parts = ", ".join(f"'{_name(path)}' ({type(leaf).__name__})" for path, leaf in text)
         were = "is" if len(text) == 1 else "are"
-        notice(f"{name}: observation part{'s' * (len(text) > 1)} {parts} {were} left out; the agent sees the rest")
-        if all(len(path) == 1 for path, _ in text):  # only top-level parts go: gymnasium's own wrapper does that
+        notice(
+            f"{name}: observation part{'s' * (len(text) > 1)} {parts} {were} left out; the agent sees the rest"
+        )
+        if all(
+            len(path) == 1 for path, _ in text
+        ):  # only top-level parts go: gymnasium's own wrapper does that
             keys = list(space.keys()) if isinstance(space, Dict) else list(range(len(space)))
-            env = gym.wrappers.FilterObservation(env, [key for key in keys if not _is_text(space[key])])
+            env = gym.wrappers.FilterObservation(
+                env, [key for key in keys if not _is_text(space[key])]
+            )
         else:
             kept, drop_text = _without_text(space)
             env = gym.wrappers.TransformObservation(env, drop_text, kept)
         space = env.observation_space
-    if keep_images and image_parts and sum(1 for _, leaf in _leaves(space) if image_layout(leaf)) == 1:
+    if (
+        keep_images
+        and image_parts
+        and sum(1 for _, leaf in _leaves(space) if image_layout(leaf)) == 1
+    ):
         return image_and_vector(env)
     for path, leaf in _leaves(space):
         if not _flattenable(leaf):
-            what = f"observation part '{_name(path)}' ({leaf})" if path else f"observation space {leaf}"
+            what = (
+                f"observation part '{_name(path)}' ({leaf})"
+                if path
+                else f"observation space {leaf}"
+            )
             raise UsageError(f"{what} cannot be flattened to a vector")
     if isinstance(space, Box) and len(space.shape) == 1:
         return env
@@ -140,21 +167,31 @@ def image_and_vector(env: gym.Env) -> gym.Env:
     leaves = list(_leaves(space))
     image_path, image_space = next((path, leaf) for path, leaf in leaves if image_layout(leaf))
     if len(leaves) == 1:
-        return gym.wrappers.TransformObservation(env, lambda observation: _part(observation, image_path), image_space)
+        return gym.wrappers.TransformObservation(
+            env, lambda observation: _part(observation, image_path), image_space
+        )
     rest = Tuple([leaf for path, leaf in leaves if path != image_path])
     for path, leaf in leaves:
         if path != image_path and not _flattenable(leaf):
-            raise UsageError(f"observation part '{_name(path)}' ({leaf}) cannot be flattened to a vector")
+            raise UsageError(
+                f"observation part '{_name(path)}' ({leaf}) cannot be flattened to a vector"
+            )
     flat_rest = gym.spaces.flatten_space(rest)
-    vector_space = Box(flat_rest.low.astype(np.float32), flat_rest.high.astype(np.float32), dtype=np.float32)
+    vector_space = Box(
+        flat_rest.low.astype(np.float32), flat_rest.high.astype(np.float32), dtype=np.float32
+    )
 
     def split(observation: Any) -> dict[str, np.ndarray]:
         values = [_part(observation, path) for path, _ in leaves]
-        others = tuple(value for (path, _), value in zip(leaves, values, strict=True) if path != image_path)
+        others = tuple(
+            value for (path, _), value in zip(leaves, values, strict=True) if path != image_path
+        )
         vector = gym.spaces.flatten(rest, others).astype(np.float32)
         return {IMAGE: np.asarray(_part(observation, image_path)), VECTOR: vector}
 
-    return gym.wrappers.TransformObservation(env, split, Dict({IMAGE: image_space, VECTOR: vector_space}))
+    return gym.wrappers.TransformObservation(
+        env, split, Dict({IMAGE: image_space, VECTOR: vector_space})
+    )
 
 
 def _part(value: Any, path: tuple) -> Any:
@@ -167,7 +204,10 @@ def observation_map(function: Callable[..., Any], *observations: Any) -> Any:
     """`function` of the observations' arrays, or of each part of `image_and_vector` ones (dicts of arrays): the
     function gets the same part of each."""
     if isinstance(observations[0], dict):
-        return {key: function(*(observation[key] for observation in observations)) for key in observations[0]}
+        return {
+            key: function(*(observation[key] for observation in observations))
+            for key in observations[0]
+        }
     return function(*observations)
 
 
@@ -232,7 +272,9 @@ def vector_observations_only(env: gym.Env, script: str) -> gym.Env:
         if image_layout(leaf):
             what = f"observation part '{_name(path)}'" if path else "observation"
             image = f"an image (uint8 {leaf.shape})"
-            raise UsageError(f"{_env_name(env)}: its {what} is {image}; {script} takes vector observations only")
+            raise UsageError(
+                f"{_env_name(env)}: its {what} is {image}; {script} takes vector observations only"
+            )
     return env
 
 
@@ -267,7 +309,9 @@ def _without_text(space: Space) -> tuple[Space, Callable[[Any], Any]]:
         return kept_space, lambda value: {key: drop(value[key]) for key, (_, drop) in kept.items()}
     if isinstance(space, Tuple):
         kept = [(i, *_without_text(part)) for i, part in enumerate(space) if not _only_text(part)]
-        return Tuple([part for _, part, _ in kept]), lambda value: tuple(drop(value[i]) for i, _, drop in kept)
+        return Tuple([part for _, part, _ in kept]), lambda value: tuple(
+            drop(value[i]) for i, _, drop in kept
+        )
     return space, lambda value: value
 
 
@@ -292,7 +336,9 @@ def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
     except UsageError:
         raise
     except Exception as exc:  # missing extras, broken envs: the message says what to fix
-        raise UsageError(f"cannot make the env: {type(exc).__name__}: {one_line(str(exc))}") from None
+        raise UsageError(
+            f"cannot make the env: {type(exc).__name__}: {one_line(str(exc))}"
+        ) from None
     spaces = env.observation_space, env.action_space, list(env.metadata.get("render_modes", []))
     env.close()
     return spaces
@@ -321,17 +367,23 @@ def joint_actions(env: gym.Env) -> gym.Env:
 
 
 def checked_spaces(
-    make_env: Callable[[str], Callable[[], gym.Env]], args: Any, actions: tuple[type[Space], ...] = (Discrete, Box)
+    make_env: Callable[[str], Callable[[], gym.Env]],
+    args: Any,
+    actions: tuple[type[Space], ...] = (Discrete, Box),
 ) -> tuple[Space, Space]:
     """The observation and action spaces of `args.env_id` (made by the script's `make_env`), after checking them
     against the script and the flags of `args`: an action space of the `actions` types, frames for --capture-video,
     discrete actions for the topk and bottomk sampling methods."""
-    observation_space, action_space, render_modes = env_spaces(make_env(resolve_env_id(args.env_id)))
+    observation_space, action_space, render_modes = env_spaces(
+        make_env(resolve_env_id(args.env_id))
+    )
     if args.capture_video and "rgb_array" not in render_modes:
         raise UsageError(f"--capture-video: {args.env_id!r} cannot render to rgb_array frames")
     if not isinstance(action_space, actions):
         use = " or ".join(space.__name__ for space in actions)
-        raise UsageError(f"{args.env_id!r} has a {type(action_space).__name__} action space; use {use}")
+        raise UsageError(
+            f"{args.env_id!r} has a {type(action_space).__name__} action space; use {use}"
+        )
     if getattr(args, "sampling_method", None) in ("topk", "bottomk") and not isinstance(
         action_space, gym.spaces.Discrete
     ):
@@ -340,14 +392,22 @@ def checked_spaces(
 
 
 def training_envs(
-    make_env: Callable[..., Callable[[], gym.Env]], args: Any, video_folder: str, checkpoint: dict | None
+    make_env: Callable[..., Callable[[], gym.Env]],
+    args: Any,
+    video_folder: str,
+    checkpoint: dict | None,
 ) -> tuple[gym.vector.VectorEnv, gym.wrappers.vector.NormalizeReward | None]:
     """The training envs of a script's `args` (`make_env(env_id, index, capture_video, video_folder, video_every)`),
     with episode statistics and, with --norm-reward, gymnasium's NormalizeReward on top (its statistics from the
     `checkpoint` a run resumes); that wrapper is also returned on its own (None without it)."""
     env_id = resolve_env_id(args.env_id)
-    indices = distributed.rank() * args.num_envs + np.arange(args.num_envs)  # over all ranks: one env records videos
-    env_fns = [make_env(env_id, int(i), args.capture_video, video_folder, args.video_every) for i in indices]
+    indices = distributed.rank() * args.num_envs + np.arange(
+        args.num_envs
+    )  # over all ranks: one env records videos
+    env_fns = [
+        make_env(env_id, int(i), args.capture_video, video_folder, args.video_every)
+        for i in indices
+    ]
     envs = episode_statistics(vector_env(env_fns, args.async_envs))
     if not getattr(args, "norm_reward", False):  # a script without the flag has no normalisation
         return envs, None

@@ -23,11 +23,15 @@ class PolicyMismatch(RunStopped):
     """The rollout acted with another policy than the one whose log-probabilities the update uses."""
 
 
-def check_finite(parameters: Iterable[torch.Tensor], global_step: int, **losses: torch.Tensor) -> None:
+def check_finite(
+    parameters: Iterable[torch.Tensor], global_step: int, **losses: torch.Tensor
+) -> None:
     """Raise TrainingDiverged if a parameter is NaN or inf (where a NaN or inf loss ends up), naming the update's step
     and its last minibatch's `losses`. Once per update: on a GPU every check waits for the device."""
     if not torch.stack([torch.isfinite(p).all() for p in parameters]).all():
-        last = ", ".join(f"{name.replace('_', ' ')} {loss.item():.4g}" for name, loss in losses.items())
+        last = ", ".join(
+            f"{name.replace('_', ' ')} {loss.item():.4g}" for name, loss in losses.items()
+        )
         raise TrainingDiverged(
             f"a loss or parameter became NaN or inf in the update at step {global_step} (last minibatch: {last}); "
             "the last good checkpoint is kept"

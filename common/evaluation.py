@@ -21,7 +21,9 @@ from common.run_folder import create_run_folder, run_name
 from common.tracking import finish_tracking, log_episodes, start_tracking, wandb_history
 from common.trajectories import TrajectoryRecording, check_destination, new_recording_folder
 
-Act = Callable[[np.ndarray, np.ndarray], np.ndarray | tuple[np.ndarray, Mapping[str, Mapping[str, Any]]]]
+Act = Callable[
+    [np.ndarray, np.ndarray], np.ndarray | tuple[np.ndarray, Mapping[str, Mapping[str, Any]]]
+]
 
 
 def play_episodes(
@@ -39,8 +41,12 @@ def play_episodes(
     record for the step (`{name: {field: array}}`, e.g. a hidden state). With `trajectory_path`, the episodes are
     recorded there.
     """
-    env = episode_statistics(gym.vector.SyncVectorEnv([env_fn], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
-    recorder = TrajectoryRecording(trajectory_path, 1, meta or {}) if trajectory_path is not None else None
+    env = episode_statistics(
+        gym.vector.SyncVectorEnv([env_fn], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    )
+    recorder = (
+        TrajectoryRecording(trajectory_path, 1, meta or {}) if trajectory_path is not None else None
+    )
     returns: list[float] = []
     lengths: list[int] = []
     observations, _ = env.reset(seed=seed)
@@ -51,7 +57,15 @@ def play_episodes(
             actions, agents = actions
         next_observations, rewards, terminations, truncations, infos = env.step(actions)
         if recorder is not None:
-            recorder.add_step(observations, actions, rewards, terminations, truncations, agents=agents, infos=infos)
+            recorder.add_step(
+                observations,
+                actions,
+                rewards,
+                terminations,
+                truncations,
+                agents=agents,
+                infos=infos,
+            )
         if "_episode" in infos and infos["_episode"][0]:
             returns.append(float(infos["episode"]["r"][0]))
             lengths.append(int(infos["episode"]["l"][0]))
@@ -103,16 +117,26 @@ def evaluate_checkpoint(
     if trained.eval_episodes <= 0:
         raise UsageError("--eval-episodes must be positive with --eval-checkpoint")
     check_destination(args.save_trajectories)
-    run_path = create_run_folder(args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval")
-    writer = start_tracking(run_path, trained)  # with --track, a wandb run of its own: the evaluation run's name
-    recording = new_recording_folder(args.save_trajectories) if args.save_trajectories is not None else None
+    run_path = create_run_folder(
+        args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval"
+    )
+    writer = start_tracking(
+        run_path, trained
+    )  # with --track, a wandb run of its own: the evaluation run's name
+    recording = (
+        new_recording_folder(args.save_trajectories) if args.save_trajectories is not None else None
+    )
     returns = evaluate(writer, recording)
     finish_tracking(writer, run_path / "videos" if trained.capture_video else None, set())
-    print(f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    print(
+        f"{args.eval_checkpoint}: {len(returns)} episodes, return {np.mean(returns):.2f} +- {np.std(returns):.2f}"
+    )
     return returns
 
 
-def select_action(policy: Categorical | Normal, method: str, temperature: float, k: int) -> torch.Tensor:
+def select_action(
+    policy: Categorical | Normal, method: str, temperature: float, k: int
+) -> torch.Tensor:
     """An action of `policy` for evaluation (--sampling-method): greedy (argmax / mean), basic (sample), temperature
     (logits divided by it, or the std multiplied), topk or bottomk (a sample among the `k` most or least likely
     actions of a categorical). Another distribution takes greedy and basic (its `mode` and `sample`)."""
@@ -126,5 +150,9 @@ def select_action(policy: Categorical | Normal, method: str, temperature: float,
         return Normal(policy.mean, policy.stddev * temperature).sample()
     if method in ("topk", "bottomk") and isinstance(policy, Categorical):
         kept = policy.logits.topk(min(k, policy.logits.shape[-1]), dim=-1, largest=method == "topk")
-        return kept.indices.gather(-1, Categorical(logits=kept.values).sample().unsqueeze(-1)).squeeze(-1)
-    raise UsageError(f"--sampling-method {method} does not apply to a {type(policy).__name__} policy")
+        return kept.indices.gather(
+            -1, Categorical(logits=kept.values).sample().unsqueeze(-1)
+        ).squeeze(-1)
+    raise UsageError(
+        f"--sampling-method {method} does not apply to a {type(policy).__name__} policy"
+    )

@@ -24,7 +24,9 @@ class GracefulInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print("\ninterrupt: stopping after this iteration (Ctrl-C again to stop now)", file=sys.stderr)
+        print(
+            "\ninterrupt: stopping after this iteration (Ctrl-C again to stop now)", file=sys.stderr
+        )
 
     def __enter__(self) -> GracefulInterrupt:
         if threading.current_thread() is threading.main_thread():

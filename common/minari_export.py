@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     from minari import MinariDataset
 
 FINAL_OBS = "/infos/final_obs"
-NOT_INFOS = frozenset({"/observations", "/actions", "/rewards", "/terminations", "/truncations", "/masks"})
+NOT_INFOS = frozenset(
+    {"/observations", "/actions", "/rewards", "/terminations", "/truncations", "/masks"}
+)
 """Per-step keys that are Minari's own fields, or (masks) only restate them: not copied into the infos."""
 FINAL_OBS_KEYS = frozenset({FINAL_OBS, "/infos/_final_obs"})
 """The final observation and its mask: they become each episode's last observation, not infos."""
@@ -63,7 +65,10 @@ def export_to_minari(data: Mapping[str, np.ndarray], dataset_id: str) -> MinariD
 
     try:
         parse_dataset_id(dataset_id)
-    except (ValueError, TypeError):  # TypeError: Minari's parser fails so on an id without a version
+    except (
+        ValueError,
+        TypeError,
+    ):  # TypeError: Minari's parser fails so on an id without a version
         raise UsageError(
             f"malformed Minari dataset id {dataset_id!r}: use name-vN or namespace/name-vN "
             "(letters, digits, '-' and '_'; N an integer)"
@@ -79,7 +84,9 @@ def export_to_minari(data: Mapping[str, np.ndarray], dataset_id: str) -> MinariD
     args = meta.get("args") if isinstance(meta.get("args"), dict) else {}
     episodes = [episode for episode in split_episodes(data) if episode.finished]
     if not episodes:
-        raise UsageError("the trajectories hold no finished episode; Minari stores whole episodes only")
+        raise UsageError(
+            "the trajectories hold no finished episode; Minari stores whole episodes only"
+        )
     buffers = [_episode_buffer(EpisodeBuffer, episode) for episode in episodes]
     env, observation_space, action_space = _spaces(args.get("env_id"), data)
 
@@ -95,7 +102,8 @@ def export_to_minari(data: Mapping[str, np.ndarray], dataset_id: str) -> MinariD
             # Left out on purpose: no author, e-mail or code link is known here (nor, without exp_name, the algorithm),
             # and the data's env is the eval env.
             warnings.filterwarnings(
-                "ignore", r"`(code_permalink|author|author_email|eval_env|algorithm_name)` is set to None"
+                "ignore",
+                r"`(code_permalink|author|author_email|eval_env|algorithm_name)` is set to None",
             )
             warnings.filterwarnings("ignore", r"env_spec is None")
             dataset = minari.create_dataset_from_buffers(
@@ -115,7 +123,9 @@ def export_to_minari(data: Mapping[str, np.ndarray], dataset_id: str) -> MinariD
         )
     except BaseException as exc:
         # A half-written dataset would block the id; but one that appeared since the check above is not ours.
-        if not isinstance(exc, FileExistsError) and not (isinstance(exc, ValueError) and "already exists" in str(exc)):
+        if not isinstance(exc, FileExistsError) and not (
+            isinstance(exc, ValueError) and "already exists" in str(exc)
+        ):
             shutil.rmtree(dataset_path, ignore_errors=True)
         raise
     finally:
@@ -130,7 +140,9 @@ def _import_minari() -> Any:
         import h5py  # noqa: F401  (Minari's HDF5 storage, imported by Minari only when it writes)
         import minari
     except ImportError as exc:
-        raise UsageError(f'exporting to Minari needs {exc.name or "minari"}: pip install "{MINARI_EXTRA}"') from None
+        raise UsageError(
+            f'exporting to Minari needs {exc.name or "minari"}: pip install "{MINARI_EXTRA}"'
+        ) from None
     # Minari 0.5.3 JPEG-encodes image observations with no way to turn it off; 0.5.4 has the switch.
     if "jpeg_encoding" not in inspect.signature(minari.create_dataset_from_buffers).parameters:
         raise UsageError(
@@ -155,19 +167,29 @@ def _meta(data: Mapping[str, np.ndarray]) -> dict[str, Any]:
 def _episode_buffer(episode_buffer: type, episode: Episode) -> Any:
     """One finished episode as Minari's EpisodeBuffer: T + 1 observations and infos, T of everything else."""
     steps = episode.data
-    where = f"the episode of env {episode.env} that ends at step {episode.start + episode.length - 1}"
+    where = (
+        f"the episode of env {episode.env} that ends at step {episode.start + episode.length - 1}"
+    )
     if not _parts(steps, FINAL_OBS):
-        raise UsageError(f"{where} has no final observation: the data lacks {FINAL_OBS} (a SAME_STEP vector env's)")
+        raise UsageError(
+            f"{where} has no final observation: the data lacks {FINAL_OBS} (a SAME_STEP vector env's)"
+        )
     observations, finals = _parts(steps, "/observations"), _parts(steps, FINAL_OBS)
     if observations.keys() != finals.keys():
-        raise UsageError(f"{where}: final observations of parts {list(finals)}, observations {list(observations)}")
+        raise UsageError(
+            f"{where}: final observations of parts {list(finals)}, observations {list(observations)}"
+        )
     with_final = {}
     for part, observed in observations.items():
         final = finals[part][-1]
         if final.shape != observed.shape[1:]:
-            raise UsageError(f"{where}: final observation of shape {final.shape}, observations {observed.shape[1:]}")
+            raise UsageError(
+                f"{where}: final observation of shape {final.shape}, observations {observed.shape[1:]}"
+            )
         if np.issubdtype(final.dtype, np.floating) and np.isnan(final).all():
-            raise UsageError(f"{where} has no final observation ({FINAL_OBS} is NaN there); it cannot be exported")
+            raise UsageError(
+                f"{where} has no final observation ({FINAL_OBS} is NaN there); it cannot be exported"
+            )
         with_final[part] = np.concatenate([observed, final[None].astype(observed.dtype)])
     return episode_buffer(
         observations=with_final.pop("") if "" in with_final else with_final,
@@ -183,13 +205,23 @@ def _infos(steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """The per-step extras as Minari's nested, T + 1 long infos (see the module's docstring for the alignment)."""
     infos: dict[str, Any] = {}
     for key, values in steps.items():
-        if key in NOT_INFOS or key in FINAL_OBS_KEYS or key.startswith(("/observations/", FINAL_OBS + "/")):
+        if (
+            key in NOT_INFOS
+            or key in FINAL_OBS_KEYS
+            or key.startswith(("/observations/", FINAL_OBS + "/"))
+        ):
             continue
-        missing = np.full((1, *values.shape[1:]), np.nan if values.dtype.kind in "fc" else 0, dtype=values.dtype)
-        if key.startswith("/infos/"):  # returned by step t: belongs to the observation the step led to
+        missing = np.full(
+            (1, *values.shape[1:]), np.nan if values.dtype.kind in "fc" else 0, dtype=values.dtype
+        )
+        if key.startswith(
+            "/infos/"
+        ):  # returned by step t: belongs to the observation the step led to
             path, padded = key.removeprefix("/infos/").split("/"), np.concatenate([missing, values])
             if path[0] == "agents":
-                raise UsageError(f"info {key!r} clashes with the agents' fields, exported under infos['agents']")
+                raise UsageError(
+                    f"info {key!r} clashes with the agents' fields, exported under infos['agents']"
+                )
         else:  # the agent's fields for observation t
             path, padded = key.strip("/").split("/"), np.concatenate([values, missing])
         node = infos
@@ -199,36 +231,51 @@ def _infos(steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
     return infos
 
 
-def _spaces(env_id: str | None, data: Mapping[str, np.ndarray]) -> tuple[gym.Env | None, gym.Space, gym.Space]:
+def _spaces(
+    env_id: str | None, data: Mapping[str, np.ndarray]
+) -> tuple[gym.Env | None, gym.Space, gym.Space]:
     """The env to name in the dataset (None: no env spec) and the observation and action spaces to store: the env's
     where the recorded arrays fit them, else the data's."""
     parts, actions = _parts(data, "/observations"), data["/actions"]
-    observations = parts.get("", parts)  # one array, or a dict of an image and a vector (common.envs.image_and_vector)
+    observations = parts.get(
+        "", parts
+    )  # one array, or a dict of an image and a vector (common.envs.image_and_vector)
     env, reason = _made_env(env_id) if env_id is not None else (None, "")
     observation_space = action_space = None
     if env is not None:
-        observation_space = env.observation_space if _fits(observations, env.observation_space) else None
+        observation_space = (
+            env.observation_space if _fits(observations, env.observation_space) else None
+        )
         action_space = env.action_space if _fits(actions, env.action_space) else None
         for name, array, space, fitting in [
             ("observations", observations, env.observation_space, observation_space),
             ("actions", actions, env.action_space, action_space),
         ]:
-            if fitting is None:  # e.g. ppo_transformer's observations, which carry the previous action and reward
+            if (
+                fitting is None
+            ):  # e.g. ppo_transformer's observations, which carry the previous action and reward
                 reason = f"{reason}; " * bool(reason) + (
                     f"the recorded {name} ({_described(array)}) do not fit its space {space}"
                 )
     if reason:
         from_data = [
-            name for name, space in [("observation", observation_space), ("action", action_space)] if not space
+            name
+            for name, space in [("observation", observation_space), ("action", action_space)]
+            if not space
         ]
-        spaces = f", and its {' and '.join(from_data)} space{'s' * (len(from_data) > 1)} from the data" * bool(
-            from_data
+        spaces = (
+            f", and its {' and '.join(from_data)} space{'s' * (len(from_data) > 1)} from the data"
+            * bool(from_data)
         )
         notice(f"{env_id!r}: {reason}; the Minari dataset gets no env spec{spaces}")
         if env is not None:
             env.close()
             env = None
-    return env, observation_space or _box_of(observations), action_space or _action_space_of(actions)
+    return (
+        env,
+        observation_space or _box_of(observations),
+        action_space or _action_space_of(actions),
+    )
 
 
 def _made_env(env_id: str) -> tuple[gym.Env | None, str]:
@@ -241,7 +288,9 @@ def _made_env(env_id: str) -> tuple[gym.Env | None, str]:
     spec = env.spec
     try:
         # A wrapper that does not record its arguments has kwargs None: gymnasium cannot remake it.
-        remakeable = spec is not None and all(wrapper.kwargs is not None for wrapper in spec.additional_wrappers)
+        remakeable = spec is not None and all(
+            wrapper.kwargs is not None for wrapper in spec.additional_wrappers
+        )
         remakeable = remakeable and bool(spec.to_json())
     except (TypeError, ValueError):  # a callable in the spec: gymnasium cannot write it as JSON
         remakeable = False
@@ -252,7 +301,11 @@ def _parts(data: Mapping[str, np.ndarray], key: str) -> dict[str, np.ndarray]:
     """The arrays of `key` by part: {"": the array} where it is one, {part: array} for `key/part` entries."""
     if key in data:
         return {"": data[key]}
-    return {name.removeprefix(key + "/"): value for name, value in data.items() if name.startswith(key + "/")}
+    return {
+        name.removeprefix(key + "/"): value
+        for name, value in data.items()
+        if name.startswith(key + "/")
+    }
 
 
 def _fits(array: np.ndarray | dict[str, np.ndarray], space: gym.Space) -> bool:

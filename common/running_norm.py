@@ -33,11 +33,22 @@ class RunningNorm(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
         self.clip, self.epsilon = clip, epsilon
         self.every_feature = as_is is None and scaled_only is None
-        kept, root_mean_square = torch.zeros(size, dtype=torch.bool), torch.zeros(size, dtype=torch.float64)
+        kept, root_mean_square = (
+            torch.zeros(size, dtype=torch.bool),
+            torch.zeros(size, dtype=torch.float64),
+        )
         kept[as_is or slice(0)], root_mean_square[scaled_only or slice(0)] = True, 1.0
-        centred = (1.0 - root_mean_square) * ~kept  # derivable, but kept: one operation fewer in every call
-        for name, value in (("kept", kept), ("root_mean_square", root_mean_square), ("centred", centred)):
-            self.register_buffer(name, value, persistent=False)  # not state: they come from the arguments
+        centred = (
+            1.0 - root_mean_square
+        ) * ~kept  # derivable, but kept: one operation fewer in every call
+        for name, value in (
+            ("kept", kept),
+            ("root_mean_square", root_mean_square),
+            ("centred", centred),
+        ):
+            self.register_buffer(
+                name, value, persistent=False
+            )  # not state: they come from the arguments
 
     def update(self, batch: torch.Tensor) -> None:
         """Merge the statistics of `batch` (rows are samples) into the running ones."""
@@ -50,7 +61,12 @@ class RunningNorm(nn.Module):
         delta, total = batch_mean - self.mean, self.count + batch_count
         self.mean += delta * batch_count / total
         self.var.copy_(
-            (self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total
+            (
+                self.var * self.count
+                + batch_var * batch_count
+                + delta**2 * self.count * batch_count / total
+            )
+            / total
         )
         self.count.copy_(total)
 
@@ -59,7 +75,9 @@ class RunningNorm(nn.Module):
         if self.every_feature:
             return self.mean, torch.rsqrt(self.var + self.epsilon)
         shift = self.mean * self.centred
-        spread = self.var + self.mean**2 * self.root_mean_square  # the mean square, where not shifted
+        spread = (
+            self.var + self.mean**2 * self.root_mean_square
+        )  # the mean square, where not shifted
         return shift, torch.rsqrt(spread + self.epsilon).masked_fill(self.kept, 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -68,6 +86,8 @@ class RunningNorm(nn.Module):
 
     def numpy_snapshot(self) -> Callable[[np.ndarray], np.ndarray]:
         """`forward` at the current statistics, in NumPy (see common.numpy_snapshot)."""
-        shift, scale = (value.to("cpu", torch.float32).numpy().copy() for value in self.shift_and_scale())
+        shift, scale = (
+            value.to("cpu", torch.float32).numpy().copy() for value in self.shift_and_scale()
+        )
         clip = np.float32(self.clip)
         return lambda x: np.clip((x - shift) * scale, -clip, clip)

@@ -15,7 +15,9 @@ ONEDNN_CACHE_CAPACITY = 64
 """kernels oneDNN keeps: a few shapes' kernels in each network, and a bound on a recurrent update's"""
 
 
-def seed_and_pick_device(seed: int, torch_deterministic: bool, torch_threads: int | None, cuda: bool) -> torch.device:
+def seed_and_pick_device(
+    seed: int, torch_deterministic: bool, torch_threads: int | None, cuda: bool
+) -> torch.device:
     """Seed python, NumPy and torch, set the CPU threads of torch and of NumPy's BLAS (0 keeps their defaults; None
     leaves them to `threads_for`, once the network is built), and return the device: a GPU when `cuda` and one is
     available (under torchrun, the local rank's), else the CPU.
@@ -37,7 +39,11 @@ def seed_and_pick_device(seed: int, torch_deterministic: bool, torch_threads: in
     torch.backends.cudnn.allow_tf32 = False
     if torch_threads:
         _set_threads(torch_threads)
-    return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() and cuda else torch.device("cpu")
+    return (
+        torch.device("cuda", distributed.local_rank())
+        if torch.cuda.is_available() and cuda
+        else torch.device("cpu")
+    )
 
 
 LARGE_LAYER = 256
@@ -54,7 +60,10 @@ def threads_for(torch_threads: int | None, *networks: torch.nn.Module) -> None:
     modules = [module for network in networks for module in network.modules()]
     large = any(
         isinstance(module, torch.nn.Conv2d)
-        or (isinstance(module, torch.nn.Linear) and max(module.in_features, module.out_features) >= LARGE_LAYER)
+        or (
+            isinstance(module, torch.nn.Linear)
+            and max(module.in_features, module.out_features) >= LARGE_LAYER
+        )
         for module in modules
     )
     _set_threads(int(os.environ.get("OMP_NUM_THREADS") or available_cores()) if large else 1)
@@ -83,7 +92,10 @@ def rng_state() -> dict:
     numpy_state = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"key": torch.from_numpy(numpy_state[1].astype(np.int64)), "rest": list(numpy_state[2:])},
+        "numpy": {
+            "key": torch.from_numpy(numpy_state[1].astype(np.int64)),
+            "rest": list(numpy_state[2:]),
+        },
         "python": torch.tensor(random.getstate()[1]),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -95,7 +107,9 @@ def rng_state() -> dict:
 def restore_rng_state(state: dict) -> None:
     """Put back the generator states of `rng_state`; the CUDA ones on as many devices as there are here."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(("MT19937", state["numpy"]["key"].numpy().astype(np.uint32), *state["numpy"]["rest"]))
+    np.random.set_state(
+        ("MT19937", state["numpy"]["key"].numpy().astype(np.uint32), *state["numpy"]["rest"])
+    )
     random.setstate((3, tuple(state["python"].tolist()), None))
     if "cuda" in state and torch.cuda.is_available():
         for device, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):

@@ -39,7 +39,9 @@ def _copy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _linear(layer: nn.Linear) -> NumpyFunction:
-    weight = np.ascontiguousarray(_copy(layer.weight).T)  # a transposed view makes each matmul copy it
+    weight = np.ascontiguousarray(
+        _copy(layer.weight).T
+    )  # a transposed view makes each matmul copy it
     bias = _copy(layer.bias) if layer.bias is not None else np.float32(0)
     return lambda x: x @ weight + bias
 
@@ -52,7 +54,9 @@ def _layer_norm(layer: nn.LayerNorm) -> NumpyFunction:
 
     def layer_norm(x: np.ndarray) -> np.ndarray:
         centred = x - x.mean(axes, keepdims=True)
-        return centred / np.sqrt((centred * centred).mean(axes, keepdims=True) + eps) * weight + bias
+        return (
+            centred / np.sqrt((centred * centred).mean(axes, keepdims=True) + eps) * weight + bias
+        )
 
     return layer_norm
 
@@ -124,12 +128,22 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
     state after the step). An LSTM's state is its hidden and cell states side by side, in that order."""
     if type(rnn) not in (nn.LSTM, nn.GRU) or _has_forward_hooks(rnn):
         raise NoNumpyForm(f"no NumPy form for the cell {rnn.__class__.__name__}")
-    if rnn.bidirectional or rnn.batch_first or getattr(rnn, "proj_size", 0) or (rnn.dropout and rnn.training):
-        raise NoNumpyForm("no NumPy form for a bidirectional, batch-first, projected or dropout cell")
+    if (
+        rnn.bidirectional
+        or rnn.batch_first
+        or getattr(rnn, "proj_size", 0)
+        or (rnn.dropout and rnn.training)
+    ):
+        raise NoNumpyForm(
+            "no NumPy form for a bidirectional, batch-first, projected or dropout cell"
+        )
     layers = []
     for k in range(rnn.num_layers):
         weights = [_copy(getattr(rnn, f"weight_{kind}_l{k}")).T.copy() for kind in ("ih", "hh")]
-        biases = [_copy(getattr(rnn, f"bias_{kind}_l{k}")) if rnn.bias else np.float32(0) for kind in ("ih", "hh")]
+        biases = [
+            _copy(getattr(rnn, f"bias_{kind}_l{k}")) if rnn.bias else np.float32(0)
+            for kind in ("ih", "hh")
+        ]
         layers.append((*weights, *biases))
     size = rnn.hidden_size
 
@@ -140,9 +154,15 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
         next_state = np.empty_like(state)
         for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
             hidden, cell = state[k, :, :size], state[k, :, size:]
-            gates = x @ w_ih + b_ih + hidden @ w_hh + b_hh  # input, forget, cell, output: torch's order
-            squashed = sigmoid(gates)  # one call for all four (the cell gate's is unused): fewer NumPy calls
-            cell = squashed[:, size : 2 * size] * cell + squashed[:, :size] * np.tanh(gates[:, 2 * size : 3 * size])
+            gates = (
+                x @ w_ih + b_ih + hidden @ w_hh + b_hh
+            )  # input, forget, cell, output: torch's order
+            squashed = sigmoid(
+                gates
+            )  # one call for all four (the cell gate's is unused): fewer NumPy calls
+            cell = squashed[:, size : 2 * size] * cell + squashed[:, :size] * np.tanh(
+                gates[:, 2 * size : 3 * size]
+            )
             x = squashed[:, 3 * size :] * np.tanh(cell)
             next_state[k, :, :size], next_state[k, :, size:] = x, cell
         return x, next_state
@@ -150,7 +170,10 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
     def gru(x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         next_state = np.empty_like(state)
         for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
-            from_input, from_hidden = x @ w_ih + b_ih, state[k] @ w_hh + b_hh  # reset, update, new: torch's order
+            from_input, from_hidden = (
+                x @ w_ih + b_ih,
+                state[k] @ w_hh + b_hh,
+            )  # reset, update, new: torch's order
             reset = sigmoid(from_input[:, :size] + from_hidden[:, :size])
             update = sigmoid(from_input[:, size : 2 * size] + from_hidden[:, size : 2 * size])
             new = np.tanh(from_input[:, 2 * size :] + reset * from_hidden[:, 2 * size :])
@@ -160,7 +183,9 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
     return lstm if isinstance(rnn, nn.LSTM) else gru
 
 
-def numpy_policy(modules: Sequence[nn.Module], log_std: torch.Tensor | None) -> Callable[..., np.ndarray]:
+def numpy_policy(
+    modules: Sequence[nn.Module], log_std: torch.Tensor | None
+) -> Callable[..., np.ndarray]:
     """The NumPy form of a feedforward policy, (observations, noise) -> actions: `modules` applied in turn give the
     logits, drawn from with the Gumbel-max trick (`log_std` None), or the Gaussian mean, drawn as mean + std * noise.
     """
@@ -172,7 +197,10 @@ def numpy_policy(modules: Sequence[nn.Module], log_std: torch.Tensor | None) -> 
 
 
 def numpy_recurrent_policy(
-    normalise: nn.Module, cores: Sequence[tuple[nn.Module, nn.Module]], head: nn.Module, log_std: torch.Tensor | None
+    normalise: nn.Module,
+    cores: Sequence[tuple[nn.Module, nn.Module]],
+    head: nn.Module,
+    log_std: torch.Tensor | None,
 ) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
     """The NumPy form of one step of a recurrent policy, (observations, state, episode starts, noise) -> (actions,
     state after the step). The state, zero where an episode starts, holds each core's side by side; a core is an
@@ -187,7 +215,9 @@ def numpy_recurrent_policy(
 
     def step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
         x, state = normalised(obs), state * ~starts[None, :, None]
-        outputs, next_states = zip(*[cell(encoder(x), state[..., part]) for encoder, cell, part in steps], strict=True)
+        outputs, next_states = zip(
+            *[cell(encoder(x), state[..., part]) for encoder, cell, part in steps], strict=True
+        )
         return draw(outputs[0], noise), np.concatenate(next_states, -1)
 
     return step
@@ -196,11 +226,16 @@ def numpy_recurrent_policy(
 def trial_inputs(obs: np.ndarray, action_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Observations `obs`, each repeated 256 times, with a draw of noise for each: what `fitting_copy` tries."""
     repeated = np.repeat(obs, 256, axis=0)
-    return repeated, np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(np.float32)
+    return repeated, np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(
+        np.float32
+    )
 
 
 def fitting_copy(
-    build: Callable[[], F], reference: F, trial: Callable[[], tuple[np.ndarray, ...]], owner: nn.Module
+    build: Callable[[], F],
+    reference: F,
+    trial: Callable[[], tuple[np.ndarray, ...]],
+    owner: nn.Module,
 ) -> F | None:
     """`build()`, a NumPy copy of the rollout's policy of `owner`, if it builds and gives the outputs of `reference`
     (the torch policy: the same arguments, NumPy arrays in and out) on the arguments `trial()`; else None, with one
@@ -212,8 +247,12 @@ def fitting_copy(
         if owner not in _fitting:
             arguments = trial()
             outputs, expected = copy(*arguments), reference(*arguments)
-            pairs = zip(*(x if isinstance(x, tuple) else (x,) for x in (outputs, expected)), strict=True)
-            _fitting[owner] = all(a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs)
+            pairs = zip(
+                *(x if isinstance(x, tuple) else (x,) for x in (outputs, expected)), strict=True
+            )
+            _fitting[owner] = all(
+                a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs
+            )
         if not _fitting[owner]:
             raise NoNumpyForm("a copy of the actor gives other actions than the torch policy")
     except Exception as exc:  # whatever the edit broke: the torch policy is always right
@@ -245,10 +284,17 @@ def check_same_actions(
     if scores is not None:
         if torch.equal(acted, expected):  # nearly always: the ties below are rare
             return
-        acted_score, expected_score = scores.gather(-1, acted[:, None]), scores.gather(-1, expected[:, None])
+        acted_score, expected_score = (
+            scores.gather(-1, acted[:, None]),
+            scores.gather(-1, expected[:, None]),
+        )
         wrong = ~torch.isclose(acted_score, expected_score, rtol=1e-5, atol=1e-5).squeeze(-1)
     else:
-        wrong = ((acted - expected).abs() > 1e-2 * std + 1e-4 * expected.abs()).reshape(len(acted), -1).any(-1)
+        wrong = (
+            ((acted - expected).abs() > 1e-2 * std + 1e-4 * expected.abs())
+            .reshape(len(acted), -1)
+            .any(-1)
+        )
     if wrong.any():
         first = int(wrong.nonzero()[0, 0])
         advice = (
@@ -286,7 +332,9 @@ def check_draws(
         ordered = probs.sort(-1, descending=True)
         rank = (ordered.indices == actions[:, None]).int().argmax(-1, keepdim=True)
         drawn = ordered.values.gather(-1, rank).squeeze(-1)
-        uniform = torch.rand(len(actions), generator=torch.Generator().manual_seed(0)).to(probs.device)
+        uniform = torch.rand(len(actions), generator=torch.Generator().manual_seed(0)).to(
+            probs.device
+        )
         transform = ordered.values.cumsum(-1).gather(-1, rank).squeeze(-1) - drawn * uniform
         z = torch.cat([z, ((transform.mean() - 0.5) * (12 * len(actions)) ** 0.5)[None]])
     else:

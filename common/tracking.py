@@ -43,7 +43,9 @@ class WandbHistory:
         import wandb
 
         self.state_file = run_path / WANDB_RUN_FILE
-        state = json.loads(self.state_file.read_text()) if resumed and self.state_file.is_file() else {}
+        state = (
+            json.loads(self.state_file.read_text()) if resumed and self.state_file.is_file() else {}
+        )
         self.sent_before: int = state.get("last_step", -1)  # by the run this one resumes
         self.rows: list[dict[str, Any]] = []
         self.last_step = 0  # of the last row added
@@ -62,7 +64,9 @@ class WandbHistory:
         wandb.define_metric("global_step")
         wandb.define_metric("*", step_metric="global_step")
         self._write_state(self.sent_before)
-        atexit.register(self.send)  # an error that ends the run sends what waits (before wandb's own exit handler)
+        atexit.register(
+            self.send
+        )  # an error that ends the run sends what waits (before wandb's own exit handler)
 
     def add(self, step: int, values: dict[str, Any]) -> None:
         """One row at `step` (a global step), unless the run this one resumes sent that step already."""
@@ -77,13 +81,17 @@ class WandbHistory:
 
         if not self.rows or wandb.run is None:
             return
-        self._write_state(max(row["global_step"] for row in self.rows))  # first: a kill between never sends twice
+        self._write_state(
+            max(row["global_step"] for row in self.rows)
+        )  # first: a kill between never sends twice
         for row in self.rows:
             wandb.log(row)
         self.rows = []
 
     def _write_state(self, last_step: int) -> None:
-        write_atomically(self.state_file, json.dumps({"id": self.run_id, "last_step": last_step}).encode())
+        write_atomically(
+            self.state_file, json.dumps({"id": self.run_id, "last_step": last_step}).encode()
+        )
 
 
 def wandb_history(writer: SummaryWriter | None) -> WandbHistory | None:
@@ -105,7 +113,8 @@ def start_tracking(run_path: Path, args: Any, purge_step: int | None = None) -> 
     if purge_step is None:
         writer.add_text(
             "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in config.items()),
+            "|param|value|\n|-|-|\n"
+            + "\n".join(f"|{key}|{value}|" for key, value in config.items()),
         )
     return writer
 
@@ -122,7 +131,11 @@ def log_scalars(writer: SummaryWriter | None, scalars: dict[str, float], step: i
 
 
 def log_episodes(
-    writer: SummaryWriter | None, returns: Sequence[float], lengths: Sequence[int], step: int, prefix: str = "charts"
+    writer: SummaryWriter | None,
+    returns: Sequence[float],
+    lengths: Sequence[int],
+    step: int,
+    prefix: str = "charts",
 ) -> None:
     """Log every episode that ended at `step` (`{prefix}/episodic_return` and `{prefix}/episodic_length`): in one
     TensorBoard event, since each event costs the writer thread about 0.1 ms, which dominates runs where many short
@@ -138,7 +151,9 @@ def log_episodes(
         history.add(step, {return_tag: episode_return, length_tag: length})
 
 
-def upload_videos(history: WandbHistory, video_folder: str | Path, uploaded: set[str], step: int) -> None:
+def upload_videos(
+    history: WandbHistory, video_folder: str | Path, uploaded: set[str], step: int
+) -> None:
     """Queue the videos of `video_folder` that are not in `uploaded` for wandb, at `step`, and remember them there."""
     import wandb
 
@@ -149,7 +164,10 @@ def upload_videos(history: WandbHistory, video_folder: str | Path, uploaded: set
 
 
 def finish_tracking(
-    writer: SummaryWriter | None, video_folder: str | Path | None, uploaded: set[str], step: int | None = None
+    writer: SummaryWriter | None,
+    video_folder: str | Path | None,
+    uploaded: set[str],
+    step: int | None = None,
 ) -> None:
     """Close the writer; when tracking, send the last videos (at `step`, by default the last row's) and rows, and
     finish the wandb run (None: nothing to close)."""
@@ -162,7 +180,9 @@ def finish_tracking(
         import wandb
 
         if video_folder is not None:
-            upload_videos(history, video_folder, uploaded, history.last_step if step is None else step)
+            upload_videos(
+                history, video_folder, uploaded, history.last_step if step is None else step
+            )
         history.send()
         atexit.unregister(history.send)
         wandb.finish()
@@ -177,14 +197,19 @@ class EpisodeLog:
         self.writer, self.prefix = writer, prefix
         self.returns: list[float] = []
         self.lengths: list[int] = []
-        self.pending: list[tuple[int, list[float], list[int]]] = []  # this rank's, until `gather_ranks`
+        self.pending: list[
+            tuple[int, list[float], list[int]]
+        ] = []  # this rank's, until `gather_ranks`
 
     def record(self, infos: dict, step: int) -> None:
         """Keep and log the episodes that `infos` (of one vector step) reports as finished."""
         if "_episode" not in infos:
             return
         finished = infos["_episode"]
-        returns, lengths = infos["episode"]["r"][finished].tolist(), infos["episode"]["l"][finished].tolist()
+        returns, lengths = (
+            infos["episode"]["r"][finished].tolist(),
+            infos["episode"]["l"][finished].tolist(),
+        )
         if distributed.world_size() > 1:
             self.pending.append((step, returns, lengths))
         else:
@@ -200,7 +225,9 @@ class EpisodeLog:
         if distributed.world_size() == 1:
             return
         ranks, self.pending = distributed.gather(self.pending), []
-        for step, returns, lengths in sorted((episodes for rank in ranks for episodes in rank), key=lambda e: e[0]):
+        for step, returns, lengths in sorted(
+            (episodes for rank in ranks for episodes in rank), key=lambda e: e[0]
+        ):
             self._add(step, returns, lengths)
 
     def recent_mean(self, episodes: int = 20) -> float | None:
@@ -213,12 +240,21 @@ class TrainingLog:
     `charts/SPS` and `system/rss_mb` added, the progress bar, and (with --track) the videos uploaded as they appear.
     A context manager: the progress bar closes on leaving it."""
 
-    def __init__(self, writer: SummaryWriter | None, args: Any, video_folder: Path, total_steps: int, global_step: int):
+    def __init__(
+        self,
+        writer: SummaryWriter | None,
+        args: Any,
+        video_folder: Path,
+        total_steps: int,
+        global_step: int,
+    ):
         self.writer = writer
         self.video_folder = video_folder if args.capture_video else None
         self.episodes = EpisodeLog(writer)
         progress = args.progress and distributed.is_main()
-        self.progress = tqdm(total=total_steps, initial=global_step, disable=not progress, unit="step")
+        self.progress = tqdm(
+            total=total_steps, initial=global_step, disable=not progress, unit="step"
+        )
         self.start_time, self.start_step = time.time(), global_step
         self.uploaded_videos: set[str] = set()
         self.last_step = global_step

@@ -34,7 +34,9 @@ class TrainResult:
         if self.episode_returns:
             line += f", last-100 return {np.mean(self.episode_returns[-100:]):.2f}"
         if self.eval_returns:
-            line += f", eval return {np.mean(self.eval_returns):.2f} +- {np.std(self.eval_returns):.2f}"
+            line += (
+                f", eval return {np.mean(self.eval_returns):.2f} +- {np.std(self.eval_returns):.2f}"
+            )
         return line
 
     def print_summary(self) -> None:

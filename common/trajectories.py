@@ -101,15 +101,25 @@ def _numeric_info(value: Any, num_envs: int) -> np.ndarray | None:
     if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != num_envs:
         return None
     if value.dtype != object:
-        return value.copy() if np.issubdtype(value.dtype, np.number) or value.dtype == bool else None
+        return (
+            value.copy() if np.issubdtype(value.dtype, np.number) or value.dtype == bool else None
+        )
     present = [np.asarray(item) for item in value if item is not None]
-    if not present or any(p.shape != present[0].shape or not np.issubdtype(p.dtype, np.number) for p in present):
+    if not present or any(
+        p.shape != present[0].shape or not np.issubdtype(p.dtype, np.number) for p in present
+    ):
         return None
     dtype = present[0].dtype
-    if np.issubdtype(dtype, np.integer) and present[0].ndim >= 2 and all(p.dtype == dtype for p in present):
+    if (
+        np.issubdtype(dtype, np.integer)
+        and present[0].ndim >= 2
+        and all(p.dtype == dtype for p in present)
+    ):
         dense = np.zeros((num_envs, *present[0].shape), dtype=dtype)
     else:
-        dense = np.full((num_envs, *present[0].shape), np.nan, dtype=np.result_type(dtype, np.float32))
+        dense = np.full(
+            (num_envs, *present[0].shape), np.nan, dtype=np.result_type(dtype, np.float32)
+        )
     for env_index, item in enumerate(value):
         if item is not None:
             dense[env_index] = item
@@ -170,7 +180,10 @@ class TrajectoryWriter:
         }
         if agents:
             step["agents"] = {
-                name: {field: self._per_env(f"agents/{name}/{field}", value) for field, value in fields.items()}
+                name: {
+                    field: self._per_env(f"agents/{name}/{field}", value)
+                    for field, value in fields.items()
+                }
                 for name, fields in agents.items()
             }
         if infos is not None:
@@ -189,7 +202,9 @@ class TrajectoryWriter:
             value = value.detach().cpu().numpy()
         array = np.array(value, copy=True)
         if array.ndim == 0 or array.shape[0] != self.num_envs:
-            raise ValueError(f"{name}: expected a leading dimension of num_envs={self.num_envs}, got {array.shape}")
+            raise ValueError(
+                f"{name}: expected a leading dimension of num_envs={self.num_envs}, got {array.shape}"
+            )
         return array
 
     def _numeric_infos(self, infos: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -201,7 +216,8 @@ class TrajectoryWriter:
             elif key not in self._skipped_info_keys and key not in SILENTLY_SKIPPED_INFOS:
                 self._skipped_info_keys.add(key)
                 warnings.warn(
-                    f"trajectory writer: info {key!r} has no numeric per-env form; not recorded", stacklevel=3
+                    f"trajectory writer: info {key!r} has no numeric per-env form; not recorded",
+                    stacklevel=3,
                 )
         return numeric
 
@@ -226,9 +242,13 @@ class TrajectoryWriter:
         buffer = io.BytesIO()
         data = self.to_dict()
         images = any(
-            value.dtype == np.uint8 and value.ndim > 3 for key, value in data.items() if key.startswith("/observations")
+            value.dtype == np.uint8 and value.ndim > 3
+            for key, value in data.items()
+            if key.startswith("/observations")
         )
-        (np.savez_compressed if images else np.savez)(buffer, **data)  # frames compress well; vectors hardly do
+        (np.savez_compressed if images else np.savez)(
+            buffer, **data
+        )  # frames compress well; vectors hardly do
         write_atomically(path, buffer.getbuffer())
         return path
 
@@ -252,7 +272,12 @@ class TrajectoryRecording:
         flush_steps: int = FLUSH_STEPS,
         flush_bytes: int = FLUSH_BYTES,
     ):
-        self.path, self.steps_written, self.flush_steps, self.flush_bytes = Path(path), start, flush_steps, flush_bytes
+        self.path, self.steps_written, self.flush_steps, self.flush_bytes = (
+            Path(path),
+            start,
+            flush_steps,
+            flush_bytes,
+        )
         self.buffer, self.buffered_bytes = TrajectoryWriter(num_envs, meta), 0
         if start:
             later = _continuable_at(self.path, start)
@@ -266,7 +291,10 @@ class TrajectoryRecording:
         self.buffer.add_step(observations, *step, **fields)
         observations = self.buffer.steps[-1]["observations"]
         self.buffered_bytes += sum(
-            part.nbytes for part in (observations.values() if isinstance(observations, dict) else [observations])
+            part.nbytes
+            for part in (
+                observations.values() if isinstance(observations, dict) else [observations]
+            )
         )
         if len(self.buffer) >= self.flush_steps or self.buffered_bytes >= self.flush_bytes:
             self.flush()
@@ -309,24 +337,39 @@ class RolloutRecorder:
         recorded = _own_rank_entry(checkpoint)
         if recorded is not None and (carried or {}).get("continued"):
             try:
-                self.recording = TrajectoryRecording(recorded["path"], num_envs, meta, int(recorded["steps"]))
+                self.recording = TrajectoryRecording(
+                    recorded["path"], num_envs, meta, int(recorded["steps"])
+                )
                 return
             except TrajectoryFileError as exc:
                 notice(f"the recording cannot go on ({exc}): a new one", every_rank=True)
         elif recorded is not None:
-            notice(f"the envs start new episodes: a new recording, not {recorded['path']}", every_rank=True)
+            notice(
+                f"the envs start new episodes: a new recording, not {recorded['path']}",
+                every_rank=True,
+            )
         rank = distributed.rank()
-        path = Path(path) if rank == 0 else Path(path).with_name(f"{Path(path).stem}.rank{rank}{Path(path).suffix}")
+        path = (
+            Path(path)
+            if rank == 0
+            else Path(path).with_name(f"{Path(path).stem}.rank{rank}{Path(path).suffix}")
+        )
         self.recording = TrajectoryRecording(new_recording_folder(path), num_envs, meta)
 
-    def step(self, obs: Any, action: Any, reward: Any, terminated: Any, truncated: Any, infos: Mapping) -> None:
+    def step(
+        self, obs: Any, action: Any, reward: Any, terminated: Any, truncated: Any, infos: Mapping
+    ) -> None:
         """One vector-env step: the env's observation acted on, the action the env was sent, and its reward, scaled
         by `reward_normalizer` (gymnasium's NormalizeReward) if given: the env's own reward is recorded."""
         if self.recording is None:
             return
         if self.reward_normalizer is not None:
-            reward = reward * np.sqrt(self.reward_normalizer.return_rms.var + self.reward_normalizer.epsilon)
-        self.rollout.append(((observation_map(np.array, obs), action, reward, terminated, truncated), infos))
+            reward = reward * np.sqrt(
+                self.reward_normalizer.return_rms.var + self.reward_normalizer.epsilon
+            )
+        self.rollout.append(
+            ((observation_map(np.array, obs), action, reward, terminated, truncated), infos)
+        )
 
     def end_rollout(self, **agent_fields: Any) -> None:
         """The agent's fields for the rollout's steps, each (steps, num_envs, ...): recorded under `policy`."""
@@ -354,7 +397,11 @@ def _own_rank_entry(checkpoint: Mapping[str, Any] | None) -> Mapping[str, Any] |
     if checkpoint is None:
         return None
     ranks = checkpoint.get("ranks", [checkpoint])
-    return ranks[distributed.rank()].get("trajectories") if len(ranks) == distributed.world_size() else None
+    return (
+        ranks[distributed.rank()].get("trajectories")
+        if len(ranks) == distributed.world_size()
+        else None
+    )
 
 
 def _continuable_at(folder: Path, start: int) -> list[Path]:
@@ -370,7 +417,9 @@ def _continuable_at(folder: Path, start: int) -> list[Path]:
         else:
             steps += _chunk_length(chunk)
     if steps != start:
-        raise TrajectoryFileError(f"{str(folder)!r} holds {steps} steps before the checkpoint's {start}")
+        raise TrajectoryFileError(
+            f"{str(folder)!r} holds {steps} steps before the checkpoint's {start}"
+        )
     return later
 
 
@@ -400,9 +449,13 @@ def check_destination(path: str | Path | None) -> None:
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise UsageError(f"--save-trajectories {str(path)!r}: {str(parent)!r} is a file, not a folder")
+                raise UsageError(
+                    f"--save-trajectories {str(path)!r}: {str(parent)!r} is a file, not a folder"
+                )
             if not os.access(parent, os.W_OK | os.X_OK):
-                raise UsageError(f"--save-trajectories {str(path)!r}: cannot write in {str(parent)!r}")
+                raise UsageError(
+                    f"--save-trajectories {str(path)!r}: cannot write in {str(parent)!r}"
+                )
             return
 
 
@@ -415,7 +468,9 @@ def _chunk_start(chunk: Path) -> int:
     try:
         return int(chunk.stem.removeprefix(CHUNK_PREFIX))
     except ValueError:
-        raise TrajectoryFileError(f"{str(chunk)!r} is not a recording's file (steps_<first step>.npz)") from None
+        raise TrajectoryFileError(
+            f"{str(chunk)!r} is not a recording's file (steps_<first step>.npz)"
+        ) from None
 
 
 def _chunk_length(chunk: Path) -> int:
@@ -436,7 +491,8 @@ def _concatenated(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
             dtype = np.dtype(np.float64)
         trailing = present[0].shape[2:]
         parts = [
-            chunk[key] if key in chunk else np.full((*chunk["/rewards"].shape, *trailing), np.nan) for chunk in chunks
+            chunk[key] if key in chunk else np.full((*chunk["/rewards"].shape, *trailing), np.nan)
+            for chunk in chunks
         ]
         data[key] = np.concatenate(parts, axis=1, dtype=dtype)
     return data
@@ -469,16 +525,26 @@ def load_trajectories(path: str | Path) -> dict[str, np.ndarray]:
             data = {key: archive[key] for key in archive.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         reason = "it holds pickled data" if "pickle" in str(exc) else str(exc)
-        raise TrajectoryFileError(f"{str(path)!r} is not a readable .npz trajectory file ({reason})") from None
-    missing = [key for key in STEP_KEYS if key not in data and not any(k.startswith(key + "/") for k in data)]
+        raise TrajectoryFileError(
+            f"{str(path)!r} is not a readable .npz trajectory file ({reason})"
+        ) from None
+    missing = [
+        key
+        for key in STEP_KEYS
+        if key not in data and not any(k.startswith(key + "/") for k in data)
+    ]
     if missing:
-        raise TrajectoryFileError(f"{str(path)!r} is not a trajectory file: it lacks {', '.join(missing)}")
+        raise TrajectoryFileError(
+            f"{str(path)!r} is not a trajectory file: it lacks {', '.join(missing)}"
+        )
     shape = data["/rewards"].shape
     if len(shape) != 2:
         raise TrajectoryFileError(f"{str(path)!r}: /rewards should be (num_envs, T), got {shape}")
     for key, value in data.items():
         if not key.startswith("/meta/") and value.shape[:2] != shape:
-            raise TrajectoryFileError(f"{str(path)!r}: {key} has shape {value.shape}, expected {shape} + (...)")
+            raise TrajectoryFileError(
+                f"{str(path)!r}: {key} has shape {value.shape}, expected {shape} + (...)"
+            )
     return data
 
 
@@ -511,7 +577,9 @@ def split_episodes(data: Mapping[str, np.ndarray]) -> list[Episode]:
     An episode ends on the step whose termination or truncation is set. Steps after the last end of a stream form a
     final episode with ``finished=False``.
     """
-    ends = np.asarray(data["/terminations"], dtype=bool) | np.asarray(data["/truncations"], dtype=bool)
+    ends = np.asarray(data["/terminations"], dtype=bool) | np.asarray(
+        data["/truncations"], dtype=bool
+    )
     per_step = {key: value for key, value in data.items() if not key.startswith("/meta/")}
     episodes = []
     for env_index in range(ends.shape[0]):
@@ -521,7 +589,9 @@ def split_episodes(data: Mapping[str, np.ndarray]) -> list[Episode]:
             stops.append(ends.shape[1])
         for stop in stops:
             episode_data = {key: value[env_index, start:stop] for key, value in per_step.items()}
-            episodes.append(Episode(env_index, start, bool(ends[env_index, stop - 1]), episode_data))
+            episodes.append(
+                Episode(env_index, start, bool(ends[env_index, stop - 1]), episode_data)
+            )
             start = stop
     return episodes
 
@@ -536,18 +606,27 @@ def summarize(data: Mapping[str, np.ndarray]) -> str:
         f"episodes: {len(returns)} finished, {len(episodes) - len(returns)} unfinished",
     ]
     if returns.size:
-        lines.append(f"return: mean {returns.mean():.4g}  min {returns.min():.4g}  max {returns.max():.4g}")
-    lines.append(describe({key: value for key, value in data.items() if not key.startswith("/meta/")}))
+        lines.append(
+            f"return: mean {returns.mean():.4g}  min {returns.min():.4g}  max {returns.max():.4g}"
+        )
+    lines.append(
+        describe({key: value for key, value in data.items() if not key.startswith("/meta/")})
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m common.trajectories", description="Summarize a trajectory file, or export it to Minari."
+        prog="python -m common.trajectories",
+        description="Summarize a trajectory file, or export it to Minari.",
     )
-    parser.add_argument("path", help="a recording's folder (--save-trajectories) or a .npz trajectory file")
     parser.add_argument(
-        "--minari", metavar="DATASET_ID", help="write the finished episodes as this local Minari dataset"
+        "path", help="a recording's folder (--save-trajectories) or a .npz trajectory file"
+    )
+    parser.add_argument(
+        "--minari",
+        metavar="DATASET_ID",
+        help="write the finished episodes as this local Minari dataset",
     )
     options = parser.parse_args(argv)
     try:
@@ -556,7 +635,9 @@ def main(argv: list[str] | None = None) -> int:
             from common.minari_export import export_to_minari
 
             dataset = export_to_minari(data, options.minari)
-            print(f"{options.minari}: {dataset.total_episodes} episodes, {dataset.total_steps} steps")
+            print(
+                f"{options.minari}: {dataset.total_episodes} episodes, {dataset.total_steps} steps"
+            )
             return 0
     except (TrajectoryFileError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -15,7 +15,13 @@ Each class docstring states the optimal policy and the true values for any disco
 
 from gymnasium.envs.registration import register, registry
 
-from probe_envs.images import ImageBandit, ImageBanditRGB, ImageMemory, ImageMemoryRGB, ImageVectorBandit
+from probe_envs.images import (
+    ImageBandit,
+    ImageBanditRGB,
+    ImageMemory,
+    ImageMemoryRGB,
+    ImageVectorBandit,
+)
 from probe_envs.no_velocity import CartPoleNoVelEnv, PendulumNoVelEnv
 from probe_envs.probes import (
     ContinuousProbe1,
@@ -69,7 +75,9 @@ for _env_id, _cls in PROBES.items():
         register(id=_env_id, entry_point=_cls)
 for _env_id, (_cls, _steps, _threshold) in PARTIALLY_OBSERVED.items():
     if _env_id not in registry:
-        register(id=_env_id, entry_point=_cls, max_episode_steps=_steps, reward_threshold=_threshold)
+        register(
+            id=_env_id, entry_point=_cls, max_episode_steps=_steps, reward_threshold=_threshold
+        )
 
 __all__ = [
     "PARTIALLY_OBSERVED",

@@ -74,7 +74,9 @@ class ImageVectorBandit(ImageBanditRGB):
 
     def __init__(self, render_mode: str | None = None):
         super().__init__(render_mode)
-        self.observation_space = spaces.Dict({"flip": spaces.Discrete(2), "pixels": self.observation_space})
+        self.observation_space = spaces.Dict(
+            {"flip": spaces.Discrete(2), "pixels": self.observation_space}
+        )
         self.flip = 0
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):

@@ -39,7 +39,9 @@ class ProbeEnv(gym.Env):
         self.render_mode = render_mode
         # Spaces are per instance: a space carries its own RNG for sample().
         self.observation_space = _box(*self.observation_bounds)
-        self.action_space = _box([-1.0], [1.0]) if self.continuous else spaces.Discrete(self.num_actions)
+        self.action_space = (
+            _box([-1.0], [1.0]) if self.continuous else spaces.Discrete(self.num_actions)
+        )
         self.t = 0
         self.cue = 0
 
@@ -72,7 +74,9 @@ class ProbeEnv(gym.Env):
 
 
 def _box(low, high) -> spaces.Box:
-    return spaces.Box(np.array(low, dtype=np.float32), np.array(high, dtype=np.float32), dtype=np.float32)
+    return spaces.Box(
+        np.array(low, dtype=np.float32), np.array(high, dtype=np.float32), dtype=np.float32
+    )
 
 
 def _scalar_action(action) -> float:
@@ -254,7 +258,9 @@ class RepeatCue(ProbeEnv):
 
     def optimal_value(self, gamma):
         remaining = self.horizon - self.t
-        return (float(remaining) if gamma == 1 else (1 - gamma**remaining) / (1 - gamma)) / self.horizon
+        return (
+            float(remaining) if gamma == 1 else (1 - gamma**remaining) / (1 - gamma)
+        ) / self.horizon
 
 
 class ContinuousProbe1(Probe1):

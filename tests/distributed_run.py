@@ -60,7 +60,9 @@ def same_data(module, ranks: int, num_envs: int, num_minibatches: int) -> None:
             return drawn
         return drawn.narrow(dim, distributed.rank() * num_envs, num_envs).contiguous()
 
-    if hasattr(module.Agent, "sampling_noise"):  # ppo_fc, ppo_lstm: the rollout's noise, (steps, envs, ...)
+    if hasattr(
+        module.Agent, "sampling_noise"
+    ):  # ppo_fc, ppo_lstm: the rollout's noise, (steps, envs, ...)
         original_noise = module.Agent.sampling_noise
         module.Agent.sampling_noise = lambda self, shape: rank_rows(
             lambda: original_noise(self, (shape[0], ranks * num_envs)), dim=1
@@ -69,7 +71,9 @@ def same_data(module, ranks: int, num_envs: int, num_minibatches: int) -> None:
         module.Categorical.sample = lambda policy: (policy.logits + rank_rows(
             lambda: torch.empty(ranks * num_envs, policy.logits.shape[-1]).exponential_().log_().neg_(), dim=0
         )).argmax(-1)  # fmt: skip
-    env_major = module.__name__ != "ppo_fc"  # ppo_fc's batch is step-major; the others' sequences are env-major
+    env_major = (
+        module.__name__ != "ppo_fc"
+    )  # ppo_fc's batch is step-major; the others' sequences are env-major
 
     def randperm(size, *, device=None):
         draws["perm"] += 1
@@ -86,7 +90,10 @@ def same_data(module, ranks: int, num_envs: int, num_minibatches: int) -> None:
             step, env = torch.div(perms, num_envs, rounding_mode="floor"), perms % num_envs
             global_index = step * ranks * num_envs + ranks_first * num_envs + env
         minibatch = local // num_minibatches
-        blocks = [global_index[:, k * minibatch : (k + 1) * minibatch].reshape(-1) for k in range(num_minibatches)]
+        blocks = [
+            global_index[:, k * minibatch : (k + 1) * minibatch].reshape(-1)
+            for k in range(num_minibatches)
+        ]
         return torch.cat(blocks).to(device)
 
     torch.randperm = randperm
@@ -102,7 +109,9 @@ def main() -> int:
     module = importlib.import_module(options.script)
     args = module.Args(**json.loads(options.settings))
     if options.same_data:
-        local_envs = args.num_envs if distributed.launched_size() > 1 else args.num_envs // options.same_data
+        local_envs = (
+            args.num_envs if distributed.launched_size() > 1 else args.num_envs // options.same_data
+        )
         same_data(module, options.same_data, local_envs, args.num_minibatches)
     means = []
     original_mean = distributed.mean
@@ -124,7 +133,9 @@ def main() -> int:
                 "global_step": result.global_step,
                 "run_dir": str(result.run_dir),
                 "means": means,
-                "environ": {name: os.environ.get(name) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")},
+                "environ": {
+                    name: os.environ.get(name) for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+                },
             },
             Path(options.out) / f"rank{distributed.rank()}.pt",
         )

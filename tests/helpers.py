@@ -25,7 +25,10 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar of a run folder, read with tensorboard's own reader (no sampling: size 0 keeps all)."""
     accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
     accumulator.Reload()
-    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+    return {
+        tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
 
 
 @dataclass
@@ -64,9 +67,13 @@ def _wandb_records(path: Path) -> Iterator[bytes]:
         chunk = data[position + 7 : position + 7 + length]
         if len(chunk) < length <= room - 7:
             return  # the last chunk, cut short
-        bad_kind = kind not in (1, 2, 3, 4) or (kind < 3) == bool(parts)  # FULL or FIRST, then MIDDLE*, LAST
+        bad_kind = kind not in (1, 2, 3, 4) or (kind < 3) == bool(
+            parts
+        )  # FULL or FIRST, then MIDDLE*, LAST
         if len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) != checksum or bad_kind:
-            raise ValueError(f"{path}: corrupt chunk at byte {position} (type {kind}, length {length})")
+            raise ValueError(
+                f"{path}: corrupt chunk at byte {position} (type {kind}, length {length})"
+            )
         position += 7 + length
         parts.append(chunk)
         if kind in (1, 4):
@@ -89,19 +96,27 @@ def read_wandb_runs(folder: Path) -> list[WandbRun]:
             values.pop(key(item), None)
 
     runs = []
-    for path in sorted(Path(folder).rglob("offline-run-*/run-*.wandb"), key=lambda path: path.parent.name):
+    for path in sorted(
+        Path(folder).rglob("offline-run-*/run-*.wandb"), key=lambda path: path.parent.name
+    ):
         run = WandbRun(id="", name="", project="", path=path)
         for data in _wandb_records(path):
             record = Record.FromString(data)
             kind = record.WhichOneof("record_type")
             if kind == "run":
-                run.id, run.name, run.project = record.run.run_id, record.run.display_name, record.run.project
+                run.id, run.name, run.project = (
+                    record.run.run_id,
+                    record.run.display_name,
+                    record.run.project,
+                )
                 run.resumed = record.run.resumed
                 update(run.config, record.run.config)
             elif kind == "config":
                 update(run.config, record.config)
             elif kind == "history":
-                run.history.append({key(item): json.loads(item.value_json) for item in record.history.item})
+                run.history.append(
+                    {key(item): json.loads(item.value_json) for item in record.history.item}
+                )
             elif kind == "summary":
                 update(run.summary, record.summary)
             elif kind == "files":
@@ -110,7 +125,9 @@ def read_wandb_runs(folder: Path) -> list[WandbRun]:
     return runs
 
 
-def run_script(script: str, *flags: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_script(
+    script: str, *flags: str, env: dict | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     """Run `python SCRIPT FLAGS` from the repository's root and capture its output."""
     return subprocess.run(
         [sys.executable, script, *flags],

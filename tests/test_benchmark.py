@@ -21,8 +21,22 @@ import benchmark.__main__ as harness
 from benchmark import answers_by_step, cases, ddpg_floor, ddpg_speed, recurrent_floor, tracking_cost
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
-from benchmark.registry import HARNESS_SET, REFERENCES, SCRIPTS, load_script, resolve_args, same_settings_flags
-from benchmark.report import Row, SpeedNumbers, results_table, row_numbers, speed_numbers, speed_table
+from benchmark.registry import (
+    HARNESS_SET,
+    REFERENCES,
+    SCRIPTS,
+    load_script,
+    resolve_args,
+    same_settings_flags,
+)
+from benchmark.report import (
+    Row,
+    SpeedNumbers,
+    results_table,
+    row_numbers,
+    speed_numbers,
+    speed_table,
+)
 from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
 from common.envs import env_spaces, resolve_env_id
 from common.seeding import available_cores
@@ -37,31 +51,69 @@ def test_case_table_lookup():
     assert full.total_timesteps == 500_000 and full.threshold == 490.0
     assert cases.find_case("ppo_fc", "CartPole-v1", 100_000).threshold == 150.0
     shorter = cases.find_case("ppo_fc", "CartPole-v1", 30_000)
-    assert shorter.total_timesteps == 30_000 and shorter.threshold is None  # a threshold is for its own length
+    assert (
+        shorter.total_timesteps == 30_000 and shorter.threshold is None
+    )  # a threshold is for its own length
     unlisted = cases.find_case("ppo_fc", "Acrobot-v1")
-    assert unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS and unlisted.threshold is None and not unlisted.flags
-    for name, suite in cases.SUITES.items():  # every case is judged (on a threshold or against a reference), or its
+    assert (
+        unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS
+        and unlisted.threshold is None
+        and not unlisted.flags
+    )
+    for (
+        name,
+        suite,
+    ) in (
+        cases.SUITES.items()
+    ):  # every case is judged (on a threshold or against a reference), or its
         # suite is run beside baselines of its own, or measures speed only (no evaluation)
-        judged = [case.threshold is not None or case.reference is not None for case in cases.suite_cases(name)]
-        assert suite.seeds and (all(judged) or suite.baseline_seeds is not None or suite.eval_episodes == 0)
-    assert [case.flags for case in cases.suite_cases("bptt")] == [(), ("--bptt-len", "32"), ("--bptt-len", "8")]
-    assert cases.find_case("ppo_lstm", "CartPoleNoVel-v1", 500_000) == cases.CARTPOLE_NOVEL_500K  # not a variant
+        judged = [
+            case.threshold is not None or case.reference is not None
+            for case in cases.suite_cases(name)
+        ]
+        assert suite.seeds and (
+            all(judged) or suite.baseline_seeds is not None or suite.eval_episodes == 0
+        )
+    assert [case.flags for case in cases.suite_cases("bptt")] == [
+        (),
+        ("--bptt-len", "32"),
+        ("--bptt-len", "8"),
+    ]
+    assert (
+        cases.find_case("ppo_lstm", "CartPoleNoVel-v1", 500_000) == cases.CARTPOLE_NOVEL_500K
+    )  # not a variant
     compared = [case for case in cases.CASES if case.compare_with is not None]
     for case in compared:  # another length keeps the comparison (a speed run can be shorter)
         assert cases.find_case(case.script, case.env_id, 1000).compare_with == case.compare_with
 
 
 def test_a_compared_script_gets_every_setting_the_two_share():
-    flags = ("--num-envs", "8", "--norm-obs", "--no-clip-vloss", "--target-kl", "0.02", "--rnn-hidden-size", "32")
+    flags = (
+        "--num-envs",
+        "8",
+        "--norm-obs",
+        "--no-clip-vloss",
+        "--target-kl",
+        "0.02",
+        "--rnn-hidden-size",
+        "32",
+    )
     derived = same_settings_flags("ppo_lstm", flags, "ppo_fc")
     lstm, fc = resolve_args("ppo_lstm", flags), resolve_args("ppo_fc", derived)
-    shared = [field.name for field in fields(fc) if hasattr(lstm, field.name) and field.name not in HARNESS_SET]
+    shared = [
+        field.name
+        for field in fields(fc)
+        if hasattr(lstm, field.name) and field.name not in HARNESS_SET
+    ]
     assert "num_envs" in shared and "rnn_hidden_size" not in shared
     assert all(getattr(fc, name) == getattr(lstm, name) for name in shared)
     assert fc.num_envs == 8 and fc.norm_obs and not fc.clip_vloss and fc.target_kl == 0.02
     assert same_settings_flags("ppo_lstm", (), "ppo_lstm") == ()
     back = same_settings_flags("ppo_fc", ("--target-kl", "0.02"), "ppo_lstm")
-    assert resolve_args("ppo_lstm", back).target_kl == 0.02 and resolve_args("ppo_fc", ()).target_kl is None
+    assert (
+        resolve_args("ppo_lstm", back).target_kl == 0.02
+        and resolve_args("ppo_fc", ()).target_kl is None
+    )
 
 
 # Flags that move every setting the baseline is given away from its default.
@@ -112,14 +164,25 @@ def ppo_read_back(model, envs, settings, args) -> dict:
 
     widths = {
         name: [layer.out_features for layer in net if hasattr(layer, "out_features")]
-        for name, net in (("pi", model.policy.mlp_extractor.policy_net), ("vf", model.policy.mlp_extractor.value_net))
+        for name, net in (
+            ("pi", model.policy.mlp_extractor.policy_net),
+            ("vf", model.policy.mlp_extractor.value_net),
+        )
     }
     assert widths["pi"] == widths["vf"] and len(set(widths["pi"])) <= 1
     normalizer = envs if isinstance(envs, VecNormalize) else None
-    if hasattr(model.policy, "lstm_actor") and not hasattr(args, "rnn_hidden_size"):  # a transformer's counterpart
-        assert widths["pi"] == [] and model.policy.lstm_actor.hidden_size == 128 and model.policy.lstm_critic
+    if hasattr(model.policy, "lstm_actor") and not hasattr(
+        args, "rnn_hidden_size"
+    ):  # a transformer's counterpart
+        assert (
+            widths["pi"] == []
+            and model.policy.lstm_actor.hidden_size == 128
+            and model.policy.lstm_critic
+        )
         recurrent = {}
-    elif hasattr(model.policy, "lstm_actor"):  # RecurrentPPO: linear heads on the LSTM, as the script's
+    elif hasattr(
+        model.policy, "lstm_actor"
+    ):  # RecurrentPPO: linear heads on the LSTM, as the script's
         assert widths["pi"] == []
         recurrent = {
             "rnn_hidden_size": model.policy.lstm_actor.hidden_size,
@@ -132,7 +195,9 @@ def ppo_read_back(model, envs, settings, args) -> dict:
     return {
         **recurrent,
         "num_envs": model.n_envs,
-        "async_envs": not isinstance(model.get_env().unwrapped if normalizer else model.get_env(), DummyVecEnv),
+        "async_envs": not isinstance(
+            model.get_env().unwrapped if normalizer else model.get_env(), DummyVecEnv
+        ),
         "num_steps": model.n_steps,
         "num_minibatches": model.n_envs * model.n_steps // model.batch_size,
         "update_epochs": model.n_epochs,
@@ -148,8 +213,12 @@ def ppo_read_back(model, envs, settings, args) -> dict:
         "target_kl": model.target_kl,
         "norm_obs": bool(normalizer and normalizer.norm_obs),
         "norm_reward": bool(normalizer and normalizer.norm_reward),
-        "norm_reward_clip": normalizer.clip_reward if normalizer and normalizer.norm_reward else None,
-        "torch_threads": settings["torch_threads"],  # the baseline process sets it before building the model
+        "norm_reward_clip": normalizer.clip_reward
+        if normalizer and normalizer.norm_reward
+        else None,
+        "torch_threads": settings[
+            "torch_threads"
+        ],  # the baseline process sets it before building the model
     }
 
 
@@ -176,9 +245,13 @@ def td3_read_back(model, envs, settings) -> dict:
         "gamma": model.gamma,
         "updates_per_step": model.gradient_steps // model.n_envs,
         "policy_frequency": model.policy_delay,
-        "exploration_noise": float(np.mean(noise._sigma)),  # added to the action scaled to [-1, 1]: in half-ranges
+        "exploration_noise": float(
+            np.mean(noise._sigma)
+        ),  # added to the action scaled to [-1, 1]: in half-ranges
         "noise": "ou" if isinstance(noise, OrnsteinUhlenbeckActionNoise) else "gaussian",
-        "torch_threads": settings["torch_threads"],  # the baseline process sets it before building the model
+        "torch_threads": settings[
+            "torch_threads"
+        ],  # the baseline process sets it before building the model
     }
 
 
@@ -189,14 +262,23 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
     script = SCRIPTS[script_name]
     flag_sets = [
         (),
-        *([("--no-norm-obs", "--no-norm-reward")] if script_name != "ddpg" else []),  # off, where a script normalises
+        *(
+            [("--no-norm-obs", "--no-norm-reward")] if script_name != "ddpg" else []
+        ),  # off, where a script normalises
         EVERY_SETTING_MOVED[script_name],
-        *{case.flags for name in cases.SUITES for case in cases.suite_cases(name) if case.script == script_name},
+        *{
+            case.flags
+            for name in cases.SUITES
+            for case in cases.suite_cases(name)
+            if case.script == script_name
+        },
         *(case.flags for case in cases.CASES if case.script == script_name),
     ]
     for flags in flag_sets:
         args = resolve_args(script_name, flags)
-        settings = json.loads(json.dumps(script.sb3_settings(args)))  # as the baseline's process receives them
+        settings = json.loads(
+            json.dumps(script.sb3_settings(args))
+        )  # as the baseline's process receives them
         envs = make_sb3_envs(BASELINE_ENV[script_name], settings, seed=1)
         model = build_sb3_model(script.sb3_algo, settings, envs, seed=1)
         read_back = (
@@ -211,12 +293,16 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
         if getattr(args, "clip_vloss", False):
             assert model.clip_range_vf(1.0) == pytest.approx(args.clip_coef)
         end = args.end_learning_rate if args.anneal_lr else args.learning_rate
-        assert model.lr_schedule(0.0) == pytest.approx(end)  # SB3's progress_remaining is 0 at the end
+        assert model.lr_schedule(0.0) == pytest.approx(
+            end
+        )  # SB3's progress_remaining is 0 at the end
         activation = torch.nn.ReLU if script.sb3_algo == "td3" else torch.nn.Tanh
         assert model.policy.activation_fn is activation
         envs.close()
         unaccounted = {item.name for item in fields(args)} - set(read_back) - set(script.unmatched)
-        assert not unaccounted, f"fields of {script_name}.Args neither given to the baseline nor explained"
+        assert not unaccounted, (
+            f"fields of {script_name}.Args neither given to the baseline nor explained"
+        )
     assert not set(read_back) & set(script.unmatched)
 
 
@@ -225,7 +311,9 @@ def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
         cases.Case("ppo_fc", "CartPole-v1", 1024),
         cases.Case("ppo_fc", "CartPole-v1", 2048),
         cases.Case("ppo_fc", "CartPole-v1", 1024, flags=("--num-envs", "2")),
-        cases.Case("ppo_fc", "CartPole-v1", 1024, flags=("--no-numpy-rollout",)),  # the same baseline settings
+        cases.Case(
+            "ppo_fc", "CartPole-v1", 1024, flags=("--no-numpy-rollout",)
+        ),  # the same baseline settings
     )
     args = harness.Run(baselines=True, seeds=(1, 2))
     jobs, plans = harness.make_jobs(args, list(table), (1, 2), tmp_path)
@@ -238,7 +326,9 @@ def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
     assert baselines[0] != baselines[1] != baselines[2] and baselines[3] == baselines[0]
     assert sum(job.kind == "sb3" for job in jobs) == 3 * 2  # the shared one once per seed
     raw = [plan.raw_env_job for plan in plans]
-    assert raw[0] == raw[1] and raw[2] != raw[0]  # 4 envs and 2 envs are measured apart; steps do not matter
+    assert (
+        raw[0] == raw[1] and raw[2] != raw[0]
+    )  # 4 envs and 2 envs are measured apart; steps do not matter
     rows = harness.rows_of(jobs, plans)
     assert len(rows) == 4 + 3 and len({row.key for row in rows}) == len(rows)
 
@@ -247,12 +337,17 @@ def test_a_suite_s_baseline_seeds_are_its_own_unless_seeds_are_given(tmp_path):
     suite = cases.SUITES["ddpg-mujoco"]
     for given, baseline_seeds in ((None, suite.baseline_seeds), ((3,), (3,))):
         args = harness.Run(suite="ddpg-mujoco", baselines=True, seeds=given)
-        jobs, _ = harness.make_jobs(args, cases.suite_cases("ddpg-mujoco"), given or suite.seeds, tmp_path)
+        jobs, _ = harness.make_jobs(
+            args, cases.suite_cases("ddpg-mujoco"), given or suite.seeds, tmp_path
+        )
         for env_id in ("HalfCheetah-v5", "Hopper-v5"):
-            assert tuple(job.seed for job in jobs if job.kind == "sb3" and job.env_id == env_id) == baseline_seeds
-            assert tuple(job.seed for job in jobs if job.kind == "script" and job.env_id == env_id) == (
-                given or suite.seeds
+            assert (
+                tuple(job.seed for job in jobs if job.kind == "sb3" and job.env_id == env_id)
+                == baseline_seeds
             )
+            assert tuple(
+                job.seed for job in jobs if job.kind == "script" and job.env_id == env_id
+            ) == (given or suite.seeds)
 
 
 def test_a_case_s_window_reaches_its_jobs_and_is_marked_in_the_table(tmp_path):
@@ -260,7 +355,10 @@ def test_a_case_s_window_reaches_its_jobs_and_is_marked_in_the_table(tmp_path):
     jobs, _ = harness.make_jobs(harness.Run(), [case], (1,), tmp_path)
     assert [job.window for job in jobs] == [10]
     summary = RunSummary("r", "ddpg", "Pendulum-v1", 1, steps=1000, window=10)
-    summary.episode_returns, summary.episode_steps = np.array([-300.0] * 5 + [-100.0] * 10), np.arange(200, 3200, 200)
+    summary.episode_returns, summary.episode_steps = (
+        np.array([-300.0] * 5 + [-100.0] * 10),
+        np.arange(200, 3200, 200),
+    )
     summary.episode_seconds = summary.episode_steps / 100.0
     row = Row("ddpg", "Pendulum-v1", case.key, 1000, threshold=-200.0, judged=True, runs=[summary])
     numbers = row_numbers(row)
@@ -269,13 +367,20 @@ def test_a_case_s_window_reaches_its_jobs_and_is_marked_in_the_table(tmp_path):
 
 
 def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tmp_path):
-    case = cases.Case("ppo_lstm", "CartPole-v1", 1024, flags=("--num-envs", "2"), compare_with="ppo_fc")
+    case = cases.Case(
+        "ppo_lstm", "CartPole-v1", 1024, flags=("--num-envs", "2"), compare_with="ppo_fc"
+    )
     jobs, [plan] = harness.make_jobs(harness.Run(), [case], (1, 2), tmp_path)
     assert [job.label for job in jobs] == ["ppo_lstm"] * 2 + ["ppo_fc"] * 2
     fc_command = jobs[2].command
-    assert fc_command[1].endswith("ppo_fc.py") and fc_command[fc_command.index("--num-envs") + 1] == "2"
+    assert (
+        fc_command[1].endswith("ppo_fc.py")
+        and fc_command[fc_command.index("--num-envs") + 1] == "2"
+    )
     assert plan.reference.flags == same_settings_flags("ppo_lstm", case.flags, "ppo_fc")
-    assert fc_command[-len(plan.reference.flags) - 2 : -2] == list(plan.reference.flags)  # before --run-dir
+    assert fc_command[-len(plan.reference.flags) - 2 : -2] == list(
+        plan.reference.flags
+    )  # before --run-dir
     assert plan.reference.key != case.key
     for job, sps in zip(jobs, (600.0, 800.0, 1000.0, 1000.0), strict=True):
         job.summary = summary(job.seed, [1.0], sps)
@@ -288,28 +393,48 @@ def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tm
     # Runs taken from a --reuse-runs store ran in another session: no ratio with them on either side.
     for stored_label in ("ppo_fc", "ppo_lstm"):
         for job in jobs:
-            job.stored = {"date": "2026-11-26T00:00:00+00:00", "git": "0000000"} if job.label == stored_label else None
+            job.stored = (
+                {"date": "2026-11-26T00:00:00+00:00", "git": "0000000"}
+                if job.label == stored_label
+                else None
+            )
         assert harness.speed_rows(jobs, [plan], numbers) == [], stored_label
 
 
 def test_a_case_under_torchrun_starts_its_processes_and_has_a_key_of_its_own(tmp_path):
     one = cases.Case("ppo_fc", "CartPole-v1", 1024)
     two = replace(one, nproc=2)
-    assert one.key == "ppo_fc__CartPole-v1__1024__4f53cda1"  # as before nproc: stored runs and tables name it
-    assert two.key == one.key + "__np2" and "2 processes" in two.name and "processes" not in one.name
+    assert (
+        one.key == "ppo_fc__CartPole-v1__1024__4f53cda1"
+    )  # as before nproc: stored runs and tables name it
+    assert (
+        two.key == one.key + "__np2" and "2 processes" in two.name and "processes" not in one.name
+    )
     jobs, plans = harness.make_jobs(harness.Run(baselines=True), [one, two], (1,), tmp_path)
     [plain, torchrun] = [job for job in jobs if job.kind == "script"]
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    assert torchrun.command[: 1 + len(launcher)] == [sys.executable, *launcher] and torchrun.nproc == 2
+    assert (
+        torchrun.command[: 1 + len(launcher)] == [sys.executable, *launcher] and torchrun.nproc == 2
+    )
     assert plain.command[1] == str(REPO / "ppo_fc.py") and plain.nproc == 1
-    assert harness.portable(torchrun.command)[len(launcher) :] == harness.portable(plain.command)  # the same flags
+    assert harness.portable(torchrun.command)[len(launcher) :] == harness.portable(
+        plain.command
+    )  # the same flags
     others = [job for job in jobs if job.kind != "script"]
-    assert {job.kind for job in others} == {"sb3", "raw-env"} and len(others) == 2  # shared by both cases
-    assert all(job.nproc == 1 and job.command[1:3] == ["-m", "benchmark.baselines"] for job in others)
+    assert {job.kind for job in others} == {"sb3", "raw-env"} and len(
+        others
+    ) == 2  # shared by both cases
+    assert all(
+        job.nproc == 1 and job.command[1:3] == ["-m", "benchmark.baselines"] for job in others
+    )
     for job in jobs:
         job.summary = summary(job.seed, [1.0], 100.0)
     rows = harness.rows_of(jobs, plans)
-    assert [(row.label, row.nproc) for row in rows] == [("ppo_fc", 1), ("sb3_ppo", 1), ("ppo_fc", 2)]
+    assert [(row.label, row.nproc) for row in rows] == [
+        ("ppo_fc", 1),
+        ("sb3_ppo", 1),
+        ("ppo_fc", 2),
+    ]
     assert [case.nproc for case in harness.cases_to_run(harness.Run(nproc=3))[0]] == [3]
 
 
@@ -321,18 +446,31 @@ def test_the_distributed_suites_run_ppo_fc_in_one_and_two_processes_with_the_sam
     }
     for name, tasks in expected.items():
         suite_cases = cases.suite_cases(name)
-        assert [(case.env_id, case.total_timesteps) for case in suite_cases] == [task for task in tasks for _ in "123"]
+        assert [(case.env_id, case.total_timesteps) for case in suite_cases] == [
+            task for task in tasks for _ in "123"
+        ]
         assert [case.nproc for case in suite_cases] == [1, 2, 2] * len(tasks)
         assert len({case.key for case in suite_cases}) == len(suite_cases)
         for one, same_per_rank, same_global in zip(*[iter(suite_cases)] * 3, strict=True):
-            assert one == cases.find_case("ppo_fc", one.env_id, one.total_timesteps)  # the row itself, its key too
+            assert one == cases.find_case(
+                "ppo_fc", one.env_id, one.total_timesteps
+            )  # the row itself, its key too
             assert same_per_rank.flags == one.flags and same_per_rank.threshold == one.threshold
-            assert same_global.nproc * resolve_args("ppo_fc", same_global.flags).num_envs == num_envs
-    assert {case.threshold for case in cases.suite_cases("distributed")} == {490.0}  # a verdict for 2 processes too
-    assert cases.SUITES["distributed-speed"].seeds == (1,) and cases.SUITES["distributed-speed"].eval_episodes == 0
+            assert (
+                same_global.nproc * resolve_args("ppo_fc", same_global.flags).num_envs == num_envs
+            )
+    assert {case.threshold for case in cases.suite_cases("distributed")} == {
+        490.0
+    }  # a verdict for 2 processes too
+    assert (
+        cases.SUITES["distributed-speed"].seeds == (1,)
+        and cases.SUITES["distributed-speed"].eval_episodes == 0
+    )
 
 
-def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_processes(tmp_path, monkeypatch):
+def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_processes(
+    tmp_path, monkeypatch
+):
     lock, running, started, peaks, shares = threading.Lock(), [], [], [], set()
 
     def run_job(job, logs, threads):  # stands in for the process: who runs beside whom
@@ -357,21 +495,31 @@ def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_pr
         started.clear()
         peaks.clear()
         shares.clear()
-        scheduler = threading.Thread(target=harness.run_jobs, args=(jobs, workers, tmp_path), daemon=True)
+        scheduler = threading.Thread(
+            target=harness.run_jobs, args=(jobs, workers, tmp_path), daemon=True
+        )
         scheduler.start()
         scheduler.join(timeout=10)
-        assert not scheduler.is_alive(), f"a job of 2 processes never started with --workers {workers}"
+        assert not scheduler.is_alive(), (
+            f"a job of 2 processes never started with --workers {workers}"
+        )
         assert started == [job.id for job in jobs]  # in their order
-        assert shares == {max(1, available_cores() // workers)}  # threads: the cores, shared, never more
+        assert shares == {
+            max(1, available_cores() // workers)
+        }  # threads: the cores, shared, never more
         if workers == 1:  # a job of 2 processes runs alone, and so does every other
             assert max(count for count, _ in peaks) == 1
         else:
-            assert max(processes for _, processes in peaks) == workers  # never more, and the workers are used
+            assert (
+                max(processes for _, processes in peaks) == workers
+            )  # never more, and the workers are used
 
 
 def summary(seed, last_returns, sps=None, episode_steps=None, rss=None) -> RunSummary:
     returns = np.asarray(last_returns, dtype=float)
-    steps = np.arange(1, len(returns) + 1) * 10 if episode_steps is None else np.asarray(episode_steps)
+    steps = (
+        np.arange(1, len(returns) + 1) * 10 if episode_steps is None else np.asarray(episode_steps)
+    )
     return RunSummary(
         run_dir=f"run{seed}", script="ppo_fc", env_id="CartPole-v1", seed=seed, steps=int(steps[-1]),
         episode_steps=steps, episode_seconds=steps / 100.0, episode_returns=returns, sps=sps, peak_rss_mb=rss,
@@ -379,9 +527,21 @@ def summary(seed, last_returns, sps=None, episode_steps=None, rss=None) -> RunSu
 
 
 def test_one_seed_shows_no_spread_and_no_iqm():
-    row = Row("ppo_fc", "CartPole-v1", "key", 1000, threshold=5.0, judged=True, runs=[summary(1, [7.0] * 120, 900.0)])
+    row = Row(
+        "ppo_fc",
+        "CartPole-v1",
+        "key",
+        1000,
+        threshold=5.0,
+        judged=True,
+        runs=[summary(1, [7.0] * 120, 900.0)],
+    )
     numbers = row_numbers(row)
-    assert numbers.last_return_mean == 7.0 and numbers.last_return_std is None and numbers.last_return_iqm is None
+    assert (
+        numbers.last_return_mean == 7.0
+        and numbers.last_return_std is None
+        and numbers.last_return_iqm is None
+    )
     line = results_table([numbers])[-1]
     assert "| 7.0 |" in line and "±" not in line and "| PASS |" in line
 
@@ -395,17 +555,33 @@ def test_spread_iqm_and_median_steps_across_seeds():
         summary(4, [200.0] * 200),
         summary(5, [300.0] * 200),
     ]
-    numbers = row_numbers(Row("ppo_fc", "CartPole-v1", "key", 2000, threshold=100.0, judged=True, runs=runs))
+    numbers = row_numbers(
+        Row("ppo_fc", "CartPole-v1", "key", 2000, threshold=100.0, judged=True, runs=runs)
+    )
     finals = [100.0, 100.0, 50.0, 200.0, 300.0]
     assert numbers.last_return_std == pytest.approx(np.std(finals, ddof=1))
-    assert numbers.last_return_iqm == pytest.approx(stats.trim_mean(finals, 0.25))  # mean of 100, 100, 200
+    assert numbers.last_return_iqm == pytest.approx(
+        stats.trim_mean(finals, 0.25)
+    )  # mean of 100, 100, 200
     assert numbers.last_return_iqm_low <= numbers.last_return_iqm <= numbers.last_return_iqm_high
     assert numbers.steps_to_threshold == [1000, 1500, None, 1000, 1000]
-    assert numbers.median_steps_to_threshold == 1000 and numbers.verdict == "FAIL"  # seed 3 ends at 50
-    assert numbers.seconds_to_threshold == [10.0, 15.0, None, 10.0, 10.0]  # the summaries' 100 steps a second
+    assert (
+        numbers.median_steps_to_threshold == 1000 and numbers.verdict == "FAIL"
+    )  # seed 3 ends at 50
+    assert numbers.seconds_to_threshold == [
+        10.0,
+        15.0,
+        None,
+        10.0,
+        10.0,
+    ]  # the summaries' 100 steps a second
     assert "| 1,000 in 10 s (4 of 5 seeds reached ≥ 100) |" in results_table([numbers])[-1]
-    assert median_steps_to_threshold([1000, None, None]) == float("inf")  # the median seed never reached it
-    beyond = row_numbers(Row("ppo_fc", "CartPole-v1", "key", 2000, threshold=1e9, judged=True, runs=runs))
+    assert median_steps_to_threshold([1000, None, None]) == float(
+        "inf"
+    )  # the median seed never reached it
+    beyond = row_numbers(
+        Row("ppo_fc", "CartPole-v1", "key", 2000, threshold=1e9, judged=True, runs=runs)
+    )
     assert beyond.median_beyond_budget and beyond.median_steps_to_threshold is None
     assert "> 2,000 (0 of 5 seeds reached" in results_table([beyond])[-1]
 
@@ -413,19 +589,25 @@ def test_spread_iqm_and_median_steps_across_seeds():
 def test_an_eval_threshold_judges_the_deterministic_evaluation():
     runs = [summary(1, [10.0] * 120), summary(2, [10.0] * 120)]
     runs[0].eval_returns, runs[1].eval_returns = [500.0, 480.0], [470.0, 470.0]
-    row = Row("ppo_lstm", "E", "key", 1200, threshold=475.0, judged=True, judged_on="eval", runs=runs)
+    row = Row(
+        "ppo_lstm", "E", "key", 1200, threshold=475.0, judged=True, judged_on="eval", runs=runs
+    )
     numbers = row_numbers(row)
     assert numbers.verdict == "FAIL" and numbers.steps_to_threshold == []  # seed 2 evaluates at 470
     runs[1].eval_returns = [480.0]
     assert row_numbers(row).verdict == "PASS"  # a training return of 10 does not matter
     assert "judged on the eval return ≥ 475" in results_table([row_numbers(row)])[-1]
-    assert harness.aggregates([row]) == []  # the aggregate is of training returns against their thresholds
+    assert (
+        harness.aggregates([row]) == []
+    )  # the aggregate is of training returns against their thresholds
 
 
 def test_a_reached_threshold_judges_every_seed_within_the_budget():
     # Seed 1 averages 100 over episodes 100-199, then ends at 50; seed 2 ends at 100.
     runs = [summary(1, [100.0] * 200 + [0.0] * 100), summary(2, [100.0] * 150)]
-    row = Row("ppo_lstm", "E", "key", 3000, threshold=100.0, judged=True, judged_on="reached", runs=runs)
+    row = Row(
+        "ppo_lstm", "E", "key", 3000, threshold=100.0, judged=True, judged_on="reached", runs=runs
+    )
     numbers = row_numbers(row)
     assert numbers.steps_to_threshold == [1000, 1000] and numbers.verdict == "PASS"
     assert numbers.last_return_mean == pytest.approx(50.0)  # the end is shown as it is
@@ -446,10 +628,16 @@ def test_iqm_and_its_interval_follow_the_definitions():
 
 
 def test_speed_ratios_divide_by_the_raw_env_and_the_baseline():
-    ours = row_numbers(Row("ppo_fc", "E", "a", 100, runs=[summary(1, [1.0], 1000.0), summary(2, [1.0], 3000.0)]))
+    ours = row_numbers(
+        Row("ppo_fc", "E", "a", 100, runs=[summary(1, [1.0], 1000.0), summary(2, [1.0], 3000.0)])
+    )
     baseline = row_numbers(Row("sb3_ppo", "E", "b", 100, runs=[summary(1, [1.0], 500.0)]))
     speed = speed_numbers(ours, 8000.0, baseline)
-    assert speed.sps == 2000.0 and speed.script_over_raw_env == 0.25 and speed.script_over_baseline == 4.0
+    assert (
+        speed.sps == 2000.0
+        and speed.script_over_raw_env == 0.25
+        and speed.script_over_baseline == 4.0
+    )
     unknown = speed_numbers(ours, None, None)
     assert unknown.script_over_raw_env is None and unknown.script_over_baseline is None
 
@@ -473,7 +661,9 @@ def test_a_two_process_case_runs_under_torchrun_end_to_end(tmp_path, monkeypatch
     # Probe1 pays 1 per episode; 2 processes of 4 envs and 128 steps: 1,024 steps an iteration, 3 iterations.
     case = cases.Case("ppo_fc", "Probe1-v0", 3072, threshold=0.5, nproc=2)
     monkeypatch.setitem(cases.SUITES, "distributed", cases.Suite((case,), (1,), eval_episodes=0))
-    assert harness.run(harness.Run(suite="distributed", out=str(tmp_path / "out"))) == 0  # 1 worker: it runs alone
+    assert (
+        harness.run(harness.Run(suite="distributed", out=str(tmp_path / "out"))) == 0
+    )  # 1 worker: it runs alone
     record = json.loads((tmp_path / "out" / "results.json").read_text())
     [row] = record["rows"]
     assert row["nproc"] == 2 and row["key"] == case.key and row["verdict"] == "PASS"
@@ -504,14 +694,27 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
     )
     assert harness.run(args) == 1
     printed = capsys.readouterr().out
-    assert printed.count(" (ppo_fc): ") == 6 and "FAILED" in printed  # a line per finished run of the script
+    assert (
+        printed.count(" (ppo_fc): ") == 6 and "FAILED" in printed
+    )  # a line per finished run of the script
     record = json.loads((tmp_path / "out" / "results.json").read_text())
     rows = {(row["label"], row["env_id"]): row for row in record["rows"]}
     probe1, probe2, probe3 = (rows["ppo_fc", f"Probe{i}-v0"] for i in (1, 2, 3))
-    assert probe1["seeds"] == [1, 2] and probe1["last_return_mean"] == 1.0 and probe1["last_return_std"] == 0.0
+    assert (
+        probe1["seeds"] == [1, 2]
+        and probe1["last_return_mean"] == 1.0
+        and probe1["last_return_std"] == 0.0
+    )
     assert probe1["verdict"] == "PASS" and probe1["threshold"] == 0.5
-    assert probe1["steps_to_threshold"][0] is not None and probe1["median_steps_to_threshold"] is not None
-    assert probe2["verdict"] == "FAIL" and probe2["median_beyond_budget"] and probe2["steps_to_threshold"] == [None] * 2
+    assert (
+        probe1["steps_to_threshold"][0] is not None
+        and probe1["median_steps_to_threshold"] is not None
+    )
+    assert (
+        probe2["verdict"] == "FAIL"
+        and probe2["median_beyond_budget"]
+        and probe2["steps_to_threshold"] == [None] * 2
+    )
     assert probe3["failed_seeds"] == [1, 2] and probe3["verdict"] == "FAIL"
     baseline = rows["sb3_ppo", "Probe1-v0"]
     assert baseline["seeds"] == [1, 2] and baseline["verdict"] == "-" and baseline["sps_mean"] > 0
@@ -523,15 +726,32 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
     assert sum(job["error"] is not None for job in record["jobs"]) == 2
     assert len({job["id"] for job in record["jobs"]}) == len(record["jobs"])
     results = (tmp_path / "out" / "results.md").read_text()
-    assert "error: --num-minibatches 7 must divide" in results  # the crash's own message, under Failures
-    assert f"{speed['script_over_raw_env']:,.2f}" in results  # the table shows what results.json holds
-    for name in ("sps.png", "return_vs_steps_Probe1-v0.png", "return_vs_time_Probe2-v0.png", "aggregate_iqm.png"):
+    assert (
+        "error: --num-minibatches 7 must divide" in results
+    )  # the crash's own message, under Failures
+    assert (
+        f"{speed['script_over_raw_env']:,.2f}" in results
+    )  # the table shows what results.json holds
+    for name in (
+        "sps.png",
+        "return_vs_steps_Probe1-v0.png",
+        "return_vs_time_Probe2-v0.png",
+        "aggregate_iqm.png",
+    ):
         figure = tmp_path / "out" / name
         assert figure.read_bytes()[:8] == PNG_MAGIC and f"]({name})" in results
 
     # The same figures for runs made outside the harness.
     plot = subprocess.run(
-        [sys.executable, "-m", "benchmark", "plot", str(tmp_path / "out" / "runs"), "--out", str(tmp_path / "plots")],
+        [
+            sys.executable,
+            "-m",
+            "benchmark",
+            "plot",
+            str(tmp_path / "out" / "runs"),
+            "--out",
+            str(tmp_path / "plots"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -547,12 +767,18 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
     [
         (["run", "--scripts", "no_such_script"], "no script no_such_script.py"),
         (["run", "--seeds", "1", "1"], "distinct"),
-        (["run", "--suite", "quick", "--envs", "Acrobot-v1"], "--suite quick sets the scripts, envs, steps and"),
+        (
+            ["run", "--suite", "quick", "--envs", "Acrobot-v1"],
+            "--suite quick sets the scripts, envs, steps and",
+        ),
         (["run", "--suite", "full", "--total-timesteps", "1000"], "drop --total-timesteps"),
         (["run", "--suite", "distributed", "--nproc", "2"], "drop --nproc"),
         (["run", "--nproc", "0"], "--nproc must be at least 1"),
         (["run", "--script-flags", "ppo_fc"], "write SCRIPT=FLAGS"),
-        (["run", "--script-flags", "ppo_lstm=--no-norm-adv"], "no case of this benchmark runs ppo_lstm"),
+        (
+            ["run", "--script-flags", "ppo_lstm=--no-norm-adv"],
+            "no case of this benchmark runs ppo_lstm",
+        ),
         (["run", "--script-flags", "ppo_fc=--no-such-flag"], "the flags of case"),
         (["plot", "/nonexistent-folder"], "no TensorBoard event files"),
     ],
@@ -577,7 +803,9 @@ def test_every_suite_can_be_named_on_the_command_line():
 
 def test_script_flags_reach_every_case_of_their_script_and_the_cases_others_are_judged_against():
     suite = harness.suite_cases("popgym-easy")
-    added = harness.cases_to_run(harness.Run(suite="popgym-easy", script_flags=("ppo_lstm=--learning-rate 5e-4",)))[0]
+    added = harness.cases_to_run(
+        harness.Run(suite="popgym-easy", script_flags=("ppo_lstm=--learning-rate 5e-4",))
+    )[0]
     assert len(added) == len(suite)
     for before, after in zip(suite, added, strict=True):
         if before.script == "ppo_lstm":
@@ -611,7 +839,16 @@ def test_a_suite_honours_seeds():
     ],
 )  # fmt: skip
 def test_sb3_baselines_write_runs_the_reader_understands(algo, env_id, settings, tmp_path):
-    command = [sys.executable, "-m", "benchmark.baselines", "sb3", "--algo", algo, "--env-id", env_id]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmark.baselines",
+        "sb3",
+        "--algo",
+        algo,
+        "--env-id",
+        env_id,
+    ]
     command += ["--total-timesteps", "1024", "--eval-episodes", "3", "--run-dir", str(tmp_path)]
     command += ["--settings", json.dumps(settings)]
     process = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
@@ -623,18 +860,24 @@ def test_sb3_baselines_write_runs_the_reader_understands(algo, env_id, settings,
     assert (run.script, run.env_id, run.seed) == (f"sb3_{algo}", env_id, 1)
     # one-step episodes paying 1, each logged: about one per env step
     assert len(run.episode_returns) >= 1000 and set(run.episode_returns.tolist()) == {1.0}
-    assert run.sps is not None and run.peak_rss_mb is not None and run.eval_returns == [1.0, 1.0, 1.0]
+    assert (
+        run.sps is not None and run.peak_rss_mb is not None and run.eval_returns == [1.0, 1.0, 1.0]
+    )
 
 
 @pytest.mark.parametrize("script_name", ["ppo_fc", "ppo_lstm", "ppo_transformer"])
-def test_an_atari_baseline_gets_sb3_s_atari_stack_with_the_script_s_frames_and_its_nature_cnn(script_name):
+def test_an_atari_baseline_gets_sb3_s_atari_stack_with_the_script_s_frames_and_its_nature_cnn(
+    script_name,
+):
     pytest.importorskip("ale_py")
     args = resolve_args(script_name, ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2"])
     settings = json.loads(json.dumps(SCRIPTS[script_name].sb3_settings(args)))
     script_envs = SCRIPTS[script_name].vector_env(load_script(script_name), args)
     space = script_envs.single_observation_space
     script_envs.close()
-    image = space["image"] if isinstance(space, gym.spaces.Dict) else space  # the transformer's: image and vector
+    image = (
+        space["image"] if isinstance(space, gym.spaces.Dict) else space
+    )  # the transformer's: image and vector
     frames = image.shape[0] if len(image.shape) == 3 else 1
     assert settings["atari_frame_stack"] == frames and settings["hidden_sizes"] == []
     envs = make_sb3_envs("BreakoutNoFrameskip-v4", settings, seed=1)
@@ -645,8 +888,24 @@ def test_an_atari_baseline_gets_sb3_s_atari_stack_with_the_script_s_frames_and_i
 
 
 def test_raw_env_steps_the_scripts_own_env_stack():
-    command = [sys.executable, "-m", "benchmark.baselines", "raw-env", "--script", "ppo_fc", "--env-id", "Probe1-v0"]
-    command += ["--flags", json.dumps(["--num-envs", "3", "--norm-reward"]), "--steps", "3000", "--repeats", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmark.baselines",
+        "raw-env",
+        "--script",
+        "ppo_fc",
+        "--env-id",
+        "Probe1-v0",
+    ]
+    command += [
+        "--flags",
+        json.dumps(["--num-envs", "3", "--norm-reward"]),
+        "--steps",
+        "3000",
+        "--repeats",
+        "1",
+    ]
     process = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert process.returncode == 0, process.stderr
     printed = json.loads(process.stdout.strip().splitlines()[-1])
@@ -658,7 +917,9 @@ def test_recurrent_floor_times_the_scripts_own_agent_over_an_iterations_minibatc
     script = recurrent_floor.load_script("ppo_lstm")
     forward = script.Core.forward
     monkeypatch.setattr(
-        script.Core, "forward", lambda self, x, *rest: calls.append(tuple(x.shape)) or forward(self, x, *rest)
+        script.Core,
+        "forward",
+        lambda self, x, *rest: calls.append(tuple(x.shape)) or forward(self, x, *rest),
     )
     seconds, steps = recurrent_floor.cell_floor_seconds(
         ["--num-envs", "4", "--bptt-len", "32", "--num-minibatches", "4", "--no-shared-core"], 1
@@ -675,7 +936,9 @@ def test_transformer_floor_times_the_scripts_own_agent_over_whole_sequences(monk
     script = load_script("ppo_transformer")
     forward = script.Agent.forward
     monkeypatch.setattr(
-        script.Agent, "forward", lambda self, obs, *rest: calls.append(tuple(obs.shape)) or forward(self, obs, *rest)
+        script.Agent,
+        "forward",
+        lambda self, obs, *rest: calls.append(tuple(obs.shape)) or forward(self, obs, *rest),
     )
     flags = ["--num-envs", "4", "--num-steps", "16", "--context-len", "5", "--n-layers", "2"]
     floor = transformer_floor.update_floor(flags, 1)
@@ -689,16 +952,24 @@ def test_ddpg_floor_times_the_scripts_own_networks_over_a_critic_and_an_actor_up
     script = load_script("ddpg")
 
     def counted(forward):
-        return lambda self, x, *rest: calls.append((type(self).__name__, len(x))) or forward(self, x, *rest)
+        return lambda self, x, *rest: (
+            calls.append((type(self).__name__, len(x))) or forward(self, x, *rest)
+        )
 
     for network in (script.QNetwork, script.Actor):
         monkeypatch.setattr(network, "forward", counted(network.forward))
     moved = []
     monkeypatch.setattr(script, "polyak_update", lambda target, online, tau: moved.append(tau))
-    critic, actor = ddpg_floor.update_floor_seconds(["--batch-size", "32", "--hidden-size", "16", "--tau", "0.02"], 1)
+    critic, actor = ddpg_floor.update_floor_seconds(
+        ["--batch-size", "32", "--hidden-size", "16", "--tau", "0.02"], 1
+    )
     assert critic > 0 and actor > 0
     # 6 critic updates (the targets' actor and critic, then the critic), then 6 actor updates (actor, critic).
-    assert calls == [("Actor", 32), ("QNetwork", 32), ("QNetwork", 32)] * 6 + [("Actor", 32), ("QNetwork", 32)] * 6
+    assert (
+        calls
+        == [("Actor", 32), ("QNetwork", 32), ("QNetwork", 32)] * 6
+        + [("Actor", 32), ("QNetwork", 32)] * 6
+    )
     assert moved == [0.02] * 12  # both targets after each actor update
 
 
@@ -715,18 +986,36 @@ def test_distributed_floor_times_all_reduces_and_reads_a_two_rank_runs_time_spli
 
 
 def test_ddpg_speed_counts_from_learning_starts_and_splits_the_loop(tmp_path, monkeypatch, capsys):
-    events = [ScalarEvent(wall_time=time, step=step, value=0.0) for step, time in ((100, 1.0), (500, 2.0), (900, 4.0))]
+    events = [
+        ScalarEvent(wall_time=time, step=step, value=0.0)
+        for step, time in ((100, 1.0), (500, 2.0), (900, 4.0))
+    ]
     sessions = [SimpleNamespace(scalars={"charts/SPS": events})]
     assert ddpg_speed.sps_after(sessions, 500) == 200.0  # the steps after 500 over their seconds
     with pytest.raises(ValueError):
         ddpg_speed.sps_after(sessions, 600)
     monkeypatch.setattr(ddpg_speed, "SETTLE_STEPS", 0)
     monkeypatch.setattr(ddpg_speed, "REPEATS", 3)
-    flags = ["--total-timesteps", "400", "--learning-starts", "100", "--batch-size", "16", "--hidden-size", "16"]
+    flags = [
+        "--total-timesteps",
+        "400",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "16",
+        "--hidden-size",
+        "16",
+    ]
     monkeypatch.setattr(sys, "argv", ["ddpg_speed", *flags])
     assert ddpg_speed.main() == 0
     printed = capsys.readouterr().out
-    for part in ("env step", "action and noise", "buffer add", "buffer sampling", "logging and the rest of the loop"):
+    for part in (
+        "env step",
+        "action and noise",
+        "buffer add",
+        "buffer sampling",
+        "logging and the rest of the loop",
+    ):
         assert f"  {part}: " in printed  # each part of the loop timed
     assert "SPS after --learning-starts" in printed and "of the floor's" in printed
 
@@ -741,16 +1030,28 @@ def reference_case(env_id="E", steps=1200, seeds=(1, 2), task_max=1.0):
 def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_range(tmp_path):
     jobs, [plan] = harness.make_jobs(harness.Run(), [reference_case("Probe1-v0")], (1, 2), tmp_path)
     reference_jobs = [job for job in jobs if job.group == plan.reference_group]
-    assert [job.seed for job in reference_jobs] == [1, 2] and all(job.kind == "sb3" for job in reference_jobs)
+    assert [job.seed for job in reference_jobs] == [1, 2] and all(
+        job.kind == "sb3" for job in reference_jobs
+    )
     command = reference_jobs[0].command
     settings = json.loads(command[command.index("--settings") + 1])
-    assert settings == REFERENCES[REFERENCE_NAME].settings and command[command.index("--label") + 1] == REFERENCE_NAME
+    assert (
+        settings == REFERENCES[REFERENCE_NAME].settings
+        and command[command.index("--label") + 1] == REFERENCE_NAME
+    )
     [random_job] = [job for job in jobs if job.kind == "random-policy"]
     random_job.output = {"mean": -0.5}  # a range of 1.5: the margin is 0.075
     # The reference evaluates at 0.9 and 1.0 (mean 0.95): the bound is 0.875. Script seeds 0.8 and 1.0: mean 0.9.
     for job in jobs:
-        job.summary = summary(job.seed, np.linspace(-0.5, 1.0, 300), episode_steps=np.arange(1, 301) * 4)
-    evals = {(REFERENCE_NAME, 1): [0.9], (REFERENCE_NAME, 2): [1.0], ("ppo_lstm", 1): [0.8], ("ppo_lstm", 2): [1.0]}
+        job.summary = summary(
+            job.seed, np.linspace(-0.5, 1.0, 300), episode_steps=np.arange(1, 301) * 4
+        )
+    evals = {
+        (REFERENCE_NAME, 1): [0.9],
+        (REFERENCE_NAME, 2): [1.0],
+        ("ppo_lstm", 1): [0.8],
+        ("ppo_lstm", 2): [1.0],
+    }
     for job in jobs:
         if job.summary is not None:
             job.summary.eval_returns = evals.get((job.label, job.seed), [])
@@ -758,10 +1059,14 @@ def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_ra
     script_row = next(row for row in rows if row.label == "ppo_lstm")
     assert script_row.threshold == pytest.approx(0.95 - 0.05 * 1.5)
     numbers = {row.key: row_numbers(row) for row in rows}
-    assert numbers[script_row.key].verdict == "PASS"  # one seed under the bound: the mean over seeds is judged
+    assert (
+        numbers[script_row.key].verdict == "PASS"
+    )  # one seed under the bound: the mean over seeds is judged
     line = harness.against_reference(plan, jobs, rows, numbers)
     assert line.reference_eval == pytest.approx(0.95) and line.bound == pytest.approx(0.875)
-    assert line.script_score == pytest.approx(1.4 / 1.5) and line.reference_score == pytest.approx(1.45 / 1.5)
+    assert line.script_score == pytest.approx(1.4 / 1.5) and line.reference_score == pytest.approx(
+        1.45 / 1.5
+    )
     assert line.speed_threshold == pytest.approx(-0.5 + 0.8 * 1.45)
     # Returns climb linearly: the last-100 mean reaches the threshold at one episode for every run.
     means = np.convolve(np.linspace(-0.5, 1.0, 300), np.ones(100) / 100, "valid")
@@ -773,7 +1078,9 @@ def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_ra
             job.summary.sps = 250.0 if job.label == REFERENCE_NAME else 1000.0
     [speed] = harness.speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows})
     assert speed.baseline == REFERENCE_NAME and speed.script_over_baseline == pytest.approx(4.0)
-    for job in reference_jobs:  # taken from the store: its SPS was measured in another session, not beside these
+    for job in (
+        reference_jobs
+    ):  # taken from the store: its SPS was measured in another session, not beside these
         job.stored = {"date": "2026-11-24T00:00:00+00:00", "git": "0000000"}
     assert harness.speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows}) == []
     evals["ppo_lstm", 1] = [0.7]  # mean 0.85
@@ -785,15 +1092,21 @@ def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_ra
     assert harness.rows_of(jobs, [plan])[0].threshold is None
 
 
-def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(tmp_path, monkeypatch, capsys):
+def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
+    tmp_path, monkeypatch, capsys
+):
     case = cases.memory_case("Probe1-v0", 1024, 1.0, cases.ReferenceRuns(REFERENCE_NAME, (1,)))
     monkeypatch.setitem(cases.SUITES, "memory", cases.Suite((case,), (1,), eval_episodes=2))
     store = tmp_path / "store"
-    first = harness.Run(suite="memory", reuse_baselines=str(store), only_baselines=True, out=str(tmp_path / "first"))
+    first = harness.Run(
+        suite="memory", reuse_baselines=str(store), only_baselines=True, out=str(tmp_path / "first")
+    )
     assert harness.run(first) == 0
     assert not list((tmp_path / "first" / "runs").glob("ppo_lstm*"))  # the references alone
     [stored] = store.glob("*.json")
-    assert stored.name.startswith(f"{REFERENCE_NAME}__Probe1-v0__1024__") and stored.name.endswith("__1.json")
+    assert stored.name.startswith(f"{REFERENCE_NAME}__Probe1-v0__1024__") and stored.name.endswith(
+        "__1.json"
+    )
     second = harness.Run(suite="memory", reuse_baselines=str(store), out=str(tmp_path / "second"))
     capsys.readouterr()
     assert harness.run(second) == 0
@@ -805,16 +1118,25 @@ def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
     [reused_job] = [job for job in record["jobs"] if job["id"] == stored.stem]
     assert reused_job["stored"]["date"] == json.loads(stored.read_text())["made"]["date"]
     # Probe1 pays 1 per episode whatever is done: the random policy, the reference and the script all score 1.
-    assert line["random_return"] == 1.0 and line["reference_eval"] == 1.0 and line["script_eval"] == 1.0
+    assert (
+        line["random_return"] == 1.0
+        and line["reference_eval"] == 1.0
+        and line["script_eval"] == 1.0
+    )
     assert line["verdict"] == "PASS" and line["reference_made"][0].startswith("seed 1 ")
     assert "## Against the reference" in (tmp_path / "second" / "results.md").read_text()
     first_record = json.loads((tmp_path / "first" / "results.json").read_text())
     [first_reference] = [row for row in first_record["rows"] if row["label"] == REFERENCE_NAME]
     [reused] = [row for row in record["rows"] if row["label"] == REFERENCE_NAME]
     assert reused["eval_return_mean"] == first_reference["eval_return_mean"]
-    assert reused["steps"] == first_reference["steps"] and reused["sps_mean"] == first_reference["sps_mean"]
+    assert (
+        reused["steps"] == first_reference["steps"]
+        and reused["sps_mean"] == first_reference["sps_mean"]
+    )
     # Made with 2 evaluation episodes, which the job id does not name: not reused for a benchmark that asks for 3.
-    third = harness.Run(suite="memory", reuse_baselines=str(store), eval_episodes=3, out=str(tmp_path / "third"))
+    third = harness.Run(
+        suite="memory", reuse_baselines=str(store), eval_episodes=3, out=str(tmp_path / "third")
+    )
     assert harness.run(third) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: ") and stored.name in line and not (tmp_path / "third").exists()
@@ -824,17 +1146,27 @@ def test_stored_script_runs_are_reused_whichever_checkout_made_them(tmp_path, mo
     case = cases.Case("ppo_fc", "Probe1-v0", 1024, flags=("--num-envs", "1", "--num-steps", "256"))
     monkeypatch.setitem(cases.SUITES, "quick", cases.Suite((case,), (1,), eval_episodes=2))
     store = tmp_path / "store"
-    assert harness.run(harness.Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "first"))) == 0
+    assert (
+        harness.run(harness.Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "first")))
+        == 0
+    )
     [stored] = store.glob("*.json")
     assert stored.name == f"{case.key}__1.json"
     record = json.loads(stored.read_text())  # as if made in another checkout of the repository
-    record["made"]["command"] = record["made"]["command"].replace(str(harness.REPO), "/elsewhere/onefile-rl")
+    record["made"]["command"] = record["made"]["command"].replace(
+        str(harness.REPO), "/elsewhere/onefile-rl"
+    )
     stored.write_text(json.dumps(record))
     capsys.readouterr()
-    assert harness.run(harness.Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "second"))) == 0
+    assert (
+        harness.run(harness.Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "second")))
+        == 0
+    )
     assert f"[stored] {stored.stem} (ppo_fc)" in capsys.readouterr().out
     assert not (tmp_path / "second" / "runs").exists()  # not run again
-    first, second = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("first", "second"))
+    first, second = (
+        json.loads((tmp_path / name / "results.json").read_text()) for name in ("first", "second")
+    )
     assert second["rows"][0]["eval_return_mean"] == first["rows"][0]["eval_return_mean"] == 1.0
     assert second["rows"][0]["steps"] == first["rows"][0]["steps"] == 1024
 
@@ -844,18 +1176,26 @@ def test_stored_baseline_runs_are_reused_with_the_scripts(tmp_path, monkeypatch,
     case = cases.Case("ppo_fc", "Probe1-v0", 1024, flags=("--num-envs", "1", "--num-steps", "256"))
     monkeypatch.setitem(cases.SUITES, "quick", cases.Suite((case,), (1,), eval_episodes=2))
     store = tmp_path / "store"
-    run = harness.Run(suite="quick", reuse_runs=str(store), baselines=True, out=str(tmp_path / "first"))
+    run = harness.Run(
+        suite="quick", reuse_runs=str(store), baselines=True, out=str(tmp_path / "first")
+    )
     assert harness.run(run) == 0
     [baseline] = store.glob("sb3_ppo__*.json")
     capsys.readouterr()
     assert harness.run(replace(run, out=str(tmp_path / "second"))) == 0
     assert f"[stored] {baseline.stem} (sb3_ppo)" in capsys.readouterr().out
-    assert not (tmp_path / "second" / "runs").exists()  # neither the script nor its baseline ran again
+    assert not (
+        tmp_path / "second" / "runs"
+    ).exists()  # neither the script nor its baseline ran again
 
 
-def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(tmp_path, monkeypatch):
+def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(
+    tmp_path, monkeypatch
+):
     def git(*args: str) -> None:
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True)
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True
+        )
 
     output = tmp_path / "docs" / "benchmark"
     output.mkdir(parents=True)
@@ -874,7 +1214,9 @@ def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(
     assert harness.git_revision(tmp_path.parent / "elsewhere") == clean + " (uncommitted changes)"
 
 
-def test_a_stored_file_that_is_not_a_run_is_one_error_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+def test_a_stored_file_that_is_not_a_run_is_one_error_line_before_anything_runs(
+    tmp_path, monkeypatch, capsys
+):
     case = cases.memory_case("Probe1-v0", 1024, 1.0, cases.ReferenceRuns(REFERENCE_NAME, (1,)))
     monkeypatch.setitem(cases.SUITES, "memory", cases.Suite((case,), (1,), eval_episodes=2))
     store = tmp_path / "store"
@@ -891,11 +1233,23 @@ def test_a_stored_file_that_is_not_a_run_is_one_error_line_before_anything_runs(
 def test_the_speed_table_tells_apart_two_rows_of_one_script_by_their_flags():
     names = []
     for flags in ([], list(cases.DEFAULTS_BEFORE_MEMORY_SUITE)):
-        numbers = dict(label="ppo_lstm", env_id="E", key=" ".join(flags), flags=flags, sps=1.0, raw_env_sps=None)
-        numbers |= dict(script_over_raw_env=None, baseline=None, baseline_sps=None, script_over_baseline=None)
+        numbers = dict(
+            label="ppo_lstm",
+            env_id="E",
+            key=" ".join(flags),
+            flags=flags,
+            sps=1.0,
+            raw_env_sps=None,
+        )
+        numbers |= dict(
+            script_over_raw_env=None, baseline=None, baseline_sps=None, script_over_baseline=None
+        )
         [row] = speed_table([SpeedNumbers(**numbers)])[2:]
         names.append(row.split("|")[1].strip())
-    assert names[0] == "ppo_lstm" and names[1] == f"ppo_lstm `{' '.join(cases.DEFAULTS_BEFORE_MEMORY_SUITE)}`"
+    assert (
+        names[0] == "ppo_lstm"
+        and names[1] == f"ppo_lstm `{' '.join(cases.DEFAULTS_BEFORE_MEMORY_SUITE)}`"
+    )
 
 
 @pytest.mark.parametrize(
@@ -912,7 +1266,9 @@ def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
     args = resolve_args(case.script, case.flags)
     make_env = script.env_maker(args) if hasattr(script, "env_maker") else script.make_env
     observation_space, action_space, _ = env_spaces(make_env(resolve_env_id(case.env_id)))
-    assert case.task_max is not None and case.judged_on == "reference" and case.reference is not None
+    assert (
+        case.task_max is not None and case.judged_on == "reference" and case.reference is not None
+    )
     if isinstance(case.reference, cases.ReferenceRuns):
         reference = REFERENCES[case.reference.name]
         settings = json.loads(json.dumps(reference.settings))
@@ -926,8 +1282,12 @@ def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
         assert (model.n_envs, model.n_steps, model.batch_size, model.n_epochs) == (8, 128, 128, 10)
         envs.close()
     continuous = isinstance(action_space, gym.spaces.Box)
-    own_flags = [flag for flag in case.flags if flag != "--no-prev-action-reward"]  # that suite's one difference
-    assert own_flags == list(cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ())  # no flags of a task's own
+    own_flags = [
+        flag for flag in case.flags if flag != "--no-prev-action-reward"
+    ]  # that suite's one difference
+    assert own_flags == list(
+        cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ()
+    )  # no flags of a task's own
     assert args.env_id == "CartPole-v1"  # the harness gives the env id
 
 
@@ -941,9 +1301,16 @@ def test_the_memory_length_study_places_its_cue_beyond_the_default_receptive_fie
     receptive_fields = {}
     for case in cases.SUITES["memory-length"].cases:
         args = resolve_args(case.script, case.flags)
-        assert case.env_id == cases.MEMORY_LENGTH_ENV and case.threshold == 0.9 and case.judged_on == "eval"
+        assert (
+            case.env_id == cases.MEMORY_LENGTH_ENV
+            and case.threshold == 0.9
+            and case.judged_on == "eval"
+        )
         if case.script == "ppo_transformer":
-            receptive_fields[case.flags] = (args.n_layers * (args.context_len - 1), args.prev_action_reward)
+            receptive_fields[case.flags] = (
+                args.n_layers * (args.context_len - 1),
+                args.prev_action_reward,
+            )
     # the cue is shown at step 0 and needed at every step up to the last, steps - 1 later
     assert (
         receptive_fields[()] == (receptive_fields[("--no-prev-action-reward",)][0], True)
@@ -954,26 +1321,50 @@ def test_the_memory_length_study_places_its_cue_beyond_the_default_receptive_fie
 
 
 def test_random_policy_return_is_measured_on_the_scripts_env():
-    command = [sys.executable, "-m", "benchmark.baselines", "random-policy", "--env-id", "Probe2-v0"]
-    process = subprocess.run([*command, "--episodes", "40"], cwd=REPO, capture_output=True, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "benchmark.baselines",
+        "random-policy",
+        "--env-id",
+        "Probe2-v0",
+    ]
+    process = subprocess.run(
+        [*command, "--episodes", "40"], cwd=REPO, capture_output=True, text=True
+    )
     assert process.returncode == 0, process.stderr
     printed = json.loads(process.stdout.strip().splitlines()[-1])
     # Probe2 pays +1 or -1 by its observation, whatever the action: a random policy's mean is near 0, never ±1.
-    assert printed["episodes"] == 40 and len(printed["returns"]) == 40 and set(printed["returns"]) == {-1.0, 1.0}
+    assert (
+        printed["episodes"] == 40
+        and len(printed["returns"]) == 40
+        and set(printed["returns"]) == {-1.0, 1.0}
+    )
     assert printed["mean"] == pytest.approx(np.mean(printed["returns"]))
 
 
-def test_the_memory_speed_suite_runs_the_old_defaults_beside_the_new_against_one_reference_run(tmp_path):
+def test_the_memory_speed_suite_runs_the_old_defaults_beside_the_new_against_one_reference_run(
+    tmp_path,
+):
     suite = cases.SUITES["memory-speed"]
-    jobs, _ = harness.make_jobs(harness.Run(suite="memory-speed"), list(suite.cases), suite.seeds, tmp_path)
+    jobs, _ = harness.make_jobs(
+        harness.Run(suite="memory-speed"), list(suite.cases), suite.seeds, tmp_path
+    )
     by_kind = {kind: [job for job in jobs if job.kind == kind] for kind in ("script", "sb3")}
-    assert len(by_kind["script"]) == 2 * len(by_kind["sb3"]) == 4  # two popgym tasks, one reference run each
-    old, new = resolve_args("ppo_lstm", cases.DEFAULTS_BEFORE_MEMORY_SUITE), resolve_args("ppo_lstm", ())
+    assert (
+        len(by_kind["script"]) == 2 * len(by_kind["sb3"]) == 4
+    )  # two popgym tasks, one reference run each
+    old, new = (
+        resolve_args("ppo_lstm", cases.DEFAULTS_BEFORE_MEMORY_SUITE),
+        resolve_args("ppo_lstm", ()),
+    )
     moved = {name for name in vars(new) if vars(old)[name] != vars(new)[name]}
     assert moved == {"update_epochs", "num_minibatches", "learning_rate"}
 
 
-def count_recall_episode(dealt: list[int], queried: list[int], answers: list[int], rewards: list[float]) -> dict:
+def count_recall_episode(
+    dealt: list[int], queried: list[int], answers: list[int], rewards: list[float]
+) -> dict:
     one_hot = np.eye(2, dtype=np.float32)
     observations = np.concatenate([one_hot[dealt], one_hot[queried]], axis=1)[None]
     ends = np.zeros((1, len(dealt)), dtype=bool)
@@ -995,7 +1386,8 @@ def test_count_recall_errors_count_the_queried_colour_among_the_cards_dealt_so_f
     assert answers_by_step.answers_by_step(data)[1] is None
     with pytest.raises(TrajectoryFileError, match="do not match"):  # another env's rewards
         answers_by_step.answers_by_step(
-            count_recall_episode([0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 1, 0], [1, 1, 1, 1]), count_recall=True
+            count_recall_episode([0, 1, 0, 0], [0, 0, 1, 0], [1, 2, 1, 0], [1, 1, 1, 1]),
+            count_recall=True,
         )
 
 
@@ -1012,11 +1404,15 @@ def test_answers_by_step_prints_the_share_of_right_answers_in_each_range_of_step
 
 def test_answers_by_action_finds_an_answer_never_given(tmp_path, capsys):
     # Answers 1 1 2 3 3 on scored steps (a reward), the first step unscored: action 0 is never given.
-    data = count_recall_episode([0, 1, 0, 0, 1, 0], [0, 0, 1, 0, 0, 1], [0, 1, 1, 2, 3, 3], [0, 1, -1, 1, 1, -1])
+    data = count_recall_episode(
+        [0, 1, 0, 0, 1, 0], [0, 0, 1, 0, 0, 1], [0, 1, 1, 2, 3, 3], [0, 1, -1, 1, 1, -1]
+    )
     shares = answers_by_step.answers_by_action(data)
     assert shares == {0: (0.0, None), 1: (0.4, 0.5), 2: (0.2, 1.0), 3: (0.4, 0.5)}
     named = data | {"/meta/args": np.array(json.dumps({"env_id": "popgym-CountRecallEasy-v0"}))}
-    assert len(answers_by_step.answers_by_action(named)) == 27  # the env's 27 answers, 4 to 26 never given
+    assert (
+        len(answers_by_step.answers_by_action(named)) == 27
+    )  # the env's 27 answers, 4 to 26 never given
     np.savez(tmp_path / "a.npz", **data, **{"/masks": np.ones_like(data["/rewards"])})
     assert answers_by_step.main([str(tmp_path / "a.npz"), "--steps", "0", "--by-answer"]) == 0
     assert capsys.readouterr().out.splitlines()[-4:] == ["| 0 | 0.000 | - |", "| 1 | 0.400 | 0.500 |",
@@ -1035,39 +1431,58 @@ def test_the_breadth_suite_holds_every_popgym_easy_task_for_both_memory_scripts(
     # registered with no module in this worker, and test_envs would then see them resolve unchanged.
     resolve_env_id("popgym-RepeatPreviousEasy-v0")
 
-    registered = sorted(env_id for env_id in gym.registry if env_id.startswith("popgym-") and "Easy" in env_id)
+    registered = sorted(
+        env_id for env_id in gym.registry if env_id.startswith("popgym-") and "Easy" in env_id
+    )
     assert sorted(cases.POPGYM_EASY_IDS) == registered and len(registered) == 14
     suite = cases.SUITES["popgym-easy"]
     assert suite.seeds == (1, 2)
     listed = harness.suite_cases("popgym-easy")
-    expected = [(script, env_id) for env_id in registered for script in ("ppo_lstm", "ppo_transformer")]
+    expected = [
+        (script, env_id) for env_id in registered for script in ("ppo_lstm", "ppo_transformer")
+    ]
     assert [(case.script, case.env_id) for case in listed] == expected
     for case in listed:
-        assert case.total_timesteps == 300_000 and case.task_max == 1.0 and case.judged_on == "reference"
+        assert (
+            case.total_timesteps == 300_000
+            and case.task_max == 1.0
+            and case.judged_on == "reference"
+        )
         continuous = gym.make(case.env_id).action_space.__class__.__name__ == "Box"
         assert case.flags == (cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ())
-        if case.script == "ppo_transformer":  # judged against ppo_lstm's case on the same task, run beside it
+        if (
+            case.script == "ppo_transformer"
+        ):  # judged against ppo_lstm's case on the same task, run beside it
             assert case.reference.case in listed and case.reference.case.env_id == case.env_id
         else:
             assert case.reference == cases.LSTM_LEARNED
 
 
 @pytest.mark.parametrize(
-    ("suite", "of_suite"), [("memory-lstm-no-norm-adv", "memory"), ("popgym-easy-lstm-no-norm-adv", "popgym-easy")]
+    ("suite", "of_suite"),
+    [("memory-lstm-no-norm-adv", "memory"), ("popgym-easy-lstm-no-norm-adv", "popgym-easy")],
 )
-def test_the_lstm_suites_without_norm_adv_are_ppo_lstms_cases_with_only_that_flag_added(suite, of_suite):
+def test_the_lstm_suites_without_norm_adv_are_ppo_lstms_cases_with_only_that_flag_added(
+    suite, of_suite
+):
     defaults = [case for case in harness.suite_cases(of_suite) if case.script == "ppo_lstm"]
     without = harness.suite_cases(suite)
-    assert [replace(case, flags=(*case.flags, "--no-norm-adv")) for case in defaults] == list(without)
+    assert [replace(case, flags=(*case.flags, "--no-norm-adv")) for case in defaults] == list(
+        without
+    )
     assert cases.SUITES[suite].seeds == cases.SUITES[of_suite].seeds
 
 
 def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_task(tmp_path):
     lstm_case, transformer_case = cases.breadth_cases("Probe1-v0", 1200)
     jobs, plans = harness.make_jobs(harness.Run(), [lstm_case, transformer_case], (1, 2), tmp_path)
-    assert len([job for job in jobs if job.kind == "random-policy"]) == 1  # one measurement for the two cases
+    assert (
+        len([job for job in jobs if job.kind == "random-policy"]) == 1
+    )  # one measurement for the two cases
     [random_job] = [job for job in jobs if job.kind == "random-policy"]
-    random_job.output = {"mean": -0.5}  # a range of 1.5: learnt above -0.2, the transformer's margin 0.075
+    random_job.output = {
+        "mean": -0.5
+    }  # a range of 1.5: learnt above -0.2, the transformer's margin 0.075
 
     def judged(lstm_evals, transformer_evals):
         evals = {"ppo_lstm": lstm_evals, "ppo_transformer": transformer_evals}
@@ -1076,7 +1491,9 @@ def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_ta
                 job.summary = summary(job.seed, [0.0] * 120)
                 job.summary.eval_returns = [evals[job.label][job.seed - 1]]
         rows = harness.rows_of(jobs, plans)
-        assert [row.label for row in rows] == ["ppo_lstm", "ppo_transformer"] and all(row.judged for row in rows)
+        assert [row.label for row in rows] == ["ppo_lstm", "ppo_transformer"] and all(
+            row.judged for row in rows
+        )
         return [(row.threshold, row_numbers(row).verdict) for row in rows]
 
     # ppo_lstm learnt it (mean 0.5 >= -0.2): the transformer must reach 0.5 - 0.075 on its mean.
@@ -1089,4 +1506,6 @@ def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_ta
     rows = harness.rows_of(jobs, plans)
     numbers = {row.key: row_numbers(row) for row in rows}
     line = harness.against_reference(plans[1], jobs, rows, numbers)
-    assert line.reference.startswith("ppo_lstm in this run") and line.reference_eval == pytest.approx(-0.3)
+    assert line.reference.startswith(
+        "ppo_lstm in this run"
+    ) and line.reference_eval == pytest.approx(-0.3)

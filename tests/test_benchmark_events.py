@@ -9,10 +9,18 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.tensorboard import SummaryWriter
 
 import ppo_fc
-from benchmark.events import find_run_dirs, load_events, parse_run_name, summarise_run, trailing_mean
+from benchmark.events import (
+    find_run_dirs,
+    load_events,
+    parse_run_name,
+    summarise_run,
+    trailing_mean,
+)
 
 
-def write_run(folder: Path, returns: list[float], sps_walltimes: list[tuple[int, float]], evals=(), rss=()) -> Path:
+def write_run(
+    folder: Path, returns: list[float], sps_walltimes: list[tuple[int, float]], evals=(), rss=()
+) -> Path:
     """A run folder as the scripts write it, with chosen values, steps and wall times."""
     writer = SummaryWriter(str(folder))
     for step, value in enumerate(returns, start=1):
@@ -64,7 +72,9 @@ def test_reader_gives_back_every_scalar_exactly(tmp_path):
     assert (summary.script, summary.env_id, summary.seed) == ("ppo_fc", "CartPole-v1", 7)
     assert summary.episode_returns.tolist() == returns
     assert summary.episode_steps.tolist() == [10 * step for step in range(1, len(returns) + 1)]
-    assert summary.last_return == pytest.approx(np.mean(np.array(returns[-100:], dtype=np.float64)), abs=1e-12)
+    assert summary.last_return == pytest.approx(
+        np.mean(np.array(returns[-100:], dtype=np.float64)), abs=1e-12
+    )
     assert summary.eval_returns == [1.5, 2.5] and summary.eval_return == 2.0
     assert summary.sps == (5_120 - 512) / 2.0  # steps over wall time, first to last SPS record
     assert summary.steps == 5_120 and summary.peak_rss_mb == 310.5
@@ -82,25 +92,35 @@ def test_a_resumed_run_counts_each_step_once_and_leaves_out_the_time_between_ses
     # Session 2, 1,000 s later: resumed from step 5,000 with 2 s of start-up, then 50 steps/s from step 5,000 on.
     second = writer_made_at(run, 2_100.0, purge_step=5_001)
     for step in range(5_120, 10_001, 100):
-        second.add_scalar("charts/episodic_return", 2.0, step, walltime=2_102.0 + (step - 5_000) / 50)
+        second.add_scalar(
+            "charts/episodic_return", 2.0, step, walltime=2_102.0 + (step - 5_000) / 50
+        )
     for step in range(6_000, 10_001, 1_000):
         second.add_scalar("charts/SPS", 50, step, walltime=2_102.0 + (step - 5_000) / 50)
     second.close()
 
     summary = summarise_run(run)
     kept_first, kept_second = list(range(100, 5_001, 100)), list(range(5_120, 10_001, 100))
-    assert summary.episode_steps.tolist() == kept_first + kept_second  # nothing of session 1 at step 5,001 or later
+    assert (
+        summary.episode_steps.tolist() == kept_first + kept_second
+    )  # nothing of session 1 at step 5,001 or later
     assert summary.episode_returns.tolist() == [1.0] * len(kept_first) + [2.0] * len(kept_second)
     assert np.all(np.diff(summary.episode_steps) >= 0)
     # SPS: 4,000 steps in 40 s (session 1, steps 1,000 to 5,000) and 4,000 in 80 s (session 2, 6,000 to 10,000)
     assert summary.sps == pytest.approx(8_000 / 120, rel=1e-9)
     # Training seconds: session 1 from its start to its last kept record (50 s), then session 2 from its own start.
-    expected_seconds = [step / 100 for step in kept_first] + [50 + 2 + (step - 5_000) / 50 for step in kept_second]
+    expected_seconds = [step / 100 for step in kept_first] + [
+        50 + 2 + (step - 5_000) / 50 for step in kept_second
+    ]
     np.testing.assert_allclose(summary.episode_seconds, expected_seconds, rtol=0, atol=1e-9)
     assert summary.steps == 10_000 and summary.sessions == 2
     # TensorBoard's own EventAccumulator, reading the folder, drops the same records on the SessionLog START event.
-    assert [step for step, _ in tensorboard_scalars(run, "charts/episodic_return")] == kept_first + kept_second
-    assert [step for step, _ in tensorboard_scalars(run, "charts/SPS")] == [1_000 * k for k in range(1, 11)]
+    assert [
+        step for step, _ in tensorboard_scalars(run, "charts/episodic_return")
+    ] == kept_first + kept_second
+    assert [step for step, _ in tensorboard_scalars(run, "charts/SPS")] == [
+        1_000 * k for k in range(1, 11)
+    ]
 
 
 def test_sessions_are_ordered_by_when_they_started_not_by_file_name(tmp_path):
@@ -116,22 +136,39 @@ def test_sessions_are_ordered_by_when_they_started_not_by_file_name(tmp_path):
     resumed_file = next(run.glob("events.out.tfevents.0000002000.*"))
     resumed_file.rename(run / resumed_file.name.replace(".0000002000.", ".0000000999."))
     summary = summarise_run(run)
-    assert summary.episode_steps.tolist() == [100, 200, 250] and summary.episode_returns.tolist() == [1.0, 1.0, 2.0]
+    assert summary.episode_steps.tolist() == [
+        100,
+        200,
+        250,
+    ] and summary.episode_returns.tolist() == [1.0, 1.0, 2.0]
 
 
 def test_a_resumed_ppo_fc_run_reads_back_as_one_run(tmp_path):
-    settings = dict(env_id="CartPole-v1", num_envs=4, num_steps=128, total_timesteps=2_048, checkpoint_every=1)
-    args = ppo_fc.Args(**settings, run_dir=str(tmp_path), eval_episodes=0, save_model=False, progress=False)
+    settings = dict(
+        env_id="CartPole-v1", num_envs=4, num_steps=128, total_timesteps=2_048, checkpoint_every=1
+    )
+    args = ppo_fc.Args(
+        **settings, run_dir=str(tmp_path), eval_episodes=0, save_model=False, progress=False
+    )
     run = ppo_fc.train(args).run_dir
     ppo_fc.train(ppo_fc.Args(resume=str(run / "checkpoints" / "step_1024.pt"), progress=False))
 
     summary = summarise_run(run)
     assert summary.steps == 2_048 and len(summary.episode_steps) > 0
-    assert np.all(np.diff(summary.episode_steps) >= 0) and np.all(np.diff(summary.episode_seconds) >= 0)
+    assert np.all(np.diff(summary.episode_steps) >= 0) and np.all(
+        np.diff(summary.episode_seconds) >= 0
+    )
     scalars, _ = load_events(run)
-    assert [event.step for event in scalars["charts/SPS"]] == [512, 1_024, 1_536, 2_048]  # each step once
+    assert [event.step for event in scalars["charts/SPS"]] == [
+        512,
+        1_024,
+        1_536,
+        2_048,
+    ]  # each step once
     # By hand, each events file read on its own: the first session's records past step 1,024 were redone.
-    first_file, second_file = sorted(run.glob("events.out.tfevents.*"), key=lambda path: read_sps(path)[0].step)
+    first_file, second_file = sorted(
+        run.glob("events.out.tfevents.*"), key=lambda path: read_sps(path)[0].step
+    )
     first_kept = [event for event in read_sps(first_file) if event.step <= 1_024]
     spans = [(records[0], records[-1]) for records in (first_kept, read_sps(second_file))]
     assert sum(last.step - first.step for first, last in spans) == 1_024
@@ -141,8 +178,12 @@ def test_a_resumed_ppo_fc_run_reads_back_as_one_run(tmp_path):
 
 
 def test_sps_needs_two_records_of_one_session(tmp_path):
-    single = summarise_run(write_run(tmp_path / "CartPole-v1__ppo_fc__1__1", [1.0], [(512, 1_001.0)]))
-    assert single.sps is None and single.steps == 512  # one iteration: no figure without start-up in it
+    single = summarise_run(
+        write_run(tmp_path / "CartPole-v1__ppo_fc__1__1", [1.0], [(512, 1_001.0)])
+    )
+    assert (
+        single.sps is None and single.steps == 512
+    )  # one iteration: no figure without start-up in it
     run = tmp_path / "CartPole-v1__ppo_fc__2__1"
     first = writer_made_at(run, 1_000.0)
     first.add_scalar("charts/SPS", 100, 512, walltime=1_010.0)
@@ -151,12 +192,16 @@ def test_sps_needs_two_records_of_one_session(tmp_path):
     second.add_scalar("charts/SPS", 100, 1_024, walltime=2_010.0)
     second.close()
     resumed = summarise_run(run)
-    assert resumed.sps is None and resumed.steps == 1_024  # the two records span the gap between the sessions
+    assert (
+        resumed.sps is None and resumed.steps == 1_024
+    )  # the two records span the gap between the sessions
 
 
 def test_steps_to_threshold_uses_the_trailing_100_episode_mean(tmp_path):
     # 150 episodes of 0, then 1s: the trailing mean of 100 reaches 0.5 at the 200th episode (50 zeros, 50 ones)
-    run = summarise_run(write_run(tmp_path / "Probe1-v0__ppo_fc__1__1", [0.0] * 150 + [1.0] * 100, [(512, 1.0)]))
+    run = summarise_run(
+        write_run(tmp_path / "Probe1-v0__ppo_fc__1__1", [0.0] * 150 + [1.0] * 100, [(512, 1.0)])
+    )
     assert run.steps_to_reach(0.5) == 200 * 10
     assert run.steps_to_reach(1.0) == 250 * 10
     assert run.steps_to_reach(1.5) is None
@@ -173,7 +218,9 @@ def test_a_case_s_window_sets_the_training_return_and_when_a_threshold_is_reache
     assert summarise_run(path).last_return == pytest.approx(0.1)  # the last 100
     last_ten = summarise_run(path, window=10)
     assert last_ten.last_return == 1.0 and last_ten.window == 10
-    assert last_ten.steps_to_reach(0.5) == 95 * 10  # the 95th episode: 5 zeros and 5 ones in its last 10
+    assert (
+        last_ten.steps_to_reach(0.5) == 95 * 10
+    )  # the 95th episode: 5 zeros and 5 ones in its last 10
     assert summarise_run(path).steps_to_reach(0.5) is None
 
 
@@ -182,13 +229,18 @@ def test_steps_to_threshold_judges_a_step_by_every_episode_that_ended_there(tmp_
     writer = SummaryWriter(str(run))
     for step in range(1, 100):
         writer.add_scalar("charts/episodic_return", 1.0, step * 10)
-    for value in (1.0, -1_000.0):  # episodes 100 and 101 end at the same step: at step 1,000 the mean is far below 1
+    for value in (
+        1.0,
+        -1_000.0,
+    ):  # episodes 100 and 101 end at the same step: at step 1,000 the mean is far below 1
         writer.add_scalar("charts/episodic_return", value, 1_000)
     for step in range(101, 301):
         writer.add_scalar("charts/episodic_return", 1.0, step * 10)
     writer.close()
     summary = summarise_run(run)
-    assert summary.steps_to_reach(0.5) == 2_000  # the first step with the -1,000 out of the last 100 episodes
+    assert (
+        summary.steps_to_reach(0.5) == 2_000
+    )  # the first step with the -1,000 out of the last 100 episodes
     assert summary.steps_to_reach(-10.0) == 1_000
 
 

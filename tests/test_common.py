@@ -22,7 +22,15 @@ from common.errors import PolicyMismatch, UsageError
 from common.interrupt import sigint_ignored_by_new_processes
 from common.run_folder import create_run_folder
 from common.running_norm import RunningNorm
-from common.stand_in import LAYERS, NoNumpyForm, check_draws, fitting_copy, numpy_cell, numpy_snapshot, trial_inputs
+from common.stand_in import (
+    LAYERS,
+    NoNumpyForm,
+    check_draws,
+    fitting_copy,
+    numpy_cell,
+    numpy_snapshot,
+    trial_inputs,
+)
 from common.trajectories import RolloutRecorder, load_trajectories, new_recording_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,7 +90,9 @@ RULED = """\
 """
 
 
-@pytest.mark.parametrize("layout", [BOXED, RULED, "\x1b[1m" + BOXED.replace("options:", "options:\x1b[0m")])
+@pytest.mark.parametrize(
+    "layout", [BOXED, RULED, "\x1b[1m" + BOXED.replace("options:", "options:\x1b[0m")]
+)
 def test_one_line_does_not_depend_on_tyros_layout(layout):
     assert one_line(layout) == (
         "Unrecognized options: --total-timestep; Perhaps you meant: --total-timesteps INT total timesteps of the "
@@ -108,11 +118,19 @@ def test_a_notice_is_printed_once(capsys):
 
 
 def test_checkpoints_are_written_atomically_and_checked_when_read(tmp_path):
-    path = checkpoints.save(tmp_path / "checkpoints", "script", 7, Flags(), 1024, model={"w": torch.ones(2)})
-    assert {p.name for p in path.parent.iterdir()} == {"latest.pt", "step_1024.pt"}  # no temporary file left
+    path = checkpoints.save(
+        tmp_path / "checkpoints", "script", 7, Flags(), 1024, model={"w": torch.ones(2)}
+    )
+    assert {p.name for p in path.parent.iterdir()} == {
+        "latest.pt",
+        "step_1024.pt",
+    }  # no temporary file left
     assert (path.parent / "step_1024.pt").read_bytes() == path.read_bytes()
     checkpoint = checkpoints.load(path, "script", 7, ["model"])
-    assert checkpoint["args"] == {"total_timesteps": 500_000, "num_envs": 4} and checkpoint["global_step"] == 1024
+    assert (
+        checkpoint["args"] == {"total_timesteps": 500_000, "num_envs": 4}
+        and checkpoint["global_step"] == 1024
+    )
     with pytest.raises(UsageError, match="not a other checkpoint"):
         checkpoints.load(path, "other", 7, ["model"])
     with pytest.raises(UsageError, match="format 7, this version reads 8"):
@@ -166,13 +184,18 @@ def test_seed_and_pick_device_bounds_the_memory_of_onednn_kernels_for_new_shapes
 
 def test_rng_state_carries_the_cuda_generators_when_cuda_is_used(monkeypatch):
     # No GPU here: torch.cuda is replaced by a stand-in with two devices, and the test checks what is saved and set.
-    device_states = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3, 4], dtype=torch.uint8)]
+    device_states = [
+        torch.tensor([1, 2], dtype=torch.uint8),
+        torch.tensor([3, 4], dtype=torch.uint8),
+    ]
     restored = {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: device_states)
-    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.__setitem__(device, state))
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state", lambda state, device: restored.__setitem__(device, state)
+    )
     state = seeding.rng_state()
     assert [s.tolist() for s in state["cuda"]] == [[1, 2], [3, 4]]
     seeding.restore_rng_state(state)
@@ -279,14 +302,18 @@ def test_every_known_layer_has_a_numpy_form_equal_to_torch():
         with torch.no_grad():
             expected = layer(x).numpy()
         np.testing.assert_allclose(numpy_snapshot(layer)(x.numpy()), expected, rtol=1e-5, atol=1e-5)
-    network = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 2)))
+    network = nn.Sequential(
+        nn.Linear(6, 8), nn.Tanh(), nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 2))
+    )
     with torch.no_grad():
         expected = network(x).numpy()
     snapshot = numpy_snapshot(network)
     np.testing.assert_allclose(snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         network[0].weight.zero_()
-    np.testing.assert_allclose(snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5)  # a copy, not a view
+    np.testing.assert_allclose(
+        snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5
+    )  # a copy, not a view
 
 
 class ScaledLinear(nn.Linear):
@@ -324,7 +351,9 @@ def test_the_numpy_form_of_a_cell_steps_as_torch_does(cell_type, layers, bias):
 
 def test_what_a_snapshot_cannot_copy_is_refused():
     with pytest.raises(NoNumpyForm, match="ScaledLinear"):
-        numpy_snapshot(nn.Sequential(nn.Linear(2, 2), ScaledLinear(2, 2)))  # a subclass may compute anything
+        numpy_snapshot(
+            nn.Sequential(nn.Linear(2, 2), ScaledLinear(2, 2))
+        )  # a subclass may compute anything
     hooked = nn.Linear(2, 2)
     hooked.register_forward_hook(lambda module, inputs, output: 2 * output)
     with pytest.raises(NoNumpyForm, match="hooks"):
@@ -343,13 +372,18 @@ def test_what_a_snapshot_cannot_copy_is_refused():
 
 def test_draws_of_the_policy_pass_and_other_draws_do_not():
     generator = torch.Generator().manual_seed(0)
-    probs = torch.softmax(torch.randn(2048, 4, generator=generator) * 3, -1)  # some actions all but impossible
+    probs = torch.softmax(
+        torch.randn(2048, 4, generator=generator) * 3, -1
+    )  # some actions all but impossible
     for _ in range(200):  # honest draws never raise, rare actions included
         check_draws(torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs=probs)
     sharper = torch.softmax(torch.log(probs) * 3, -1)
     with pytest.raises(PolicyMismatch, match="not draws"):
         check_draws(torch.multinomial(sharper, 1, generator=generator).squeeze(-1), probs=probs)
-    mean, std = torch.randn(512, 2, generator=generator), torch.rand(512, 2, generator=generator) + 0.1
+    mean, std = (
+        torch.randn(512, 2, generator=generator),
+        torch.rand(512, 2, generator=generator) + 0.1,
+    )
     check_draws(mean + std * torch.randn(512, 2, generator=generator), mean=mean, std=std)
     with pytest.raises(PolicyMismatch, match="not draws"):
         check_draws(mean + 0.5 * std * torch.randn(512, 2, generator=generator), mean=mean, std=std)
@@ -362,17 +396,35 @@ def test_a_copy_that_does_not_act_like_the_reference_is_not_used(capsys):
     networks = [nn.Linear(1, 1) for _ in range(4)]  # what the verdicts are kept for
     trial = lambda: trial_inputs(np.ones((3, 2), np.float32), 1)  # noqa: E731
     assert fitting_copy(lambda: reference, reference, trial, networks[0]) is reference
-    assert fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, trial, networks[1]) is None
-    assert fitting_copy(lambda: lambda obs, noise: obs @ np.ones((5, 1)), reference, trial, networks[2]) is None
+    assert (
+        fitting_copy(
+            lambda: lambda obs, noise: 2 * reference(obs, noise), reference, trial, networks[1]
+        )
+        is None
+    )
+    assert (
+        fitting_copy(
+            lambda: lambda obs, noise: obs @ np.ones((5, 1)), reference, trial, networks[2]
+        )
+        is None
+    )
 
     def with_state(obs, noise):  # a recurrent step: actions and the state after it, all compared
         return reference(obs, noise), obs * 2
 
     wrong_state = lambda: lambda obs, noise: (reference(obs, noise), obs * 3)  # noqa: E731
     assert fitting_copy(wrong_state, with_state, trial, networks[3]) is None
-    assert capsys.readouterr().err.count("notice: the rollout calls the torch policy at every step") == 2  # once each
+    assert (
+        capsys.readouterr().err.count("notice: the rollout calls the torch policy at every step")
+        == 2
+    )  # once each
     # Tried once per network: the same network keeps its verdict.
-    assert fitting_copy(lambda: lambda obs, noise: 2 * reference(obs, noise), reference, trial, networks[0]) is not None
+    assert (
+        fitting_copy(
+            lambda: lambda obs, noise: 2 * reference(obs, noise), reference, trial, networks[0]
+        )
+        is not None
+    )
 
 
 def test_rare_draws_of_a_nearly_deterministic_policy_are_no_alarm():
@@ -387,18 +439,24 @@ def test_env_state_restores_envs_mid_episode_and_their_wrappers(tmp_path):
     # Pendulum-v1: random starts, Box actions, 200-step episodes; 3 envs cut 50 steps into their second episodes.
     def stack():
         envs = vector_env([lambda: gym.make("Pendulum-v1")] * 3, async_envs=False)
-        return gym.wrappers.vector.NormalizeReward(gym.wrappers.vector.RecordEpisodeStatistics(envs))
+        return gym.wrappers.vector.NormalizeReward(
+            gym.wrappers.vector.RecordEpisodeStatistics(envs)
+        )
 
     actions = np.random.default_rng(0).uniform(-2, 2, (500, 3, 1)).astype(np.float32)
     original = stack()
     obs, _ = original.reset(seed=5)
-    for action in actions[:250]:  # past one autoreset: the state of each env's generator at its reset is kept
+    for action in actions[
+        :250
+    ]:  # past one autoreset: the state of each env's generator at its reset is kept
         obs, *_ = original.step(action)
     path = tmp_path / "state.pt"
     torch.save(env_state.capture(original, obs, marker=np.arange(3)), path)
 
     copy = stack()
-    checkpoints.restore_reward_normalizer(copy, checkpoints.reward_normalizer_state(original))  # the scripts' part
+    checkpoints.restore_reward_normalizer(
+        copy, checkpoints.reward_normalizer_state(original)
+    )  # the scripts' part
     copy.reset(seed=99)
     observations, carried = env_state.restore(copy, torch.load(path, weights_only=True), seed=99)
     assert np.array_equal(observations, obs) and np.array_equal(carried["marker"], np.arange(3))
@@ -437,7 +495,9 @@ def test_env_state_of_envs_that_cannot_be_replayed_starts_new_episodes(capsys):
     copy.reset(seed=1)
     observations, carried = env_state.restore(copy, state, seed=7)
     assert carried == {} and "cannot be brought back" in capsys.readouterr().err
-    np.testing.assert_array_equal(observations, vector_env([LegacyRandomEnv] * 2, async_envs=False).reset(seed=7)[0])
+    np.testing.assert_array_equal(
+        observations, vector_env([LegacyRandomEnv] * 2, async_envs=False).reset(seed=7)[0]
+    )
 
 
 @pytest.mark.parametrize(
@@ -454,7 +514,9 @@ def test_env_state_of_envs_that_cannot_be_replayed_starts_new_episodes(capsys):
 def test_the_checkpoint_schedule(every, at_end, interrupted, written):
     iterations = []
     args = Namespace(checkpoint_every=every, save_model=at_end)
-    schedule = checkpoints.CheckpointSchedule(lambda i: iterations.append(i) or Path(f"{i}.pt"), args, 0)
+    schedule = checkpoints.CheckpointSchedule(
+        lambda i: iterations.append(i) or Path(f"{i}.pt"), args, 0
+    )
     for iteration in range(1, 6):
         schedule.iteration_done(iteration)
     last = schedule.run_ended(5, interrupted)
@@ -468,15 +530,21 @@ class Recorded:
 
 
 def test_the_rollout_recorder_records_the_env_s_own_reward_and_the_agent_s_fields(tmp_path):
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(vector_env([lambda: gym.make("CartPole-v1")] * 2, False))
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(
+        vector_env([lambda: gym.make("CartPole-v1")] * 2, False)
+    )
     normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=0.99)
     recorder = RolloutRecorder(Recorded(tmp_path / "rollout"), 2, None, None, normalizer)
     obs, _ = normalizer.reset(seed=0)
     for _ in range(2):  # two rollouts of 3 steps
         for _ in range(3):
-            next_obs, scaled, terminated, truncated, infos = normalizer.step(np.zeros(2, dtype=np.int64))
+            next_obs, scaled, terminated, truncated, infos = normalizer.step(
+                np.zeros(2, dtype=np.int64)
+            )
             recorder.step(obs, np.zeros(2), scaled, terminated, truncated, infos)
-            assert not np.allclose(scaled, 1.0)  # CartPole pays 1 per step: the scaled reward is not
+            assert not np.allclose(
+                scaled, 1.0
+            )  # CartPole pays 1 per step: the scaled reward is not
             obs = next_obs
         recorder.end_rollout(values=np.arange(6).reshape(3, 2))
     recorder.save()
@@ -522,13 +590,16 @@ def test_running_norm_passes_some_features_as_they_are_and_only_scales_others_al
     norm.update(torch.as_tensor(batch))
     x = torch.tensor([[7.0, 0.0, 1.0, -3.0]], dtype=torch.float64)
     expected = [
-        (7.0 - batch[:, 0].mean()) / batch[:, 0].std(),  # the running statistics are the batch's, bar epsilon
+        (7.0 - batch[:, 0].mean())
+        / batch[:, 0].std(),  # the running statistics are the batch's, bar epsilon
         0.0,
         1.0,
         -3.0 / np.sqrt(np.mean(batch[:, 3] ** 2)),  # the root mean square: not shifted
     ]
     np.testing.assert_allclose(norm(x)[0], expected, rtol=1e-5)
-    np.testing.assert_allclose(norm.numpy_snapshot()(x.numpy().astype(np.float32))[0], expected, rtol=1e-5)
+    np.testing.assert_allclose(
+        norm.numpy_snapshot()(x.numpy().astype(np.float32))[0], expected, rtol=1e-5
+    )
     plain = RunningNorm(4)
     plain.update(torch.as_tensor(batch))
     np.testing.assert_allclose(plain(x)[0], (x[0] - batch.mean(0)) / batch.std(0), rtol=1e-5)
@@ -537,7 +608,9 @@ def test_running_norm_passes_some_features_as_they_are_and_only_scales_others_al
 def test_the_default_threads_follow_the_network(monkeypatch):
     import ppo_fc
 
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # what the harness sets for a job's share of the cores
+    monkeypatch.setenv(
+        "OMP_NUM_THREADS", "2"
+    )  # what the harness sets for a job's share of the cores
     before = torch.get_num_threads()
     vectors = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -547,7 +620,8 @@ def test_the_default_threads_follow_the_network(monkeypatch):
         seeding.threads_for(None, ppo_fc.Agent(image, gym.spaces.Discrete(2), 64, False))
         assert torch.get_num_threads() == 2  # the CNN: every core of the share
         seeding.threads_for(
-            None, torch.nn.Sequential(torch.nn.Linear(3, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+            None,
+            torch.nn.Sequential(torch.nn.Linear(3, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)),
         )
         assert torch.get_num_threads() == 2  # ddpg's 256-unit layers too
         seeding.threads_for(1, ppo_fc.Agent(image, gym.spaces.Discrete(2), 64, False))
@@ -567,4 +641,6 @@ def test_the_default_threads_need_no_affinity_call_and_tf32_is_off(monkeypatch):
     finally:
         torch.set_num_threads(before)
     seeding.seed_and_pick_device(1, True, 1, cuda=False)
-    assert not torch.backends.cudnn.allow_tf32  # the rollout's checks need float32 convolutions on a GPU
+    assert (
+        not torch.backends.cudnn.allow_tf32
+    )  # the rollout's checks need float32 convolutions on a GPU

@@ -38,10 +38,18 @@ def test_complete_dict_of_list_seed_example():
 def test_convert_time_to_batch_major_seed_example():
     episode = {
         "key1": [[[1], [2]], [[3], [4]], [[5], [6]], [[7], [8]], [[9], [10]]],
-        "key2": [[[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10], [11, 12]], [[13, 14], [15, 16]], [[17, 18], [19, 20]]],
+        "key2": [
+            [[1, 2], [3, 4]],
+            [[5, 6], [7, 8]],
+            [[9, 10], [11, 12]],
+            [[13, 14], [15, 16]],
+            [[17, 18], [19, 20]],
+        ],
     }
     result = convert_time_to_batch_major(episode)
-    np.testing.assert_array_equal(result["key1"], [[[1], [3], [5], [7], [9]], [[2], [4], [6], [8], [10]]])
+    np.testing.assert_array_equal(
+        result["key1"], [[[1], [3], [5], [7], [9]], [[2], [4], [6], [8], [10]]]
+    )
     np.testing.assert_array_equal(
         result["key2"],
         [
@@ -62,7 +70,10 @@ def test_dict_of_lists_to_list_of_dicts_seed_example():
 
 
 def test_extract_keywise_seed_example():
-    dic = {"agent1": {"a": [1, 2], "b": {"c": 2, "d": 4}}, "agent2": {"a": [3, 4], "b": {"c": 9, "d": 7}}}
+    dic = {
+        "agent1": {"a": [1, 2], "b": {"c": 2, "d": 4}},
+        "agent2": {"a": [3, 4], "b": {"c": 9, "d": 7}},
+    }
     assert extract_keywise(dic, "a") == {"agent1": [1, 2], "agent2": [3, 4]}
     assert extract_keywise(dic, "b") == {"agent1": {"c": 2, "d": 4}, "agent2": {"c": 9, "d": 7}}
 
@@ -95,7 +106,10 @@ def test_list_of_dicts_to_flattened_dict_of_lists_seed_example():
 
 
 def test_nonify_seed_example():
-    assert nonify([(1, 2, 3), (1, 2, 4, 5, [-1, -2])]) == [(None, None, None), (None, None, None, None, [None, None])]
+    assert nonify([(1, 2, 3), (1, 2, 4, 5, [-1, -2])]) == [
+        (None, None, None),
+        (None, None, None, None, [None, None]),
+    ]
 
 
 def test_update_dict_of_lists_seed_example():
@@ -166,7 +180,9 @@ def test_errors_name_the_key():
 
 
 def test_describe_reports_shapes_dtypes_nans_and_statistics():
-    table = describe({"obs": np.array([[1.0, np.nan], [3.0, np.inf]]), "agent": {"act": np.array([0, 1, 1, 0])}})
+    table = describe(
+        {"obs": np.array([[1.0, np.nan], [3.0, np.inf]]), "agent": {"act": np.array([0, 1, 1, 0])}}
+    )
     lines = table.splitlines()
     assert lines[0].split() == ["key", "shape", "dtype", "nan", "inf", "mean", "std"]
     assert lines[1].split() == ["/obs", "(2,", "2)", "float64", "1", "1", "2", "1"]
@@ -177,8 +193,17 @@ def test_describe_reports_shapes_dtypes_nans_and_statistics():
 
 # --- properties ----------------------------------------------------------------------------------------------------
 
-keys = st.text(alphabet=st.characters(blacklist_characters="/", blacklist_categories=("Cs",)), min_size=1, max_size=5)
-leaves = st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=3), st.lists(st.integers(), max_size=3))
+keys = st.text(
+    alphabet=st.characters(blacklist_characters="/", blacklist_categories=("Cs",)),
+    min_size=1,
+    max_size=5,
+)
+leaves = st.one_of(
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=3),
+)
 nested_dicts = st.recursive(
     st.dictionaries(keys, leaves, max_size=4),
     lambda children: st.dictionaries(keys, children, max_size=4),
@@ -200,7 +225,10 @@ def test_unflatten_then_flatten_is_the_identity(dic):
     assert flatten_dict(unflatten_dict(flat)) == flat
 
 
-@given(st.lists(st.dictionaries(st.sampled_from("abcde"), st.integers(), max_size=5), max_size=6), st.integers(0, 3))
+@given(
+    st.lists(st.dictionaries(st.sampled_from("abcde"), st.integers(), max_size=5), max_size=6),
+    st.integers(0, 3),
+)
 def test_list_of_dicts_with_missing_keys(samples, extra):
     length = len(samples) + extra
     result = list_of_dicts_to_flattened_dict_of_lists(samples, length)
@@ -212,7 +240,11 @@ def test_list_of_dicts_with_missing_keys(samples, extra):
             assert values[index] == expected
 
 
-@given(st.dictionaries(st.sampled_from("abc"), st.lists(st.integers(), min_size=4, max_size=4), min_size=1))
+@given(
+    st.dictionaries(
+        st.sampled_from("abc"), st.lists(st.integers(), min_size=4, max_size=4), min_size=1
+    )
+)
 def test_dict_of_lists_and_list_of_dicts_are_inverse(dic):
     per_worker = dict_of_lists_to_list_of_dicts(dic, 4)
     assert len(per_worker) == 4

@@ -14,7 +14,9 @@ from common.errors import TrainingDiverged, UsageError
 
 
 def quick_args(tmp_path, **overrides) -> ddpg.Args:
-    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    settings = dict(
+        run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False
+    )
     settings |= dict(learning_starts=256, batch_size=64, hidden_size=64, buffer_size=10_000)
     return ddpg.Args(**{**settings, **overrides})
 
@@ -28,7 +30,13 @@ def test_the_replay_buffer_wraps_around_and_samples_only_what_it_holds():
     assert sorted(buffer.observations[:, 0].tolist()) == [1, 2, 3, 4, 5]
     np.testing.assert_array_equal(buffer.next_observations, buffer.observations + 100)
     partial = ddpg.ReplayBuffer(100, 1, 1)
-    partial.add(np.ones((2, 1), np.float32), np.ones((2, 1), np.float32), np.ones((2, 1)), np.ones(2), np.zeros(2))
+    partial.add(
+        np.ones((2, 1), np.float32),
+        np.ones((2, 1), np.float32),
+        np.ones((2, 1)),
+        np.ones(2),
+        np.zeros(2),
+    )
     np.random.seed(0)
     sampled = partial.sample(1000, torch.device("cpu"))[0]
     assert (sampled == 1).all()  # never an empty slot
@@ -46,26 +54,47 @@ def stored_buffer(result) -> dict[str, np.ndarray]:
 
 
 def test_truncation_stores_the_last_observation_and_no_termination(tmp_path):
-    gym.register("ShortPendulum-v0", entry_point="gymnasium.envs.classic_control:PendulumEnv", max_episode_steps=5)
-    args = quick_args(tmp_path, env_id="ShortPendulum-v0", total_timesteps=40, num_envs=2, save_model=True)
+    gym.register(
+        "ShortPendulum-v0",
+        entry_point="gymnasium.envs.classic_control:PendulumEnv",
+        max_episode_steps=5,
+    )
+    args = quick_args(
+        tmp_path, env_id="ShortPendulum-v0", total_timesteps=40, num_envs=2, save_model=True
+    )
     args.save_buffer, args.learning_starts = True, 1000
     result = ddpg.train(args)
     assert result.episode_lengths == [5] * 8  # every episode of both envs is logged
     stored = stored_buffer(result)
     assert not stored["terminations"].any()  # truncations bootstrap
     # Rows are vector steps of 2 envs; each env's episode is 5 steps, then a reset.
-    obs, next_obs = stored["observations"].reshape(20, 2, 3), stored["next_observations"].reshape(20, 2, 3)
+    obs, next_obs = (
+        stored["observations"].reshape(20, 2, 3),
+        stored["next_observations"].reshape(20, 2, 3),
+    )
     for t in range(19):
         if (t + 1) % 5:
-            np.testing.assert_array_equal(next_obs[t], obs[t + 1])  # within an episode: the next observation
+            np.testing.assert_array_equal(
+                next_obs[t], obs[t + 1]
+            )  # within an episode: the next observation
         else:
-            assert not np.allclose(next_obs[t], obs[t + 1])  # at the end: the episode's last, not the reset one
+            assert not np.allclose(
+                next_obs[t], obs[t + 1]
+            )  # at the end: the episode's last, not the reset one
 
 
 def test_termination_is_stored(tmp_path):
-    args = quick_args(tmp_path, env_id="ContinuousProbe1-v0", total_timesteps=20, save_model=True, learning_starts=100)
+    args = quick_args(
+        tmp_path,
+        env_id="ContinuousProbe1-v0",
+        total_timesteps=20,
+        save_model=True,
+        learning_starts=100,
+    )
     args.save_buffer = True
-    assert stored_buffer(ddpg.train(args))["terminations"].all()  # every one-step probe episode terminates
+    assert stored_buffer(ddpg.train(args))[
+        "terminations"
+    ].all()  # every one-step probe episode terminates
 
 
 def test_the_target_update_moves_every_parameter_by_tau():
@@ -81,7 +110,9 @@ def test_ou_noise_reverts_to_zero_and_restarts_with_each_episode():
     args = ddpg.Args(noise="ou", exploration_noise=0.2)
     state = np.zeros((2, 1), np.float32)
     np.random.seed(0)
-    draws = np.stack([ddpg.exploration_noise(args, state, np.zeros(2, bool)) for _ in range(20_000)])
+    draws = np.stack(
+        [ddpg.exploration_noise(args, state, np.zeros(2, bool)) for _ in range(20_000)]
+    )
     # Stationary: mean 0, variance sigma^2 / (1 - (1 - theta)^2), and the lag-1 correlation is 1 - theta.
     assert abs(draws.mean()) < 0.02
     np.testing.assert_allclose(draws.var(), 0.2**2 / (1 - (1 - ddpg.OU_THETA) ** 2), rtol=0.05)
@@ -89,9 +120,13 @@ def test_ou_noise_reverts_to_zero_and_restarts_with_each_episode():
     np.testing.assert_allclose(np.corrcoef(x, draws[1:, 0, 0])[0, 1], 1 - ddpg.OU_THETA, atol=0.02)
     state[:] = 5.0
     ddpg.exploration_noise(args, state, np.array([True, False]))
-    assert abs(state[0, 0]) < 1 and state[1, 0] > 3  # env 0's episode started again: its process too
+    assert (
+        abs(state[0, 0]) < 1 and state[1, 0] > 3
+    )  # env 0's episode started again: its process too
     gaussian = ddpg.Args(noise="gaussian", exploration_noise=0.3)
-    draws = np.stack([ddpg.exploration_noise(gaussian, state, np.zeros(2, bool)) for _ in range(20_000)])
+    draws = np.stack(
+        [ddpg.exploration_noise(gaussian, state, np.zeros(2, bool)) for _ in range(20_000)]
+    )
     np.testing.assert_allclose(draws.std(), 0.3, rtol=0.03)
 
 
@@ -121,40 +156,66 @@ def test_continuous_probes(tmp_path, env_id, steps):
         with torch.no_grad():
             action = agent.actor(x)
             value = agent.qf1(x, action).item()
-        if action_matters:  # the actor's output at the optimum, and the critic knows what it earns there
-            assert action[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), observation
+        if (
+            action_matters
+        ):  # the actor's output at the optimum, and the critic knows what it earns there
+            assert action[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), (
+                observation
+            )
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
         else:
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
 
 
 def test_resume_with_the_buffer_gives_the_uninterrupted_run(tmp_path, monkeypatch):
-    settings = dict(env_id="Pendulum-v1", num_envs=2, total_timesteps=600, learning_starts=200, checkpoint_every=150)
+    settings = dict(
+        env_id="Pendulum-v1",
+        num_envs=2,
+        total_timesteps=600,
+        learning_starts=200,
+        checkpoint_every=150,
+    )
     settings |= dict(save_model=True, save_buffer=True, noise="ou")
     kept = ddpg.train(quick_args(tmp_path / "kept", **settings))
-    assert [path.name for path in (kept.run_dir / "checkpoints").glob("*.npz")] == ["buffer_step_600.npz"]
-    monkeypatch.setattr(Path, "unlink", lambda self: None)  # older buffers stay, to resume from step 300
+    assert [path.name for path in (kept.run_dir / "checkpoints").glob("*.npz")] == [
+        "buffer_step_600.npz"
+    ]
+    monkeypatch.setattr(
+        Path, "unlink", lambda self: None
+    )  # older buffers stay, to resume from step 300
     whole = ddpg.train(quick_args(tmp_path / "whole", **settings))
     middle = whole.run_dir / "checkpoints" / "step_300.pt"
     resumed = ddpg.train(ddpg.Args(resume=str(middle), progress=False))
     assert resumed.global_step == whole.global_step == 600
-    for (name, a), b in zip(whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True):
+    for (name, a), b in zip(
+        whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
+    ):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
 def test_resume_without_the_buffer_says_so_and_refills_a_batch_first(tmp_path, capsys):
     settings = dict(total_timesteps=300, learning_starts=100, checkpoint_every=100, save_model=True)
     whole = ddpg.train(quick_args(tmp_path, **settings))
-    resumed = ddpg.train(ddpg.Args(resume=str(whole.run_dir / "checkpoints" / "step_100.pt"), progress=False))
+    resumed = ddpg.train(
+        ddpg.Args(resume=str(whole.run_dir / "checkpoints" / "step_100.pt"), progress=False)
+    )
     assert "starts with an empty one" in capsys.readouterr().err
     # One update at step 100 before the checkpoint; after it, updates wait for a batch (64) of new transitions.
     assert torch.load(resumed.checkpoint, weights_only=True)["updates"] == 1 + (200 - 64 + 1)
 
 
 def test_a_resume_whose_buffer_was_replaced_says_so(tmp_path, capsys):
-    settings = dict(total_timesteps=300, learning_starts=100, checkpoint_every=100, save_model=True, save_buffer=True)
+    settings = dict(
+        total_timesteps=300,
+        learning_starts=100,
+        checkpoint_every=100,
+        save_model=True,
+        save_buffer=True,
+    )
     whole = ddpg.train(quick_args(tmp_path, **settings))
-    assert [path.name for path in (whole.run_dir / "checkpoints").glob("*.npz")] == ["buffer_step_300.npz"]
+    assert [path.name for path in (whole.run_dir / "checkpoints").glob("*.npz")] == [
+        "buffer_step_300.npz"
+    ]
     ddpg.train(ddpg.Args(resume=str(whole.run_dir / "checkpoints" / "step_100.pt"), progress=False))
     assert "only the newest checkpoint's buffer is kept" in capsys.readouterr().err
 
@@ -180,8 +241,14 @@ class GridActionEnv(gym.Env):
 
 def test_shaped_actions_reach_the_env_in_their_shape_and_unbounded_ones_are_refused(tmp_path):
     gym.register("GridAction-v0", entry_point=GridActionEnv)
-    result = ddpg.train(quick_args(tmp_path, env_id="GridAction-v0", total_timesteps=400, num_envs=2, eval_episodes=2))
-    assert result.global_step == 400 and len(result.eval_returns) == 2  # random, noisy and evaluation actions
+    result = ddpg.train(
+        quick_args(
+            tmp_path, env_id="GridAction-v0", total_timesteps=400, num_envs=2, eval_episodes=2
+        )
+    )
+    assert (
+        result.global_step == 400 and len(result.eval_returns) == 2
+    )  # random, noisy and evaluation actions
     gym.register("UnboundedAction-v0", entry_point=GridActionEnv, kwargs={"high": np.inf})
     with pytest.raises(UsageError, match="unbounded actions"):
         ddpg.train(quick_args(tmp_path, env_id="UnboundedAction-v0", total_timesteps=10))
@@ -201,7 +268,9 @@ class ImageObservationEnv(GridActionEnv):
 
 def test_an_image_observation_is_refused(tmp_path):
     gym.register("ImageObservation-v0", entry_point=ImageObservationEnv)
-    with pytest.raises(UsageError, match=r"its observation is an image .*ddpg.py takes vector observations only"):
+    with pytest.raises(
+        UsageError, match=r"its observation is an image .*ddpg.py takes vector observations only"
+    ):
         ddpg.train(quick_args(tmp_path, env_id="ImageObservation-v0", total_timesteps=10))
     assert not any(tmp_path.iterdir())
 
@@ -230,7 +299,11 @@ def test_checkpoints_of_the_other_scripts_are_refused(tmp_path):
 def test_bad_input_is_one_error_line(tmp_path, flags, message):
     process = run_script("ddpg.py", *flags, "--run-dir", str(tmp_path), "--no-progress")
     assert process.returncode == 2, process.stderr
-    assert process.stderr.startswith("error:") and message in process.stderr and "Traceback" not in process.stderr
+    assert (
+        process.stderr.startswith("error:")
+        and message in process.stderr
+        and "Traceback" not in process.stderr
+    )
     assert not any(tmp_path.iterdir())
 
 
@@ -238,7 +311,12 @@ def test_eval_checkpoint_plays_the_deterministic_actor(tmp_path):
     result = ddpg.train(quick_args(tmp_path, total_timesteps=100, save_model=True))
     returns = [
         ddpg.evaluate_checkpoint(
-            ddpg.Args(eval_checkpoint=str(result.checkpoint), eval_episodes=1, seed=3, run_dir=str(tmp_path))
+            ddpg.Args(
+                eval_checkpoint=str(result.checkpoint),
+                eval_episodes=1,
+                seed=3,
+                run_dir=str(tmp_path),
+            )
         )
         for _ in range(2)
     ]
@@ -251,7 +329,13 @@ class NanRewardBox(NanRewardEnv):
 
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     gym.register("NanRewardBox-v0", entry_point=NanRewardBox)
-    args = quick_args(tmp_path, env_id="NanRewardBox-v0", total_timesteps=1000, checkpoint_every=50, save_model=True)
+    args = quick_args(
+        tmp_path,
+        env_id="NanRewardBox-v0",
+        total_timesteps=1000,
+        checkpoint_every=50,
+        save_model=True,
+    )
     with pytest.raises(TrainingDiverged, match=r"NaN|nan"):
         ddpg.train(args)
     (run,) = (tmp_path / "runs").iterdir()
@@ -265,8 +349,16 @@ def test_eval_every_logs_noise_free_episodes_during_training(tmp_path):
     result = ddpg.train(quick_args(tmp_path, total_timesteps=600, eval_every=200, eval_episodes=1))
     scalars = read_scalars(result.run_dir)
     evaluated = [step for step, _ in scalars["eval/episodic_return"]]
-    assert evaluated == [200, 400, 600]  # during training; at its end, the evaluation after it (once)
-    for key in ("losses/qf1_loss", "losses/qf1_values", "losses/actor_loss"):  # from the first update on, as CleanRL
+    assert evaluated == [
+        200,
+        400,
+        600,
+    ]  # during training; at its end, the evaluation after it (once)
+    for key in (
+        "losses/qf1_loss",
+        "losses/qf1_values",
+        "losses/actor_loss",
+    ):  # from the first update on, as CleanRL
         assert scalars[key] and min(step for step, _ in scalars[key]) >= 256
     assert min(step for step, _ in scalars["charts/learning_rate"]) < 256
 
@@ -275,11 +367,17 @@ def test_the_same_seed_gives_the_same_run(tmp_path):
     settings = dict(total_timesteps=400, learning_starts=300)  # random actions, then learning
     first, second = (ddpg.train(quick_args(tmp_path / name, **settings)) for name in ("a", "b"))
     assert first.episode_returns == second.episode_returns
-    for a, b in zip(first.agent.state_dict().values(), second.agent.state_dict().values(), strict=True):
+    for a, b in zip(
+        first.agent.state_dict().values(), second.agent.state_dict().values(), strict=True
+    ):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_nan_stops_training_without_checkpoints_too(tmp_path):
     gym.register("NanRewardBoxNoCheckpoints-v0", entry_point=NanRewardBox)
-    with pytest.raises(TrainingDiverged, match=r"NaN|nan"):  # the losses are checked after every update
-        ddpg.train(quick_args(tmp_path, env_id="NanRewardBoxNoCheckpoints-v0", total_timesteps=1000))
+    with pytest.raises(
+        TrainingDiverged, match=r"NaN|nan"
+    ):  # the losses are checked after every update
+        ddpg.train(
+            quick_args(tmp_path, env_id="NanRewardBoxNoCheckpoints-v0", total_timesteps=1000)
+        )

@@ -25,7 +25,9 @@ COMMAND_FILES = [README, *sorted((REPO / "docs").glob("*.md"))]
 
 FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 INLINE_CODE = re.compile(r"(`+)(?!`)((?:(?!\n\s*\n).)+?)(?<!`)\1(?!`)", re.DOTALL)
-INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^)\s]+)(?:\s+[\"'(][^)]*)?\s*\)")
+INLINE_LINK = re.compile(
+    r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^)\s]+)(?:\s+[\"'(][^)]*)?\s*\)"
+)
 REFERENCE_LINK = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(<[^>]*>|\S+)", re.MULTILINE)
 HTML_LINK = re.compile(r"<(?:img|a)\b[^>]*?\b(?:src|href)=[\"']([^\"']+)[\"']", re.IGNORECASE)
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
@@ -39,17 +41,25 @@ def without_code(text: str) -> str:
 
 def link_targets(text: str) -> list[str]:
     prose = without_code(text)
-    targets = [*INLINE_LINK.findall(prose), *REFERENCE_LINK.findall(prose), *HTML_LINK.findall(prose)]
+    targets = [
+        *INLINE_LINK.findall(prose),
+        *REFERENCE_LINK.findall(prose),
+        *HTML_LINK.findall(prose),
+    ]
     return [target.strip("<>") for target in targets]
 
 
 def unresolved_links(path: Path) -> list[str]:
     missing = []
     for target in link_targets(path.read_text(encoding="utf-8")):
-        if target.startswith("#") or SCHEME.match(target):  # an anchor on the page, or http(s), mailto, ...
+        if target.startswith("#") or SCHEME.match(
+            target
+        ):  # an anchor on the page, or http(s), mailto, ...
             continue
         relative = unquote(target.split("#", 1)[0].split("?", 1)[0])
-        resolved = (REPO / relative.lstrip("/")) if relative.startswith("/") else (path.parent / relative)
+        resolved = (
+            (REPO / relative.lstrip("/")) if relative.startswith("/") else (path.parent / relative)
+        )
         resolved = resolved.resolve()
         if not resolved.is_relative_to(REPO):
             missing.append(f"{target} (outside the repository)")
@@ -60,7 +70,9 @@ def unresolved_links(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("path", MARKDOWN_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_and_images_resolve(path):
-    assert unresolved_links(path) == [], f"{path.relative_to(REPO)}: links to files that do not exist"
+    assert unresolved_links(path) == [], (
+        f"{path.relative_to(REPO)}: links to files that do not exist"
+    )
 
 
 def command_lines(text: str, inline: bool) -> list[str]:
@@ -76,7 +88,9 @@ def command_lines(text: str, inline: bool) -> list[str]:
 def tokens(line: str) -> list[str]:
     try:
         return shlex.split(line, comments=True)
-    except ValueError:  # an unbalanced quote in prose-like code: whitespace is good enough to find flags
+    except (
+        ValueError
+    ):  # an unbalanced quote in prose-like code: whitespace is good enough to find flags
         return line.split("#", 1)[0].split()
 
 
@@ -160,10 +174,12 @@ def test_the_commands_are_found():
     assert commands(command_lines(f"```bash\n{continued}```\n", inline=False)[0]) == [
         (("ppo_fc.py",), ["--env-id", "--num-envs", "--learning-rate", "--norm-obs"])
     ]
-    assert commands("torchrun --standalone --nproc-per-node 2 ppo_fc.py --env-id X") == [(("ppo_fc.py",), ["--env-id"])]
-    assert commands("pip install -e . && python ppo_lstm.py --env-id=CartPole-v1 && python -m pytest -n 2") == [
-        (("ppo_lstm.py",), ["--env-id"])
+    assert commands("torchrun --standalone --nproc-per-node 2 ppo_fc.py --env-id X") == [
+        (("ppo_fc.py",), ["--env-id"])
     ]
+    assert commands(
+        "pip install -e . && python ppo_lstm.py --env-id=CartPole-v1 && python -m pytest -n 2"
+    ) == [(("ppo_lstm.py",), ["--env-id"])]
 
 
 def test_every_flag_in_a_command_exists(programs_and_their_help):

@@ -40,16 +40,26 @@ print("made", len(env_ids))
 
 
 def make_in_fresh_process(env_ids: list[str], pythonpath: Path | None = None) -> None:
-    environ = {**os.environ, "PYTHONPATH": str(pythonpath)} if pythonpath else {**os.environ, "PYTHONPATH": ""}
+    environ = (
+        {**os.environ, "PYTHONPATH": str(pythonpath)}
+        if pythonpath
+        else {**os.environ, "PYTHONPATH": ""}
+    )
     result = subprocess.run(
-        [sys.executable, "-c", FRESH_MAKE, *env_ids], capture_output=True, text=True, env=environ, timeout=120
+        [sys.executable, "-c", FRESH_MAKE, *env_ids],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"made {len(env_ids)}"
 
 
 def test_registered_ids_come_back_unchanged_without_a_scan(monkeypatch):
-    monkeypatch.setattr(envs, "_candidate_modules", lambda env_id: pytest.fail(f"scanned for {env_id}"))
+    monkeypatch.setattr(
+        envs, "_candidate_modules", lambda env_id: pytest.fail(f"scanned for {env_id}")
+    )
     assert resolve_env_id("CartPole-v1") == "CartPole-v1"
     assert resolve_env_id("Probe1-v0") == "Probe1-v0"
 
@@ -57,7 +67,9 @@ def test_registered_ids_come_back_unchanged_without_a_scan(monkeypatch):
 def test_ids_named_for_their_package_resolve_and_make_in_a_fresh_process(monkeypatch):
     # The package the id's prefix names is the first candidate: no scan of the installed distributions is needed.
     candidates = envs._candidate_modules
-    monkeypatch.setattr(envs, "_candidate_modules", lambda env_id: itertools.islice(candidates(env_id), 1))
+    monkeypatch.setattr(
+        envs, "_candidate_modules", lambda env_id: itertools.islice(candidates(env_id), 1)
+    )
     expected = {
         "popgym-RepeatPreviousEasy-v0": "popgym",
         "MiniGrid-MemoryS7-v0": "minigrid",
@@ -86,7 +98,9 @@ def write_distribution(folder: Path, module: str, requires: str, body: str) -> N
     info = folder / f"{module}-0.1.dist-info"
     info.mkdir()
     name = module.replace("_", "-")
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\nRequires-Dist: {requires}\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\nRequires-Dist: {requires}\n"
+    )
     (info / "top_level.txt").write_text(f"{module}\n")
 
 
@@ -113,7 +127,9 @@ def scanned_packages(tmp_path, monkeypatch):
     """Three installed packages in front of sys.path: one that fails to import and one that does not require
     gymnasium (though it registers the id too) come first; the one to find comes last."""
     first, last = tmp_path / "first", tmp_path / "last"
-    write_distribution(first, "broken_gym_pkg", "gymnasium>=1.0", "raise RuntimeError('broken on import')")
+    write_distribution(
+        first, "broken_gym_pkg", "gymnasium>=1.0", "raise RuntimeError('broken on import')"
+    )
     write_distribution(first, "robotics_only_pkg", "gymnasium-robotics>=1.0", REGISTERS_TINY)
     write_distribution(last, "tiny_gym_pkg", "gymnasium[classic-control]>=1.0", REGISTERS_TINY)
     monkeypatch.syspath_prepend(str(last))
@@ -132,7 +148,10 @@ def test_an_id_is_found_in_the_installed_packages_that_require_gymnasium(scanned
 
 
 def test_the_module_form_comes_back_unchanged_and_is_checked():
-    assert resolve_env_id("popgym:popgym-RepeatPreviousEasy-v0") == "popgym:popgym-RepeatPreviousEasy-v0"
+    assert (
+        resolve_env_id("popgym:popgym-RepeatPreviousEasy-v0")
+        == "popgym:popgym-RepeatPreviousEasy-v0"
+    )
     assert gym.make("popgym:popgym-RepeatPreviousEasy-v0").reset(seed=0)
     with pytest.raises(UsageError, match="module 'no_such_module' cannot be imported"):
         resolve_env_id("no_such_module:X-v0")
@@ -146,10 +165,15 @@ def test_the_module_form_comes_back_unchanged_and_is_checked():
         ("Qxzqxz-v0", None),
         ("CartPol-v1", "Did you mean: `CartPole`?"),
         ("CartPole-v9", "It provides versioned environments: [ `v0`, `v1` ]"),
-        ("MiniGrid-MemoryS8-v0", "Did you mean: `MiniGrid-MemoryS9`?"),  # found once minigrid is imported
+        (
+            "MiniGrid-MemoryS8-v0",
+            "Did you mean: `MiniGrid-MemoryS9`?",
+        ),  # found once minigrid is imported
     ],
 )
-def test_an_unknown_id_is_one_line_with_gymnasiums_suggestion_and_the_module_form(env_id, suggestion):
+def test_an_unknown_id_is_one_line_with_gymnasiums_suggestion_and_the_module_form(
+    env_id, suggestion
+):
     with pytest.raises(UsageError) as error:
         resolve_env_id(env_id)
     message = str(error.value)
@@ -169,8 +193,12 @@ def test_minigrid_loses_its_mission_text_and_steps_in_a_same_step_vector_env(mon
     def make_env():
         return flat_observations(gym.make(env_id, max_episode_steps=3))
 
-    vector = gym.vector.SyncVectorEnv([make_env, make_env], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    assert vector.single_observation_space.shape == (4 + 7 * 7 * 3,)  # direction one-hot and the image
+    vector = gym.vector.SyncVectorEnv(
+        [make_env, make_env], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    assert vector.single_observation_space.shape == (
+        4 + 7 * 7 * 3,
+    )  # direction one-hot and the image
     obs, _ = vector.reset(seed=0)
     assert obs.shape == (2, 151)
     for _ in range(3):
@@ -212,7 +240,9 @@ class FixedEnv(gym.Env):
             "'0' (Text)",
         ),
         (
-            Tuple((Discrete(2), Tuple((Text(3), Box(0, 1, (1,)))), Dict({"a": Text(2), "b": Text(2)}))),
+            Tuple(
+                (Discrete(2), Tuple((Text(3), Box(0, 1, (1,)))), Dict({"a": Text(2), "b": Text(2)}))
+            ),
             (0, ("abc", np.array([0.75], np.float32)), {"a": "x", "b": "y"}),
             [1, 0, 0.75],
             "'1.0' (Text), '2.a' (Text), '2.b' (Text) are left out",
@@ -253,14 +283,18 @@ def test_spaces_without_text_are_flattened_and_a_1d_box_is_kept():
 )
 def test_the_image_rule_takes_uint8_boxes_of_rank_2_or_3_large_enough_for_the_cnn(shape, layout):
     assert envs.image_layout(Box(0, 255, shape, np.uint8)) == layout
-    assert envs.image_layout(Box(0, 1, shape, np.float32)) is None  # not uint8: features, not pixels
+    assert (
+        envs.image_layout(Box(0, 1, shape, np.float32)) is None
+    )  # not uint8: features, not pixels
 
 
 def test_an_image_part_is_refused_by_name_where_a_script_takes_vectors_only():
     vector = FixedEnv(Box(0, 1, (3,)), np.zeros(3, np.float32))
     assert envs.vector_observations_only(vector, "ddpg.py") is vector
     mixed = Dict({"pixels": Box(0, 255, (36, 36, 3), np.uint8), "speed": Box(0, 1, (1,))})
-    with pytest.raises(UsageError, match=r"observation part 'pixels' is an image \(uint8 \(36, 36, 3\)\); ddpg.py"):
+    with pytest.raises(
+        UsageError, match=r"observation part 'pixels' is an image \(uint8 \(36, 36, 3\)\); ddpg.py"
+    ):
         envs.vector_observations_only(FixedEnv(mixed, None), "ddpg.py")
     small = FixedEnv(Box(0, 255, (7, 7, 3), np.uint8), None)
     assert envs.vector_observations_only(small, "ddpg.py") is small
@@ -268,9 +302,13 @@ def test_an_image_part_is_refused_by_name_where_a_script_takes_vectors_only():
 
 def test_spaces_that_cannot_be_flattened_are_named():
     items = Dict({"pos": Box(0, 1, (2,)), "items": Sequence(Box(0, 1, (2,)))})
-    with pytest.raises(UsageError, match=r"^observation part 'items' \(Sequence\(Box.*cannot be flattened"):
+    with pytest.raises(
+        UsageError, match=r"^observation part 'items' \(Sequence\(Box.*cannot be flattened"
+    ):
         flat_observations(FixedEnv(items, None))
-    with pytest.raises(UsageError, match=r"^observation space Sequence\(Discrete\(2\).*cannot be flattened"):
+    with pytest.raises(
+        UsageError, match=r"^observation space Sequence\(Discrete\(2\).*cannot be flattened"
+    ):
         flat_observations(FixedEnv(Sequence(Discrete(2)), None))
     with pytest.raises(UsageError, match="only text parts"):
         flat_observations(FixedEnv(Dict({"mission": Text(5)}), None))
@@ -285,8 +323,12 @@ def test_images_are_kept_for_the_cnn_and_every_other_box_is_flattened_as_before(
 
     image, features = Box(0, 255, (3, 40, 40), np.uint8), Box(0.0, 1.0, (40, 40), np.float32)
     assert flat_observations(Boxed(image), keep_images=True).observation_space == image
-    assert flat_observations(Boxed(image)).observation_space.shape == (4800,)  # the scripts without a CNN
-    assert flat_observations(Boxed(features), keep_images=True).observation_space.shape == (1600,)  # not pixels
+    assert flat_observations(Boxed(image)).observation_space.shape == (
+        4800,
+    )  # the scripts without a CNN
+    assert flat_observations(Boxed(features), keep_images=True).observation_space.shape == (
+        1600,
+    )  # not pixels
 
 
 def test_a_dict_with_one_image_part_becomes_an_image_and_a_vector_or_the_image_alone():
@@ -304,14 +346,20 @@ def test_a_dict_with_one_image_part_becomes_an_image_and_a_vector_or_the_image_a
             return self.observation_space.sample(), {}
 
     image = gym.spaces.Box(0, 255, (40, 40, 3), np.uint8)
-    both = gym.spaces.Dict({"pixels": image, "direction": gym.spaces.Discrete(4), "mission": gym.spaces.Text(8)})
+    both = gym.spaces.Dict(
+        {"pixels": image, "direction": gym.spaces.Discrete(4), "mission": gym.spaces.Text(8)}
+    )
     env = flat_observations(Parts(both), keep_images=True, image_parts=True)
     assert env.observation_space == gym.spaces.Dict(
         {IMAGE: image, VECTOR: gym.spaces.Box(0.0, 1.0, (4,), np.float32)}
     )  # the Text part left out, the Discrete one-hot
     observation, _ = env.reset(seed=0)
     assert observation[IMAGE].dtype == np.uint8 and observation[VECTOR].sum() == 1.0
-    alone = flat_observations(Parts(gym.spaces.Dict({"pixels": image, "mission": gym.spaces.Text(8)})), True, True)
+    alone = flat_observations(
+        Parts(gym.spaces.Dict({"pixels": image, "mission": gym.spaces.Text(8)})), True, True
+    )
     assert alone.observation_space == image and alone.reset(seed=0)[0].shape == (40, 40, 3)
-    flattened = flat_observations(Parts(both), keep_images=True)  # without image_parts: flattened whole, as before
+    flattened = flat_observations(
+        Parts(both), keep_images=True
+    )  # without image_parts: flattened whole, as before
     assert flattened.observation_space.shape == (40 * 40 * 3 + 4,)

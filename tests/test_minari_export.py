@@ -50,13 +50,20 @@ def record(path, env_fns, num_steps, meta, seed=0):
 
 def cartpole(path, num_steps=300, num_envs=2):
     env_fns = [lambda: flat_observations(gym.make("CartPole-v1"))] * num_envs
-    return record(path, env_fns, num_steps, {"args": {"env_id": "CartPole-v1", "exp_name": "random", "seed": 0}})
+    return record(
+        path,
+        env_fns,
+        num_steps,
+        {"args": {"env_id": "CartPole-v1", "exp_name": "random", "seed": 0}},
+    )
 
 
 def assert_same_episodes(dataset, data, reported):
     """Every finished episode, in order, with exactly the recorded arrays and gymnasium's final observation."""
     finished = [episode for episode in split_episodes(data) if episode.finished]
-    finals = [final for per_env in reported for final in per_env]  # split_episodes' order: env, then time
+    finals = [
+        final for per_env in reported for final in per_env
+    ]  # split_episodes' order: env, then time
     assert len(dataset) == len(finished) == len(finals)
     for episode, exported, final in zip(finished, dataset.iterate_episodes(), finals, strict=True):
         assert len(exported) == episode.length
@@ -71,22 +78,29 @@ def assert_same_episodes(dataset, data, reported):
             ("truncations", "/truncations"),
         ]:
             assert getattr(exported, field).dtype == episode.data[key].dtype, field
-            np.testing.assert_array_equal(getattr(exported, field), episode.data[key], err_msg=field)
+            np.testing.assert_array_equal(
+                getattr(exported, field), episode.data[key], err_msg=field
+            )
     return finished
 
 
 def test_vector_observations_round_trip(tmp_path):
     data, reported = cartpole(tmp_path / "cartpole.npz")
     episodes = split_episodes(data)
-    assert any(not episode.finished for episode in episodes)  # the recording cut episodes short: they are left out
+    assert any(
+        not episode.finished for episode in episodes
+    )  # the recording cut episodes short: they are left out
 
     export_to_minari(data, "cartpole/random-v0")
     dataset = minari.load_dataset("cartpole/random-v0")
 
     finished = assert_same_episodes(dataset, data, reported)
-    assert dataset.total_steps == sum(episode.length for episode in finished) < data["/rewards"].size
+    assert (
+        dataset.total_steps == sum(episode.length for episode in finished) < data["/rewards"].size
+    )
     metadata = [
-        (m["source_env"], m["source_start"]) for m in dataset.storage.get_episode_metadata(range(len(finished)))
+        (m["source_env"], m["source_start"])
+        for m in dataset.storage.get_episode_metadata(range(len(finished)))
     ]
     assert metadata == [(episode.env, episode.start) for episode in finished]
 
@@ -106,7 +120,11 @@ def test_vector_observations_round_trip(tmp_path):
 
     stored = dataset.storage.metadata
     assert stored["algorithm_name"] == "random"
-    assert stored["onefile_rl"]["args"] == {"env_id": "CartPole-v1", "exp_name": "random", "seed": 0}
+    assert stored["onefile_rl"]["args"] == {
+        "env_id": "CartPole-v1",
+        "exp_name": "random",
+        "seed": 0,
+    }
     assert stored["jpeg_encoding"] is False
 
 
@@ -114,13 +132,17 @@ def test_flattened_observations_recover_the_flattened_env(tmp_path):
     """Blackjack's Tuple observation is recorded flattened (int64 one-hots): the dataset's env spec carries the
     flattening wrapper, so the recovered env's observations look like the dataset's."""
     env_fns = [lambda: flat_observations(gym.make("Blackjack-v1"))] * 2
-    data, reported = record(tmp_path / "blackjack.npz", env_fns, 40, {"args": {"env_id": "Blackjack-v1"}})
+    data, reported = record(
+        tmp_path / "blackjack.npz", env_fns, 40, {"args": {"env_id": "Blackjack-v1"}}
+    )
 
     export_to_minari(data, "blackjack-random-v0")
     dataset = minari.load_dataset("blackjack-random-v0")
 
     assert_same_episodes(dataset, data, reported)
-    assert dataset.observation_space == gym.spaces.flatten_space(gym.make("Blackjack-v1").observation_space)
+    assert dataset.observation_space == gym.spaces.flatten_space(
+        gym.make("Blackjack-v1").observation_space
+    )
     recovered = dataset.recover_environment()
     assert recovered.observation_space == dataset.observation_space
     assert recovered.observation_space.contains(recovered.reset(seed=0)[0])
@@ -134,9 +156,13 @@ def test_observations_that_do_not_fit_the_env_get_the_datas_space_and_no_env_spe
     def make():
         env = flat_observations(gym.make("CartPole-v1"))
         space = gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)
-        return gym.wrappers.TransformObservation(env, lambda obs: np.append(obs, np.float32(1)), space)
+        return gym.wrappers.TransformObservation(
+            env, lambda obs: np.append(obs, np.float32(1)), space
+        )
 
-    data, reported = record(tmp_path / "extra.npz", [make, make], 60, {"args": {"env_id": "CartPole-v1"}})
+    data, reported = record(
+        tmp_path / "extra.npz", [make, make], 60, {"args": {"env_id": "CartPole-v1"}}
+    )
 
     export_to_minari(data, "cartpole/extra-v0")
     dataset = minari.load_dataset("cartpole/extra-v0")
@@ -152,14 +178,18 @@ def test_multidiscrete_actions_taken_as_one_choice_keep_that_discrete_space(tmp_
     """The PPO scripts take MineSweeper's MultiDiscrete([4, 4]) cell as one of 16 actions, and record that index."""
     env_id = resolve_env_id("popgym-MineSweeperEasy-v0")
     env_fns = [lambda: joint_actions(flat_observations(gym.make(env_id)))] * 2
-    data, reported = record(tmp_path / "cells.npz", env_fns, 30, {"args": {"env_id": "popgym-MineSweeperEasy-v0"}})
+    data, reported = record(
+        tmp_path / "cells.npz", env_fns, 30, {"args": {"env_id": "popgym-MineSweeperEasy-v0"}}
+    )
 
     export_to_minari(data, "minesweeper/cells-v0")
     dataset = minari.load_dataset("minesweeper/cells-v0")
 
     assert_same_episodes(dataset, data, reported)
     assert dataset.action_space == gym.spaces.Discrete(16)
-    assert "do not fit" not in capsys.readouterr().err  # the observations and actions fit; the spec cannot be saved
+    assert (
+        "do not fit" not in capsys.readouterr().err
+    )  # the observations and actions fit; the spec cannot be saved
 
 
 def test_evaluation_hidden_states_come_back_in_the_infos(tmp_path):
@@ -173,7 +203,9 @@ def test_evaluation_hidden_states_come_back_in_the_infos(tmp_path):
 
     path = tmp_path / "eval.npz"
     meta = {"args": {"env_id": "CartPole-v1", "exp_name": "ppo_lstm"}}
-    _, lengths = play_episodes(lambda: flat_observations(gym.make("CartPole-v1")), act, 3, 1, path, meta)
+    _, lengths = play_episodes(
+        lambda: flat_observations(gym.make("CartPole-v1")), act, 3, 1, path, meta
+    )
     data = load_trajectories(path)
 
     export_to_minari(data, "cartpole/eval-v0")
@@ -185,12 +217,16 @@ def test_evaluation_hidden_states_come_back_in_the_infos(tmp_path):
     for episode in dataset:
         exported = episode.infos["agents"]["policy"]["hidden_state"]
         assert exported.dtype == np.float32 and exported.shape == (len(episode) + 1, 2, 1, 16)
-        np.testing.assert_array_equal(exported[:-1], np.stack(hidden_states[start : start + len(episode)]))
+        np.testing.assert_array_equal(
+            exported[:-1], np.stack(hidden_states[start : start + len(episode)])
+        )
         assert np.isnan(exported[-1]).all()  # the final observation was never acted on
         start += len(episode)
 
 
-@pytest.mark.parametrize("dataset_id", ["no-version", "bad id-v0", "name-vx", "/rooted-v0", "../up-v0", ""])
+@pytest.mark.parametrize(
+    "dataset_id", ["no-version", "bad id-v0", "name-vx", "/rooted-v0", "../up-v0", ""]
+)
 def test_malformed_ids_are_refused(tmp_path, minari_root, dataset_id):
     data, _ = cartpole(tmp_path / "cartpole.npz", num_steps=40)
     with pytest.raises(UsageError, match="malformed Minari dataset id") as raised:
@@ -234,7 +270,9 @@ def test_missing_minari_says_what_to_install(tmp_path, monkeypatch):
 
 def test_a_minari_that_would_jpeg_encode_images_is_refused(tmp_path, monkeypatch):
     data, _ = cartpole(tmp_path / "cartpole.npz", num_steps=40)
-    monkeypatch.setattr(minari, "create_dataset_from_buffers", lambda dataset_id, buffer, env=None, **kwargs: None)
+    monkeypatch.setattr(
+        minari, "create_dataset_from_buffers", lambda dataset_id, buffer, env=None, **kwargs: None
+    )
     with pytest.raises(UsageError, match=r"minari\[hdf5\]>=0\.5\.4"):
         export_to_minari(data, "cartpole/random-v0")
 
@@ -243,7 +281,10 @@ def test_a_minari_that_would_jpeg_encode_images_is_refused(tmp_path, monkeypatch
     ("shape", "flatten"),
     [
         ((8, 8, 3), True),  # as the scripts record images: flattened to a uint8 vector
-        ((32, 32, 3), False),  # recorded as images: Minari would JPEG-encode them unless told not to
+        (
+            (32, 32, 3),
+            False,
+        ),  # recorded as images: Minari would JPEG-encode them unless told not to
     ],
 )
 def test_uint8_images_round_trip_exactly(tmp_path, capsys, shape, flatten):
@@ -253,7 +294,9 @@ def test_uint8_images_round_trip_exactly(tmp_path, capsys, shape, flatten):
         return flat_observations(env) if flatten else env
 
     # The id is nowhere registered: the spaces come from the data.
-    data, reported = record(tmp_path / "images.npz", [make, make], 30, {"args": {"env_id": "NoiseImages-v0"}})
+    data, reported = record(
+        tmp_path / "images.npz", [make, make], 30, {"args": {"env_id": "NoiseImages-v0"}}
+    )
     # Images' final observations stay uint8 (0 where none); a flattened image is a vector, NaN where none.
     assert data["/observations"].dtype == np.uint8
     assert data["/infos/final_obs"].dtype == (np.float32 if flatten else np.uint8)
@@ -272,9 +315,24 @@ def test_uint8_images_round_trip_exactly(tmp_path, capsys, shape, flatten):
 def test_a_training_recording_exports_from_the_command_line(tmp_path, minari_root):
     # The user's path: a ppo_fc run records to a folder; `python -m common.trajectories PATH --minari ID` exports it.
     recording = tmp_path / "recording"
-    flags = ["--total-timesteps", "2048", "--run-dir", str(tmp_path / "runs"), "--no-progress", "--eval-episodes", "0"]
+    flags = [
+        "--total-timesteps",
+        "2048",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        "--no-progress",
+        "--eval-episodes",
+        "0",
+    ]
     assert run_script("ppo_fc.py", *flags, "--save-trajectories", str(recording)).returncode == 0
-    command = [sys.executable, "-m", "common.trajectories", str(recording), "--minari", "cartpole/ppo-v0"]
+    command = [
+        sys.executable,
+        "-m",
+        "common.trajectories",
+        str(recording),
+        "--minari",
+        "cartpole/ppo-v0",
+    ]
     exported = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=os.environ)
     assert exported.returncode == 0, exported.stderr
     data = load_trajectories(recording)
@@ -282,9 +340,15 @@ def test_a_training_recording_exports_from_the_command_line(tmp_path, minari_roo
     finished = [episode for episode in split_episodes(data) if episode.finished]
     assert len(dataset) == len(finished) > 10
     for episode, exported_episode in zip(finished, dataset.iterate_episodes(), strict=True):
-        np.testing.assert_array_equal(exported_episode.observations[:-1], episode.data["/observations"])
+        np.testing.assert_array_equal(
+            exported_episode.observations[:-1], episode.data["/observations"]
+        )
         np.testing.assert_array_equal(exported_episode.actions, episode.data["/actions"])
         np.testing.assert_array_equal(exported_episode.infos["agents"]["policy"]["logprobs"][:-1],
                                       episode.data["/agents/policy/logprobs"])  # fmt: skip
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=os.environ)
-    assert again.returncode == 2 and again.stderr.startswith("error: ") and "exists already" in again.stderr
+    assert (
+        again.returncode == 2
+        and again.stderr.startswith("error: ")
+        and "exists already" in again.stderr
+    )

@@ -36,7 +36,13 @@ from common.trajectories import load_trajectories, split_episodes
 
 REPO = Path(__file__).resolve().parents[1]
 CONTINUOUS = dict(
-    num_envs=1, num_steps=2048, num_minibatches=32, update_epochs=10, learning_rate=3e-4, ent_coef=0.0, anneal_lr=False
+    num_envs=1,
+    num_steps=2048,
+    num_minibatches=32,
+    update_epochs=10,
+    learning_rate=3e-4,
+    ent_coef=0.0,
+    anneal_lr=False,
 )
 """CleanRL's continuous-control settings."""
 
@@ -46,20 +52,32 @@ def vectors(size: int) -> gym.spaces.Box:
     return gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
 
 
-def run_cli(*flags: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli(
+    *flags: str, env: dict | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     return run_script("ppo_fc.py", *flags, env=env, timeout=timeout)
 
 
 def quick_args(tmp_path, **overrides) -> ppo_fc.Args:
-    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    settings = dict(
+        run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False
+    )
     return ppo_fc.Args(**{**settings, **overrides})
 
 
-def test_integer_observations_keep_the_numpy_copy_and_their_dtype_in_the_recording(tmp_path, capsys):
+def test_integer_observations_keep_the_numpy_copy_and_their_dtype_in_the_recording(
+    tmp_path, capsys
+):
     # Taxi-v4's one-hot observations are int64: the copy's trial saw them raw and the torch policy refused them.
-    ppo_fc.train(quick_args(tmp_path, env_id="Taxi-v4", total_timesteps=1024, save_trajectories=str(tmp_path / "r")))
+    ppo_fc.train(
+        quick_args(
+            tmp_path, env_id="Taxi-v4", total_timesteps=1024, save_trajectories=str(tmp_path / "r")
+        )
+    )
     assert "the rollout calls the torch policy" not in capsys.readouterr().err
-    observations = load_trajectories(tmp_path / "r")["/observations"]  # as the env gives them, not float32
+    observations = load_trajectories(tmp_path / "r")[
+        "/observations"
+    ]  # as the env gives them, not float32
     assert observations.dtype == np.int64 and set(np.unique(observations)) == {0, 1}
 
 
@@ -81,17 +99,29 @@ def test_gae_equals_the_reference_loop(seed):
     terminations[0, 3], truncations[0, 3] = False, True  # truncated on the first step
     final_values = rng.normal(size=(num_steps, num_envs))
     gamma, lam = 0.97, 0.9
-    computed = ppo_fc.compute_gae(rewards, values, next_value, terminations, truncations, final_values, gamma, lam)
-    expected = reference_gae(rewards, values, next_value, terminations, truncations, final_values, gamma, lam)
+    computed = ppo_fc.compute_gae(
+        rewards, values, next_value, terminations, truncations, final_values, gamma, lam
+    )
+    expected = reference_gae(
+        rewards, values, next_value, terminations, truncations, final_values, gamma, lam
+    )
     np.testing.assert_allclose(computed, expected, rtol=1e-10, atol=1e-10)
 
 
 def test_learning_rate_falls_linearly_to_the_end_value(tmp_path):
-    args = quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=5 * 512, learning_rate=1e-3, end_learning_rate=1e-4)
+    args = quick_args(
+        tmp_path,
+        env_id="Probe1-v0",
+        total_timesteps=5 * 512,
+        learning_rate=1e-3,
+        end_learning_rate=1e-4,
+    )
     result = ppo_fc.train(args)
     logged = read_scalars(result.run_dir)["charts/learning_rate"]
     assert [step for step, _ in logged] == [512 * k for k in range(1, 6)]
-    expected = [1e-3 + (1e-4 - 1e-3) * k / 5 for k in range(5)]  # reaches the end value when training ends
+    expected = [
+        1e-3 + (1e-4 - 1e-3) * k / 5 for k in range(5)
+    ]  # reaches the end value when training ends
     np.testing.assert_allclose([value for _, value in logged], expected, rtol=1e-6)
     constant = ppo_fc.train(
         quick_args(tmp_path / "constant", env_id="Probe1-v0", total_timesteps=1024, anneal_lr=False)
@@ -101,7 +131,9 @@ def test_learning_rate_falls_linearly_to_the_end_value(tmp_path):
     )
 
 
-@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
+@pytest.mark.parametrize(
+    "action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)]
+)
 def test_sample_draws_from_the_policy_definition(action_space):
     # `sample` turns noise into actions (Gumbel-max, mean + std * noise), so that the rollout can be checked; it must
     # draw from `distribution`, the policy's one definition.
@@ -119,10 +151,14 @@ def test_sample_draws_from_the_policy_definition(action_space):
         torch.testing.assert_close(frequencies, policy.probs[0], atol=0.006, rtol=0)
     else:
         standardised = (actions - policy.mean) / policy.stddev
-        assert standardised.mean(0).abs().max() < 0.02 and (standardised.std(0) - 1).abs().max() < 0.02
+        assert (
+            standardised.mean(0).abs().max() < 0.02 and (standardised.std(0) - 1).abs().max() < 0.02
+        )
 
 
-@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(5), gym.spaces.Box(-1, 1, (3,), np.float32)])
+@pytest.mark.parametrize(
+    "action_space", [gym.spaces.Discrete(5), gym.spaces.Box(-1, 1, (3,), np.float32)]
+)
 def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_space):
     torch.manual_seed(0)
     agent = sharp_agent(ppo_fc.Agent)(vectors(4), action_space, 16, norm_obs=True)
@@ -135,17 +171,25 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     actions = numpy_policy(observations, noise)
     with torch.no_grad():
         actor_outs = agent(torch.as_tensor(observations))[0]
-        log_probs = ppo_fc.check_policy(actor_outs, *map(torch.as_tensor, (noise, actions)), agent, True)
-        expected = agent.distribution(agent(torch.as_tensor(observations))[0]).log_prob(torch.as_tensor(actions))
+        log_probs = ppo_fc.check_policy(
+            actor_outs, *map(torch.as_tensor, (noise, actions)), agent, True
+        )
+        expected = agent.distribution(agent(torch.as_tensor(observations))[0]).log_prob(
+            torch.as_tensor(actions)
+        )
     torch.testing.assert_close(log_probs, expected if agent.discrete else expected.sum(-1))
     if agent.discrete:
-        assert (actions == torch_policy(observations, noise)).mean() > 0.99 and len(np.unique(actions)) > 2
+        assert (actions == torch_policy(observations, noise)).mean() > 0.99 and len(
+            np.unique(actions)
+        ) > 2
     else:
         np.testing.assert_allclose(actions, torch_policy(observations, noise), rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         for parameter in agent.parameters():
             parameter.zero_()
-    np.testing.assert_array_equal(numpy_policy(observations, noise), actions)  # later updates do not reach it
+    np.testing.assert_array_equal(
+        numpy_policy(observations, noise), actions
+    )  # later updates do not reach it
 
 
 def test_the_check_stops_actions_that_are_not_the_definitions():
@@ -219,7 +263,9 @@ def action_frequencies_match_recorded_log_probs(data: dict) -> None:
 
 @pytest.mark.parametrize("numpy_rollout", [True, False])
 @pytest.mark.parametrize("env_id", ["Probe4-v0", "ContinuousProbe4-v0"])
-def test_rollout_acts_with_the_policy_whose_log_probs_it_records(tmp_path, monkeypatch, env_id, numpy_rollout):
+def test_rollout_acts_with_the_policy_whose_log_probs_it_records(
+    tmp_path, monkeypatch, env_id, numpy_rollout
+):
     monkeypatch.setattr(ppo_fc, "Agent", sharp_agent(ppo_fc.Agent, seed=3))
     path = tmp_path / "rollout.npz"
     args = quick_args(
@@ -236,14 +282,21 @@ def test_recorded_log_probs_and_values_are_the_acting_agents(tmp_path, env_id):
     # recorded observations and actions.
     path = tmp_path / "rollout.npz"
     args = quick_args(
-        tmp_path, env_id=env_id, num_envs=2, num_steps=64, total_timesteps=128, save_trajectories=str(path)
+        tmp_path,
+        env_id=env_id,
+        num_envs=2,
+        num_steps=64,
+        total_timesteps=128,
+        save_trajectories=str(path),
     )
     ppo_fc.train(args)
     seed_and_pick_device(args.seed, args.torch_deterministic, args.torch_threads, cuda=False)
     agent = ppo_fc.build_agent(args, None, torch.device("cpu"))
     data = load_trajectories(path)
     observations = torch.as_tensor(data["/observations"], dtype=torch.float32)
-    actions = torch.as_tensor(data["/actions"] if agent.discrete else data["/agents/policy/actions"])
+    actions = torch.as_tensor(
+        data["/actions"] if agent.discrete else data["/agents/policy/actions"]
+    )
     with torch.no_grad():
         _, log_probs, _, values = agent.get_action_and_value(observations, actions)
     torch.testing.assert_close(torch.as_tensor(data["/agents/policy/logprobs"]), log_probs)
@@ -274,13 +327,21 @@ NETWORK_EDITS = {
         "torch",
     ),
     # The rollout's check, the recorded log-probabilities and the update all follow `distribution`.
-    "colder_distribution": ("Categorical(logits=actor_out,", "Categorical(logits=2 * actor_out,", "torch"),
+    "colder_distribution": (
+        "Categorical(logits=actor_out,",
+        "Categorical(logits=2 * actor_out,",
+        "torch",
+    ),
     "less_exploration_noise": (
         "return noise.exponential_().log_().neg_()",
         "return noise.exponential_().log_().neg_() / 3",
         "stop",
     ),
-    "trunk_before_the_actor": ("return self.actor(hidden),", "return self.actor(self.trunk(hidden)),", "torch"),
+    "trunk_before_the_actor": (
+        "return self.actor(hidden),",
+        "return self.actor(self.trunk(hidden)),",
+        "torch",
+    ),
     "activation_in_the_actor_output": (
         "return self.actor(hidden),",
         "return torch.tanh(self.actor(hidden)),",
@@ -298,13 +359,18 @@ def test_an_edited_copy_acts_with_its_own_policy_or_stops(tmp_path, monkeypatch,
     if edit == "scaled_linear_subclass":  # every Linear of the network becomes a ScaledLinear
         source = source.replace("layer_init(nn.Linear(", "layer_init(ScaledLinear(")
     if edit == "trunk_before_the_actor":
-        trunk = "self.trunk = nn.Sequential(nn.Linear(observation_size, observation_size), nn.Tanh())"
+        trunk = (
+            "self.trunk = nn.Sequential(nn.Linear(observation_size, observation_size), nn.Tanh())"
+        )
         source = source.replace(
-            "            self.actor = nn.Sequential(", f"            {trunk}\n            self.actor = nn.Sequential("
+            "            self.actor = nn.Sequential(",
+            f"            {trunk}\n            self.actor = nn.Sequential(",
         )
     (tmp_path / "copy").mkdir()
     (tmp_path / "copy" / "ppo_fc.py").write_text(source)
-    spec = importlib.util.spec_from_file_location(f"edited_ppo_fc_{edit}", tmp_path / "copy" / "ppo_fc.py")
+    spec = importlib.util.spec_from_file_location(
+        f"edited_ppo_fc_{edit}", tmp_path / "copy" / "ppo_fc.py"
+    )
     copy = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, copy)  # dataclasses look their module up there
     spec.loader.exec_module(copy)
@@ -359,7 +425,9 @@ def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probabili
     agent = ppo_fc.train(args).agent
     for env, observation in visit_states(env_id):
         value, policy = agent_at(agent, observation)
-        assert value == pytest.approx(env.optimal_value(args.gamma), abs=value_tolerance), observation
+        assert value == pytest.approx(env.optimal_value(args.gamma), abs=value_tolerance), (
+            observation
+        )
         if min_probability is not None:
             assert policy.probs[0, env.optimal_action()].item() >= min_probability, observation
 
@@ -396,8 +464,12 @@ def test_continuous_probes(tmp_path, env_id, steps):
         if action_matters:
             # The critic must know what the policy earns; the policy's mean must sit at the optimum.
             assert value == pytest.approx(on_policy_value(env, policy), abs=0.1), observation
-            assert policy.mean[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), observation
-            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.25), observation  # and is near-optimal
+            assert policy.mean[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), (
+                observation
+            )
+            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.25), (
+                observation
+            )  # and is near-optimal
         else:
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
 
@@ -407,50 +479,76 @@ def test_continuous_probes(tmp_path, env_id, steps):
 
 def test_resume_continues_the_cut_episodes_as_an_uninterrupted_run(tmp_path):
     # CartPole's episodes start at random and outlast 16-step rollouts: the checkpoint after iteration 3 cuts them.
-    settings = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=6 * 32)
+    settings = dict(
+        env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=6 * 32
+    )
     settings.update(checkpoint_every=3, save_model=True, norm_obs=True, norm_reward=True)
     whole = ppo_fc.train(quick_args(tmp_path / "whole", **settings))
     middle = whole.run_dir / "checkpoints" / "step_96.pt"
     assert middle.is_file() and whole.checkpoint == whole.run_dir / "checkpoints" / "latest.pt"
-    assert all(len(env["actions"]) for env in torch.load(middle, weights_only=True)["episodes"]["envs"])
+    assert all(
+        len(env["actions"]) for env in torch.load(middle, weights_only=True)["episodes"]["envs"]
+    )
 
     copy = tmp_path / "copy" / whole.run_dir.name
     # The copy keeps the whole run's events past the checkpoint, as a crashed run leaves them.
     shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_192.pt", "latest.pt"))
     time.sleep(1.1)  # event files sort by the second they were opened (see the ppo_lstm test)
-    resumed = ppo_fc.train(ppo_fc.Args(resume=str(copy / "checkpoints" / "step_96.pt"), progress=False))
+    resumed = ppo_fc.train(
+        ppo_fc.Args(resume=str(copy / "checkpoints" / "step_96.pt"), progress=False)
+    )
     assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 192
     for (name, expected), actual in zip(
         whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
-    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 96]
+    ended_after = [
+        value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 96
+    ]
     assert resumed.episode_returns == ended_after
     logged = read_scalars(copy)["charts/learning_rate"]
     assert [step for step, _ in logged] == [32 * k for k in range(1, 7)]  # each step once
     np.testing.assert_allclose(
-        [value for _, value in logged], [v for _, v in read_scalars(whole.run_dir)["charts/learning_rate"]]
+        [value for _, value in logged],
+        [v for _, v in read_scalars(whole.run_dir)["charts/learning_rate"]],
     )
 
 
 def test_checkpoints_hold_only_plain_values_and_load_with_weights_only(tmp_path):
-    result = ppo_fc.train(quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=1024, save_model=True))
+    result = ppo_fc.train(
+        quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=1024, save_model=True)
+    )
     checkpoint = torch.load(result.checkpoint, weights_only=True)
-    assert checkpoint["script"] == "ppo_fc" and checkpoint["global_step"] == 1024 and checkpoint["iteration"] == 2
+    assert (
+        checkpoint["script"] == "ppo_fc"
+        and checkpoint["global_step"] == 1024
+        and checkpoint["iteration"] == 2
+    )
     assert checkpoint["args"]["env_id"] == "Probe1-v0"
     assert not list(result.checkpoint.parent.glob(".*.tmp"))
 
 
 def test_eval_checkpoint_reproduces_the_evaluation_after_training(tmp_path):
-    args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=4096, save_model=True, eval_episodes=3)
+    args = quick_args(
+        tmp_path, env_id="CartPole-v1", total_timesteps=4096, save_model=True, eval_episodes=3
+    )
     result = ppo_fc.train(args)
     assert len(result.eval_returns) == 3
-    completed = run_cli("--eval-checkpoint", str(result.checkpoint), "--eval-episodes", "3", "--run-dir", str(tmp_path))
+    completed = run_cli(
+        "--eval-checkpoint",
+        str(result.checkpoint),
+        "--eval-episodes",
+        "3",
+        "--run-dir",
+        str(tmp_path),
+    )
     assert completed.returncode == 0, completed.stderr
     mean = np.mean(result.eval_returns)
     assert f"return {mean:.2f} +- {np.std(result.eval_returns):.2f}" in completed.stdout
     (eval_run,) = tmp_path.glob("*__eval")
-    assert [value for _, value in read_scalars(eval_run)["eval/episodic_return"]] == result.eval_returns
+    assert [
+        value for _, value in read_scalars(eval_run)["eval/episodic_return"]
+    ] == result.eval_returns
 
 
 def test_evaluation_reads_but_never_updates_the_observation_statistics(tmp_path, monkeypatch):
@@ -463,7 +561,12 @@ def test_evaluation_reads_but_never_updates_the_observation_statistics(tmp_path,
 
     monkeypatch.setattr(ppo_fc.RunningNorm, "merge", counted_merge)
     args = quick_args(
-        tmp_path, env_id="CartPole-v1", total_timesteps=2048, norm_obs=True, save_model=True, eval_episodes=3
+        tmp_path,
+        env_id="CartPole-v1",
+        total_timesteps=2048,
+        norm_obs=True,
+        save_model=True,
+        eval_episodes=3,
     )
     result = ppo_fc.train(args)
     assert updates == [512] * 4  # once after every update, never in the evaluation after training
@@ -471,19 +574,27 @@ def test_evaluation_reads_but_never_updates_the_observation_statistics(tmp_path,
     replayed = ppo_fc.evaluate_checkpoint(
         quick_args(tmp_path / "eval", eval_checkpoint=str(result.checkpoint), eval_episodes=3)
     )
-    assert updates == [512] * 4 and replayed == result.eval_returns  # the checkpoint carries the statistics
+    assert (
+        updates == [512] * 4 and replayed == result.eval_returns
+    )  # the checkpoint carries the statistics
     for key, value in result.agent.obs_norm.state_dict().items():
         torch.testing.assert_close(value, statistics[key], rtol=0, atol=0)
     # The statistics matter: without them the agent would act otherwise, so the equal returns above say something.
-    observations = torch.as_tensor(np.random.default_rng(0).normal(0, 0.5, (256, 4)), dtype=torch.float32)
+    observations = torch.as_tensor(
+        np.random.default_rng(0).normal(0, 0.5, (256, 4)), dtype=torch.float32
+    )
     with torch.no_grad():
         trained_actions = result.agent.distribution(result.agent(observations)[0]).mode
         result.agent.obs_norm.mean.zero_()
         result.agent.obs_norm.var.fill_(1)
-        assert (result.agent.distribution(result.agent(observations)[0]).mode != trained_actions).any()
+        assert (
+            result.agent.distribution(result.agent(observations)[0]).mode != trained_actions
+        ).any()
 
 
-@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)])
+@pytest.mark.parametrize(
+    "action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,), np.float32)]
+)
 def test_temperature_sampling_follows_the_tempered_policy(action_space):
     torch.manual_seed(0)
     agent = sharp_agent(ppo_fc.Agent)(vectors(4), action_space, 16, norm_obs=False)
@@ -491,15 +602,23 @@ def test_temperature_sampling_follows_the_tempered_policy(action_space):
     with torch.no_grad():
         policy = agent.distribution(agent(observations[:1])[0])
         for temperature in (0.5, 2.0):
-            actions = select_action(agent.distribution(agent(observations)[0]), "temperature", temperature, 2)
+            actions = select_action(
+                agent.distribution(agent(observations)[0]), "temperature", temperature, 2
+            )
             if agent.discrete:
                 expected = torch.softmax(policy.logits[0] / temperature, -1)
-                assert (expected - policy.probs[0]).abs().max() > 0.05  # a temperature that changes the policy
+                assert (
+                    expected - policy.probs[0]
+                ).abs().max() > 0.05  # a temperature that changes the policy
                 frequencies = torch.bincount(actions, minlength=3) / len(actions)
                 torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
             else:
-                torch.testing.assert_close(actions.mean(0), policy.mean[0], atol=0.03 * temperature, rtol=0)
-                torch.testing.assert_close(actions.std(0), policy.stddev[0] * temperature, atol=0.02, rtol=0)
+                torch.testing.assert_close(
+                    actions.mean(0), policy.mean[0], atol=0.03 * temperature, rtol=0
+                )
+                torch.testing.assert_close(
+                    actions.std(0), policy.stddev[0] * temperature, atol=0.02, rtol=0
+                )
 
 
 def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
@@ -508,7 +627,9 @@ def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
     foreign = tmp_path / "foreign.pt"
     torch.save({"script": "ddpg", "model": {}}, foreign)
     pickled = tmp_path / "pickled.pt"
-    torch.save({"script": "ppo_fc", "payload": Path("x")}, pickled)  # needs unpickling of a Python class
+    torch.save(
+        {"script": "ppo_fc", "payload": Path("x")}, pickled
+    )  # needs unpickling of a Python class
     incomplete = tmp_path / "checkpoints" / "incomplete.pt"
     incomplete.parent.mkdir()
     torch.save({"script": "ppo_fc", "format": 1, "model": {}, "args": {}}, incomplete)
@@ -528,13 +649,17 @@ def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
 
 
 def test_checkpoint_of_another_shape_is_refused(tmp_path):
-    result = ppo_fc.train(quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True))
+    result = ppo_fc.train(
+        quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True)
+    )
     checkpoint = torch.load(result.checkpoint, weights_only=True)
     checkpoint["args"]["hidden_size"] = 32
     other = tmp_path / "other.pt"
     torch.save(checkpoint, other)
     with pytest.raises(ppo_fc.UsageError, match="does not fit"):
-        ppo_fc.evaluate_checkpoint(quick_args(tmp_path, eval_checkpoint=str(other), eval_episodes=1))
+        ppo_fc.evaluate_checkpoint(
+            quick_args(tmp_path, eval_checkpoint=str(other), eval_episodes=1)
+        )
 
 
 # --- trajectories --------------------------------------------------------------------------------------------------
@@ -542,13 +667,20 @@ def test_checkpoint_of_another_shape_is_refused(tmp_path):
 
 def test_recorded_trajectories_reload_and_their_returns_equal_the_logged_returns(tmp_path):
     path = tmp_path / "rollouts.npz"
-    args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_trajectories=str(path))
+    args = quick_args(
+        tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_trajectories=str(path)
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = ppo_fc.train(args)
-    assert not [w for w in caught if "trajectory writer" in str(w.message)]  # nothing a user should act on
+    assert not [
+        w for w in caught if "trajectory writer" in str(w.message)
+    ]  # nothing a user should act on
     data = load_trajectories(path)
-    assert data["/observations"].shape == (4, 512, 4) and data["/agents/policy/logprobs"].shape == (4, 512)
+    assert data["/observations"].shape == (4, 512, 4) and data["/agents/policy/logprobs"].shape == (
+        4,
+        512,
+    )
     assert json.loads(str(data["/meta/args"]))["env_id"] == "CartPole-v1"
     finished = [episode for episode in split_episodes(data) if episode.finished]
     logged = [value for _, value in read_scalars(result.run_dir)["charts/episodic_return"]]
@@ -585,12 +717,23 @@ def test_eval_checkpoint_records_trajectories_with_each_sampling_method(tmp_path
 
 def test_help():
     completed = run_cli("--help")
-    assert completed.returncode == 0 and "--env-id" in completed.stdout and "--sampling-method" in completed.stdout
+    assert (
+        completed.returncode == 0
+        and "--env-id" in completed.stdout
+        and "--sampling-method" in completed.stdout
+    )
 
 
 def test_cli_run_writes_the_conventional_log_keys(tmp_path):
     completed = run_cli(
-        "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--run-dir", str(tmp_path), "--eval-episodes", "1"
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "1024",
+        "--run-dir",
+        str(tmp_path),
+        "--eval-episodes",
+        "1",
     )
     assert completed.returncode == 0, completed.stderr
     (run,) = tmp_path.iterdir()
@@ -616,11 +759,15 @@ def test_cli_run_writes_the_conventional_log_keys(tmp_path):
     }
     assert expected <= set(scalars)
     assert len(scalars["charts/SPS"]) == 2 and scalars["system/rss_mb"][0][1] > 10
-    assert [step for step, _ in scalars["eval/episodic_return"]] == [1024]  # at the step the agent was trained to
+    assert [step for step, _ in scalars["eval/episodic_return"]] == [
+        1024
+    ]  # at the step the agent was trained to
     accumulator = EventAccumulator(str(run))
     accumulator.Reload()
     assert "hyperparameters/text_summary" in accumulator.Tags()["tensors"]
-    assert (run / "checkpoints" / "latest.pt").is_file() and (run / "checkpoints" / "step_1024.pt").is_file()
+    assert (run / "checkpoints" / "latest.pt").is_file() and (
+        run / "checkpoints" / "step_1024.pt"
+    ).is_file()
 
 
 def test_track_with_wandb_offline(tmp_path):
@@ -679,13 +826,17 @@ def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, messa
     completed = run_cli(*flags, "--run-dir", str(tmp_path / "runs"))
     assert completed.returncode == 2
     lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], completed.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+        completed.stderr
+    )
     assert not (tmp_path / "runs").exists()
 
 
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     gym.register("NanReward-v0", entry_point=NanRewardEnv)
-    args = quick_args(tmp_path, env_id="NanReward-v0", total_timesteps=4 * 512, num_envs=1, checkpoint_every=1)
+    args = quick_args(
+        tmp_path, env_id="NanReward-v0", total_timesteps=4 * 512, num_envs=1, checkpoint_every=1
+    )
     with pytest.raises(TrainingDiverged, match=r"NaN|nan"):
         ppo_fc.train(args)
     (run,) = (tmp_path / "runs").iterdir()
@@ -699,11 +850,15 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
 
 def test_unsupported_action_space_is_refused(tmp_path):
     class ManyMultiDiscreteActions(NanRewardEnv):
-        action_space = gym.spaces.MultiDiscrete([100, 100])  # more combinations than one Discrete action is given
+        action_space = gym.spaces.MultiDiscrete(
+            [100, 100]
+        )  # more combinations than one Discrete action is given
 
     gym.register("ManyMultiDiscreteActions-v0", entry_point=ManyMultiDiscreteActions)
     with pytest.raises(ppo_fc.UsageError, match="MultiDiscrete action space"):
-        ppo_fc.train(quick_args(tmp_path, env_id="ManyMultiDiscreteActions-v0", total_timesteps=512))
+        ppo_fc.train(
+            quick_args(tmp_path, env_id="ManyMultiDiscreteActions-v0", total_timesteps=512)
+        )
     assert not (tmp_path / "runs").exists()
 
 
@@ -725,7 +880,9 @@ class GridCellBandit(gym.Env):
 
 def test_a_multidiscrete_action_is_one_choice_of_a_cell_and_is_learnt(tmp_path):
     gym.register("GridCellBandit-v0", entry_point=GridCellBandit)
-    result = ppo_fc.train(quick_args(tmp_path, env_id="GridCellBandit-v0", total_timesteps=8192, eval_episodes=5))
+    result = ppo_fc.train(
+        quick_args(tmp_path, env_id="GridCellBandit-v0", total_timesteps=8192, eval_episodes=5)
+    )
     assert result.eval_returns == [1.0] * 5
     with torch.no_grad():
         probabilities = torch.softmax(result.agent(torch.zeros(1, 1))[0], -1)[0]
@@ -756,15 +913,23 @@ def test_async_envs_train_exactly_like_sync_envs(tmp_path):
     sync = ppo_fc.train(quick_args(tmp_path / "sync", **settings))
     subprocesses = ppo_fc.train(quick_args(tmp_path / "async", async_envs=True, **settings))
     assert sync.episode_returns == subprocesses.episode_returns and len(sync.episode_returns) > 10
-    for expected, actual in zip(sync.agent.parameters(), subprocesses.agent.parameters(), strict=True):
+    for expected, actual in zip(
+        sync.agent.parameters(), subprocesses.agent.parameters(), strict=True
+    ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0)
 
 
 def test_resume_refuses_flags_the_checkpoint_decides_and_a_finished_run(tmp_path):
-    settings = dict(env_id="Probe1-v0", total_timesteps=4 * 512, checkpoint_every=2, save_model=True)
+    settings = dict(
+        env_id="Probe1-v0", total_timesteps=4 * 512, checkpoint_every=2, save_model=True
+    )
     run = ppo_fc.train(quick_args(tmp_path, **settings)).run_dir / "checkpoints"
-    with pytest.raises(ppo_fc.UsageError, match="--total-timesteps 9999 differs from the checkpoint's 2048"):
-        ppo_fc.train(ppo_fc.Args(resume=str(run / "step_1024.pt"), total_timesteps=9999, progress=False))
+    with pytest.raises(
+        ppo_fc.UsageError, match="--total-timesteps 9999 differs from the checkpoint's 2048"
+    ):
+        ppo_fc.train(
+            ppo_fc.Args(resume=str(run / "step_1024.pt"), total_timesteps=9999, progress=False)
+        )
     with pytest.raises(ppo_fc.UsageError, match="nothing to resume"):
         ppo_fc.train(ppo_fc.Args(resume=str(run / "latest.pt"), progress=False))
     events = sorted(run.parent.glob("events.*"))
@@ -772,7 +937,9 @@ def test_resume_refuses_flags_the_checkpoint_decides_and_a_finished_run(tmp_path
 
 
 def test_resume_needs_a_checkpoint_inside_a_run_folder(tmp_path):
-    result = ppo_fc.train(quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True))
+    result = ppo_fc.train(
+        quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True)
+    )
     loose = tmp_path / "loose.pt"
     shutil.copy(result.checkpoint, loose)
     with pytest.raises(ppo_fc.UsageError, match="checkpoints/ folder"):
@@ -813,7 +980,9 @@ def test_ctrl_c_stops_after_the_iteration_with_a_consistent_checkpoint(tmp_path,
     assert checkpoint["global_step"] == checkpoint["iteration"] * 512 > 0
     assert (run / "checkpoints" / f"step_{checkpoint['global_step']}.pt").is_file()
     logged = read_scalars(run)["charts/learning_rate"]
-    assert logged[-1][0] == checkpoint["global_step"]  # the checkpoint is the state after the last logged iteration
+    assert (
+        logged[-1][0] == checkpoint["global_step"]
+    )  # the checkpoint is the state after the last logged iteration
 
 
 def test_a_resumed_run_continues_its_recording_with_no_step_twice_and_none_lost(tmp_path):
@@ -821,14 +990,26 @@ def test_a_resumed_run_continues_its_recording_with_no_step_twice_and_none_lost(
     # to differ here. Resuming from that checkpoint records those steps again, in its place: with exact resume, the
     # recording is the whole run's.
     path = tmp_path / "rollouts"
-    settings = dict(env_id="Probe4-v0", total_timesteps=4 * 512, checkpoint_every=2, save_trajectories=str(path))
+    settings = dict(
+        env_id="Probe4-v0", total_timesteps=4 * 512, checkpoint_every=2, save_trajectories=str(path)
+    )
     whole = ppo_fc.train(quick_args(tmp_path, **settings))
     recorded = load_trajectories(path)
-    assert sorted(p.name for p in path.iterdir()) == ["steps_0000000000.npz", "steps_0000000256.npz"]
-    (path / "steps_0000000256.npz").write_bytes((path / "steps_0000000000.npz").read_bytes())  # another's steps
-    ppo_fc.train(ppo_fc.Args(resume=str(whole.run_dir / "checkpoints" / "step_1024.pt"), progress=False))
+    assert sorted(p.name for p in path.iterdir()) == [
+        "steps_0000000000.npz",
+        "steps_0000000256.npz",
+    ]
+    (path / "steps_0000000256.npz").write_bytes(
+        (path / "steps_0000000000.npz").read_bytes()
+    )  # another's steps
+    ppo_fc.train(
+        ppo_fc.Args(resume=str(whole.run_dir / "checkpoints" / "step_1024.pt"), progress=False)
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rollouts", "runs"]  # no new recording
-    assert sorted(p.name for p in path.iterdir()) == ["steps_0000000000.npz", "steps_0000000256.npz"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "steps_0000000000.npz",
+        "steps_0000000256.npz",
+    ]
     resumed = load_trajectories(path)
     assert resumed.keys() == recorded.keys() and resumed["/rewards"].shape == (4, 4 * 128)
     for key, value in recorded.items():
@@ -840,17 +1021,25 @@ def test_a_resumed_run_whose_envs_start_new_episodes_records_anew(tmp_path, caps
     # GlobalRandom-v0 draws from Python's global generator: its episodes cannot be replayed. Continuing the recording
     # would splice the cut episodes with new ones. A recording the checkpoint cannot continue also starts anew.
     path = tmp_path / "rollouts"
-    settings = dict(env_id="GlobalRandom-v0", num_envs=2, num_steps=5, num_minibatches=2, total_timesteps=4 * 10)
-    whole = ppo_fc.train(quick_args(tmp_path, **settings, checkpoint_every=2, save_trajectories=str(path)))
+    settings = dict(
+        env_id="GlobalRandom-v0", num_envs=2, num_steps=5, num_minibatches=2, total_timesteps=4 * 10
+    )
+    whole = ppo_fc.train(
+        quick_args(tmp_path, **settings, checkpoint_every=2, save_trajectories=str(path))
+    )
     first_part = {p.name: p.read_bytes() for p in path.iterdir()}
-    ppo_fc.train(ppo_fc.Args(resume=str(whole.run_dir / "checkpoints" / "step_20.pt"), progress=False))
+    ppo_fc.train(
+        ppo_fc.Args(resume=str(whole.run_dir / "checkpoints" / "step_20.pt"), progress=False)
+    )
     assert "the envs start new episodes: a new recording" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in path.iterdir()} == first_part  # untouched
     assert load_trajectories(tmp_path / "rollouts_2")["/rewards"].shape == (2, 10)
     gone = quick_args(tmp_path, env_id="Probe4-v0", total_timesteps=2 * 512, checkpoint_every=1)
     gone = ppo_fc.train(dataclasses.replace(gone, save_trajectories=str(tmp_path / "gone")))
     (tmp_path / "gone" / "steps_0000000000.npz").unlink()
-    ppo_fc.train(ppo_fc.Args(resume=str(gone.run_dir / "checkpoints" / "step_512.pt"), progress=False))
+    ppo_fc.train(
+        ppo_fc.Args(resume=str(gone.run_dir / "checkpoints" / "step_512.pt"), progress=False)
+    )
     assert "the recording cannot go on" in capsys.readouterr().err
     assert load_trajectories(tmp_path / "gone_2")["/rewards"].shape == (4, 128)
 
@@ -862,11 +1051,17 @@ def test_eval_checkpoint_plays_with_the_given_seed(tmp_path):
         path = tmp_path / f"seed{seed}"
         ppo_fc.evaluate_checkpoint(
             quick_args(
-                tmp_path, eval_checkpoint=str(checkpoint), eval_episodes=1, seed=seed, save_trajectories=str(path)
+                tmp_path,
+                eval_checkpoint=str(checkpoint),
+                eval_episodes=1,
+                seed=seed,
+                save_trajectories=str(path),
             )
         )
         first_observation, _ = gym.make("CartPole-v1").reset(seed=seed)
-        np.testing.assert_array_equal(load_trajectories(path)["/observations"][0, 0], first_observation)
+        np.testing.assert_array_equal(
+            load_trajectories(path)["/observations"][0, 0], first_observation
+        )
 
 
 def test_norm_reward_clips_the_scaled_rewards(tmp_path):
@@ -884,23 +1079,36 @@ def test_norm_reward_clips_the_scaled_rewards(tmp_path):
 
 def test_a_total_that_is_not_whole_batches_is_announced_and_the_bar_ends_there(tmp_path):
     completed = run_cli(
-        "--env-id", "Probe1-v0", "--total-timesteps", "1000", "--eval-episodes", "0", "--run-dir", str(tmp_path)
+        "--env-id",
+        "Probe1-v0",
+        "--total-timesteps",
+        "1000",
+        "--eval-episodes",
+        "0",
+        "--run-dir",
+        str(tmp_path),
     )
     assert completed.returncode == 0, completed.stderr
-    assert "notice: --total-timesteps is rounded down to whole batches of 512: 512" in completed.stderr
+    assert (
+        "notice: --total-timesteps is rounded down to whole batches of 512: 512" in completed.stderr
+    )
     assert "512/512" in completed.stderr and "/1000" not in completed.stderr
 
 
 @pytest.mark.parametrize("env_id", ["popgym-RepeatPreviousEasy-v0", "MiniGrid-MemoryS7-v0"])
 def test_memory_benchmark_envs_train_as_their_ids_are_written(tmp_path, env_id):
-    result = ppo_fc.train(quick_args(tmp_path, env_id=env_id, total_timesteps=3 * 512, eval_episodes=1))
+    result = ppo_fc.train(
+        quick_args(tmp_path, env_id=env_id, total_timesteps=3 * 512, eval_episodes=1)
+    )
     assert result.global_step == 3 * 512 and len(result.eval_returns) == 1
 
 
 def test_topk_sampling_of_a_continuous_agent_is_refused_before_anything_is_written(tmp_path):
     args = quick_args(tmp_path, env_id="ContinuousProbe1-v0", total_timesteps=512, save_model=True)
     checkpoint = ppo_fc.train(args).checkpoint
-    evaluation = quick_args(tmp_path / "eval", eval_checkpoint=str(checkpoint), eval_episodes=1, sampling_method="topk")
+    evaluation = quick_args(
+        tmp_path / "eval", eval_checkpoint=str(checkpoint), eval_episodes=1, sampling_method="topk"
+    )
     with pytest.raises(ppo_fc.UsageError, match="discrete action space"):
         ppo_fc.evaluate_checkpoint(evaluation)
     assert not (tmp_path / "eval").exists()
@@ -915,7 +1123,9 @@ def test_sampling_from_a_distribution_it_cannot_draw_stops():
 # --- images and Atari ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env_id", ["ImageBandit-v0", "ImageBanditRGB-v0"])  # channels first, channels last
+@pytest.mark.parametrize(
+    "env_id", ["ImageBandit-v0", "ImageBanditRGB-v0"]
+)  # channels first, channels last
 def test_the_image_bandit_is_learnt_through_the_cnn(tmp_path, env_id):
     agent = ppo_fc.train(quick_args(tmp_path, env_id=env_id, total_timesteps=10_240)).agent
     assert isinstance(agent.network, ppo_fc.NatureCNN)
@@ -929,16 +1139,26 @@ def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
     # The right action is the lit half XOR the Discrete part: neither part alone earns anything, and the heads being
     # linear, the two must meet before the 512 units (the convolutions leave 64 features of a 36x36 image).
     agent = ppo_fc.train(
-        quick_args(tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=20_480, learning_rate=1e-3)
+        quick_args(
+            tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=20_480, learning_rate=1e-3
+        )
     ).agent
-    assert isinstance(agent.network, ppo_fc.NatureCNN) and agent.network.linear[0].in_features == 64 + 2
-    env, seen = ppo_fc.make_env("ImageVectorBandit-v0")(), set()  # the script's stack: an image and a vector
+    assert (
+        isinstance(agent.network, ppo_fc.NatureCNN)
+        and agent.network.linear[0].in_features == 64 + 2
+    )
+    env, seen = (
+        ppo_fc.make_env("ImageVectorBandit-v0")(),
+        set(),
+    )  # the script's stack: an image and a vector
     for seed in range(16):
         observation, _ = env.reset(seed=seed)
         probe = env.unwrapped
         seen.add((probe.cue, probe.flip))
         with torch.no_grad():
-            actor_out, value = agent(observation_tensor(observation_map(lambda part: part[None], observation)))
+            actor_out, value = agent(
+                observation_tensor(observation_map(lambda part: part[None], observation))
+            )
         assert value.item() == pytest.approx(1.0, abs=0.1), seen
         assert agent.distribution(actor_out).probs[0, probe.optimal_action()].item() >= 0.95, seen
     assert len(seen) == 4
@@ -946,16 +1166,30 @@ def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
 
 def test_the_encoder_rule_and_its_override(tmp_path):
     image = gym.spaces.Box(0, 255, (36, 36, 3), np.uint8)
-    assert isinstance(ppo_fc.Agent(image, gym.spaces.Discrete(2), 8, False).network, ppo_fc.NatureCNN)
-    assert isinstance(ppo_fc.Agent(image, gym.spaces.Discrete(2), 8, False, "mlp").network, torch.nn.Flatten)
+    assert isinstance(
+        ppo_fc.Agent(image, gym.spaces.Discrete(2), 8, False).network, ppo_fc.NatureCNN
+    )
+    assert isinstance(
+        ppo_fc.Agent(image, gym.spaces.Discrete(2), 8, False, "mlp").network, torch.nn.Flatten
+    )
     minigrid_view = gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)  # a symbolic grid, not an image
-    assert isinstance(ppo_fc.Agent(minigrid_view, gym.spaces.Discrete(2), 8, False).network, torch.nn.Flatten)
-    result = run_script("ppo_fc.py", "--env-id", "Probe5-v0", "--encoder", "cnn", "--run-dir", str(tmp_path))
-    assert result.returncode == 2 and result.stderr.startswith("error: --encoder cnn needs an image observation")
+    assert isinstance(
+        ppo_fc.Agent(minigrid_view, gym.spaces.Discrete(2), 8, False).network, torch.nn.Flatten
+    )
+    result = run_script(
+        "ppo_fc.py", "--env-id", "Probe5-v0", "--encoder", "cnn", "--run-dir", str(tmp_path)
+    )
+    assert result.returncode == 2 and result.stderr.startswith(
+        "error: --encoder cnn needs an image observation"
+    )
     # --encoder mlp takes the image as a flat vector; it stays uint8 in the rollout and the recording.
     path = tmp_path / "mlp"
     args = quick_args(
-        tmp_path, env_id="ImageBandit-v0", encoder="mlp", total_timesteps=1024, save_trajectories=str(path)
+        tmp_path,
+        env_id="ImageBandit-v0",
+        encoder="mlp",
+        total_timesteps=1024,
+        save_trajectories=str(path),
     )
     ppo_fc.train(args)
     assert load_trajectories(path)["/observations"].dtype == np.uint8
@@ -979,6 +1213,12 @@ def test_an_atari_episode_is_a_game_with_its_raw_score(tmp_path):
     games = []
     for env in range(2):
         ends = np.flatnonzero(game_over[env])
-        games += [(end, raw[env, start : end + 1].sum()) for start, end in zip([0, *ends[:-1] + 1], ends, strict=True)]
+        games += [
+            (end, raw[env, start : end + 1].sum())
+            for start, end in zip([0, *ends[:-1] + 1], ends, strict=True)
+        ]
     assert ended.sum() > len(games) >= 4  # lost lives end episodes too
-    assert sorted(result.episode_returns) == sorted(score for _, score in games) and sum(result.episode_returns) > 0
+    assert (
+        sorted(result.episode_returns) == sorted(score for _, score in games)
+        and sum(result.episode_returns) > 0
+    )

@@ -36,14 +36,18 @@ from common.trajectories import load_trajectories, split_episodes
 CELLS = [dict(rnn_type="lstm"), dict(rnn_type="gru", rnn_layers=2, shared_core=False)]
 
 
-def run_cli(*flags: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli(
+    *flags: str, env: dict | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     return run_script("ppo_lstm.py", *flags, env=env, timeout=timeout)
 
 
 def quick_args(tmp_path, **overrides) -> ppo_lstm.Args:
     """The defaults, with raw rewards (the probes' values are in reward units) and the 4 envs the tests' rollout
     shapes and budgets were written for."""
-    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    settings = dict(
+        run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False
+    )
     settings |= dict(num_envs=4, norm_reward=False)
     return ppo_lstm.Args(**{**settings, **overrides})
 
@@ -67,7 +71,9 @@ def sharp_recurrent_agent_class(seed: int = 0) -> type[ppo_lstm.Agent]:
 def sharp_recurrent_agent(seed: int = 0, **settings) -> ppo_lstm.Agent:
     """A sharp agent for 4 observations and 3 actions."""
     observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
-    return sharp_recurrent_agent_class(seed)(observation_space, gym.spaces.Discrete(3), ppo_lstm.Args(**settings))
+    return sharp_recurrent_agent_class(seed)(
+        observation_space, gym.spaces.Discrete(3), ppo_lstm.Args(**settings)
+    )
 
 
 # --- the hidden state ----------------------------------------------------------------------------------------------
@@ -79,8 +85,12 @@ def test_gae_equals_the_reference_loop(seed):
     rewards, values = rng.normal(size=(2, 13, 3))
     next_value, final_values = rng.normal(size=3), rng.normal(size=(13, 3))
     terminations, truncations = rng.random((2, 13, 3)) < 0.2
-    computed = ppo_lstm.compute_gae(rewards, values, next_value, terminations, truncations, final_values, 0.97, 0.9)
-    expected = reference_gae(rewards, values, next_value, terminations, truncations, final_values, 0.97, 0.9)
+    computed = ppo_lstm.compute_gae(
+        rewards, values, next_value, terminations, truncations, final_values, 0.97, 0.9
+    )
+    expected = reference_gae(
+        rewards, values, next_value, terminations, truncations, final_values, 0.97, 0.9
+    )
     np.testing.assert_allclose(computed, expected, rtol=1e-10, atol=1e-10)
 
 
@@ -90,14 +100,18 @@ def test_after_an_episode_start_the_output_is_that_of_a_fresh_zero_state(setting
     rng = np.random.default_rng(0)
     num_steps, num_envs = 12, 3
     x = torch.as_tensor(rng.normal(size=(num_steps, num_envs, 4)), dtype=torch.float32)
-    state = torch.as_tensor(rng.normal(size=agent.initial_state(num_envs).shape), dtype=torch.float32)
+    state = torch.as_tensor(
+        rng.normal(size=agent.initial_state(num_envs).shape), dtype=torch.float32
+    )
     starts = torch.zeros(num_steps, num_envs, dtype=torch.bool)
     starts[5, 0] = starts[0, 1] = starts[2, 2] = starts[9, 2] = True
     with torch.no_grad():
         actor_out, value, _ = agent(x, state, starts)
         # One step: a start ignores the state it is given.
         step_out, step_value, _ = agent(x[:1], state, starts[:1])
-        fresh_out, fresh_value, _ = agent(x[:1], agent.initial_state(num_envs), torch.zeros(1, num_envs, dtype=bool))
+        fresh_out, fresh_value, _ = agent(
+            x[:1], agent.initial_state(num_envs), torch.zeros(1, num_envs, dtype=bool)
+        )
         torch.testing.assert_close(step_out[0, 1], fresh_out[0, 1], rtol=0, atol=0)
         torch.testing.assert_close(step_value[0, 1], fresh_value[0, 1], rtol=0, atol=0)
         assert (step_out[0, 0] - fresh_out[0, 0]).abs().max() > 1e-3  # elsewhere the state matters
@@ -105,13 +119,21 @@ def test_after_an_episode_start_the_output_is_that_of_a_fresh_zero_state(setting
         for env, start in [(0, 5), (1, 0), (2, 2), (2, 9)]:
             end = {(2, 2): 9}.get((env, start), num_steps)
             fresh_out, fresh_value, _ = agent(
-                x[start:end, env : env + 1], agent.initial_state(1), torch.zeros(end - start, 1, dtype=torch.bool)
+                x[start:end, env : env + 1],
+                agent.initial_state(1),
+                torch.zeros(end - start, 1, dtype=torch.bool),
             )
             # A batch of 3 against a batch of 1: usually 2.4e-7 apart, once 1.8e-5 (a full run of this file on a
             # loaded machine). Ignoring the starts inside the sequences puts them 0.37 to 1.96 apart.
-            torch.testing.assert_close(actor_out[start:end, env], fresh_out[:, 0], rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(value[start:end, env], fresh_value[:, 0], rtol=1e-4, atol=1e-4)
-        assert (actor_out[:5, 0] - agent(x[:5, :1], agent.initial_state(1), starts[:5, :1])[0][:, 0]).abs().max() > 1e-3
+            torch.testing.assert_close(
+                actor_out[start:end, env], fresh_out[:, 0], rtol=1e-4, atol=1e-4
+            )
+            torch.testing.assert_close(
+                value[start:end, env], fresh_value[:, 0], rtol=1e-4, atol=1e-4
+            )
+        assert (
+            actor_out[:5, 0] - agent(x[:5, :1], agent.initial_state(1), starts[:5, :1])[0][:, 0]
+        ).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("settings", CELLS)
@@ -134,13 +156,17 @@ def test_one_step_at_a_time_equals_the_sequence_pass_and_the_numpy_copy_equals_b
             actions, numpy_state = numpy_step(obs[t], numpy_state, starts[t], noise[t])
             np.testing.assert_array_equal(actions, np.argmax(actor_out[0].numpy() + noise[t], -1))
             np.testing.assert_allclose(numpy_state, torch_state.numpy(), rtol=1e-4, atol=1e-5)
-        sequence_out, _, _ = agent(torch.as_tensor(obs), torch.as_tensor(initial), torch.as_tensor(starts))
+        sequence_out, _, _ = agent(
+            torch.as_tensor(obs), torch.as_tensor(initial), torch.as_tensor(starts)
+        )
     torch.testing.assert_close(sequence_out, torch.stack(stepped), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("bptt_len", [0, 8])
 @pytest.mark.parametrize("settings", CELLS)
-def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, monkeypatch, settings, bptt_len):
+def test_replayed_sequences_give_the_recorded_log_probs_and_values(
+    tmp_path, monkeypatch, settings, bptt_len
+):
     replays = []
     check_replay = ppo_lstm.check_replay
 
@@ -149,7 +175,10 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, mon
         replays.append(
             dict(
                 # of every action, so also of the one the rollout took
-                logprobs=(replayed_out.log_softmax(-1) - recorded_out.log_softmax(-1)).abs().max().item(),
+                logprobs=(replayed_out.log_softmax(-1) - recorded_out.log_softmax(-1))
+                .abs()
+                .max()
+                .item(),
                 values=(replayed_values - recorded_values).abs().max().item(),
                 starts_inside=starts[1:].any().item(),
                 # a sequence that continues an episode from a nonzero state recorded earlier
@@ -174,8 +203,12 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(tmp_path, mon
     assert len(replays) == 6
     assert max(replay["logprobs"] for replay in replays) < 1e-5
     assert max(replay["values"] for replay in replays) < 1e-5
-    assert all(replay["starts_inside"] for replay in replays)  # CartPole's episodes end inside the sequences
-    assert all(replay["carried"] for replay in replays[1:])  # and run across the rollout's (and chunks') boundaries
+    assert all(
+        replay["starts_inside"] for replay in replays
+    )  # CartPole's episodes end inside the sequences
+    assert all(
+        replay["carried"] for replay in replays[1:]
+    )  # and run across the rollout's (and chunks') boundaries
 
 
 def test_integer_observations_reach_the_agent_as_float32(tmp_path, monkeypatch, capsys):
@@ -188,7 +221,9 @@ def test_integer_observations_reach_the_agent_as_float32(tmp_path, monkeypatch, 
         return forward(self, x)
 
     monkeypatch.setattr(ppo_lstm.RunningNorm, "forward", recording_forward)
-    result = ppo_lstm.train(quick_args(tmp_path, env_id="Taxi-v4", num_steps=256, total_timesteps=2048))
+    result = ppo_lstm.train(
+        quick_args(tmp_path, env_id="Taxi-v4", num_steps=256, total_timesteps=2048)
+    )
     assert 200 in result.episode_lengths  # Taxi-v4 truncates at 200 steps: the bootstrap ran
     assert seen == {torch.float32}
     assert "the rollout calls the torch policy" not in capsys.readouterr().err
@@ -204,7 +239,9 @@ def test_replay_tolerance_follows_the_outputs_scale():
     rounded[..., 1] += 2.8e-5
     ppo_lstm.check_replay(states, starts, (rounded, values), (logits, values))
     wrong = logits.clone()
-    wrong[2, 1, 1] += 1e-3  # a state not reset at episode starts gave 1.7 and 8.5 in trained agents' logits
+    wrong[2, 1, 1] += (
+        1e-3  # a state not reset at episode starts gave 1.7 and 8.5 in trained agents' logits
+    )
     with pytest.raises(PolicyMismatch, match="2 steps after a recorded state"):
         ppo_lstm.check_replay(states, starts, (wrong, values), (logits, values))
 
@@ -222,9 +259,16 @@ def test_a_narrow_gaussian_over_chunks_is_no_false_alarm(tmp_path, monkeypatch):
         return agent
 
     monkeypatch.setattr(ppo_lstm, "build_agent", narrow_agent)
-    monkeypatch.setattr(ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=1))  # outputs of order 1, not 1e-4
+    monkeypatch.setattr(
+        ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=1)
+    )  # outputs of order 1, not 1e-4
     args = quick_args(
-        tmp_path, env_id="PendulumNoVel-v1", num_steps=64, bptt_len=8, total_timesteps=1024, learning_rate=1e-6
+        tmp_path,
+        env_id="PendulumNoVel-v1",
+        num_steps=64,
+        bptt_len=8,
+        total_timesteps=1024,
+        learning_rate=1e-6,
     )
     assert ppo_lstm.train(args).global_step == 1024
 
@@ -232,7 +276,9 @@ def test_a_narrow_gaussian_over_chunks_is_no_false_alarm(tmp_path, monkeypatch):
 def test_a_replay_that_ignores_episode_starts_is_stopped(tmp_path, monkeypatch):
     forward = ppo_lstm.Agent.forward
 
-    def forgetful_forward(self, x, state, episode_starts):  # an edit that keeps the state across episodes
+    def forgetful_forward(
+        self, x, state, episode_starts
+    ):  # an edit that keeps the state across episodes
         if len(x) > 1:
             episode_starts = torch.zeros_like(episode_starts)
         return forward(self, x, state, episode_starts)
@@ -241,13 +287,19 @@ def test_a_replay_that_ignores_episode_starts_is_stopped(tmp_path, monkeypatch):
     monkeypatch.setattr(ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=3))
     for numpy_rollout in (True, False):  # the rollout's own step keeps resetting, whichever acts
         with pytest.raises(PolicyMismatch):
-            ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=512, numpy_rollout=numpy_rollout))
+            ppo_lstm.train(
+                quick_args(tmp_path, num_steps=64, total_timesteps=512, numpy_rollout=numpy_rollout)
+            )
 
 
-def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(tmp_path, monkeypatch):
+def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(
+    tmp_path, monkeypatch
+):
     numpy_policy_step = ppo_lstm.numpy_policy_step
 
-    def forgetful_copy(agent):  # passes the trial before acting (it starts no episode), then acts wrongly
+    def forgetful_copy(
+        agent,
+    ):  # passes the trial before acting (it starts no episode), then acts wrongly
         step = numpy_policy_step(agent)
         return lambda obs, state, starts, noise: step(obs, state, np.zeros_like(starts), noise)
 
@@ -255,14 +307,18 @@ def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(t
     monkeypatch.setattr(ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=2))
     with pytest.raises(PolicyMismatch, match="--no-numpy-rollout"):
         ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256))
-    result = ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256, numpy_rollout=False))
+    result = ppo_lstm.train(
+        quick_args(tmp_path, num_steps=64, total_timesteps=256, numpy_rollout=False)
+    )
     assert result.global_step == 256
 
 
 def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypatch, capsys):
     numpy_policy_step = ppo_lstm.numpy_policy_step
 
-    def wrong_critic_copy(agent):  # acts right; the critic core's half of the state it carries is not the cell's
+    def wrong_critic_copy(
+        agent,
+    ):  # acts right; the critic core's half of the state it carries is not the cell's
         step = numpy_policy_step(agent)
 
         def wrong_step(obs, state, starts, noise):
@@ -273,12 +329,16 @@ def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypa
         return wrong_step
 
     monkeypatch.setattr(ppo_lstm, "numpy_policy_step", wrong_critic_copy)
-    result = ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256, shared_core=False))
+    result = ppo_lstm.train(
+        quick_args(tmp_path, num_steps=64, total_timesteps=256, shared_core=False)
+    )
     assert result.global_step == 256
     assert "the rollout calls the torch policy at every step" in capsys.readouterr().err
 
 
-def test_an_edited_policy_acts_through_torch_and_is_scored_as_it_acts(tmp_path, monkeypatch, capsys):
+def test_an_edited_policy_acts_through_torch_and_is_scored_as_it_acts(
+    tmp_path, monkeypatch, capsys
+):
     distribution = ppo_lstm.Agent.distribution
 
     def sharper(self, actor_out):  # an edit the NumPy copy does not follow
@@ -295,10 +355,15 @@ def test_an_edited_policy_acts_through_torch_and_is_scored_as_it_acts(tmp_path, 
     assert result.global_step == 256
     assert "the rollout calls the torch policy at every step" in capsys.readouterr().err
     data = load_trajectories(path)
-    obs, states = (torch.as_tensor(data[key]).flatten(0, 1) for key in ("/observations", "/agents/policy/hidden_state"))
+    obs, states = (
+        torch.as_tensor(data[key]).flatten(0, 1)
+        for key in ("/observations", "/agents/policy/hidden_state")
+    )
     actions = torch.as_tensor(data["/actions"]).flatten(0, 1)
     with torch.no_grad():  # each step from the state it acted from
-        actor_out, _, _ = result.agent(obs[None].float(), states.transpose(0, 1), torch.zeros(1, len(obs), dtype=bool))
+        actor_out, _, _ = result.agent(
+            obs[None].float(), states.transpose(0, 1), torch.zeros(1, len(obs), dtype=bool)
+        )
     recorded = torch.as_tensor(data["/agents/policy/logprobs"]).flatten(0, 1)
     torch.testing.assert_close(
         recorded, result.agent.distribution(actor_out[0]).log_prob(actions), rtol=1e-4, atol=1e-4
@@ -316,7 +381,9 @@ def play_optimally(agent: ppo_lstm.Agent, env_id: str, seeds=range(8)):
         if env.t == 0:
             state, start = agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool)
         with torch.no_grad():
-            actor_out, value, state = agent(torch.as_tensor(observation[None, None], dtype=torch.float32), state, start)
+            actor_out, value, state = agent(
+                torch.as_tensor(observation[None, None], dtype=torch.float32), state, start
+            )
         start = torch.zeros(1, 1, dtype=torch.bool)
         yield env, value.item(), agent.distribution(actor_out[0])
 
@@ -334,11 +401,18 @@ def play_optimally(agent: ppo_lstm.Agent, env_id: str, seeds=range(8)):
     ],
 )
 def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probability):
-    args = quick_args(tmp_path, env_id=env_id, total_timesteps=steps, learning_rate=1e-3, ent_coef=0.0)
+    args = quick_args(
+        tmp_path, env_id=env_id, total_timesteps=steps, learning_rate=1e-3, ent_coef=0.0
+    )
     result = ppo_lstm.train(args)
     for env, value, policy in play_optimally(result.agent, env_id):
-        assert value == pytest.approx(env.optimal_value(args.gamma), abs=value_tolerance), (env.t, env.cue)
-        action_matters = env_id != "Probe7-v0" or env.t == env.horizon - 1  # Probe7: only the last action counts
+        assert value == pytest.approx(env.optimal_value(args.gamma), abs=value_tolerance), (
+            env.t,
+            env.cue,
+        )
+        action_matters = (
+            env_id != "Probe7-v0" or env.t == env.horizon - 1
+        )  # Probe7: only the last action counts
         if min_probability is not None and action_matters:
             assert policy.probs[0, env.optimal_action()].item() >= min_probability, (env.t, env.cue)
     if env_id == "Probe7-v0":  # memory: ppo_fc stays near 0.5 here (test_ppo_fc)
@@ -349,14 +423,20 @@ def test_the_defaults_learn_to_remember_within_a_small_budget(tmp_path):
     # Pins the defaults chosen on the memory suite (docs/ppo_lstm.md): with them the greedy policy plays the memory
     # probe perfectly after 10k steps on seeds 1-4. With the old ones (4 epochs of 4 minibatches, lr 2.5e-4) it still
     # guesses one of the two cues (greedy evaluation 0.44-0.60).
-    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    settings = dict(
+        run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False
+    )
     result = ppo_lstm.train(ppo_lstm.Args(env_id="Probe7-v0", total_timesteps=10_240, **settings))
     for env, _, policy in play_optimally(result.agent, "Probe7-v0"):
         if env.t == env.horizon - 1:
-            assert policy.probs[0, env.optimal_action()].item() > 0.5, env.cue  # the greedy action is the cue
+            assert policy.probs[0, env.optimal_action()].item() > 0.5, (
+                env.cue
+            )  # the greedy action is the cue
 
 
-def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(tmp_path, monkeypatch, capsys):
+def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(
+    tmp_path, monkeypatch, capsys
+):
     source = (REPO / "ppo_lstm.py").read_text()
     edits = {  # the edit a researcher makes: the cell's module, and a layer norm on its input
         'self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(encoder_size, rnn_hidden_size, layers)': (
@@ -371,17 +451,25 @@ def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(tmp_p
         source = source.replace(old, new)
     (tmp_path / "copy").mkdir()
     (tmp_path / "copy" / "ppo_lstm.py").write_text(source)
-    spec = importlib.util.spec_from_file_location("edited_ppo_lstm", tmp_path / "copy" / "ppo_lstm.py")
+    spec = importlib.util.spec_from_file_location(
+        "edited_ppo_lstm", tmp_path / "copy" / "ppo_lstm.py"
+    )
     copy = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, copy)  # dataclasses look their module up there
     spec.loader.exec_module(copy)
-    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=True)
+    settings = dict(
+        run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=True
+    )
     result = copy.train(copy.Args(env_id="Probe7-v0", total_timesteps=10_240, **settings))
     assert isinstance(result.agent.core.rnn, torch.nn.GRU) and result.agent.core.rnn.num_layers == 2
-    assert "notice" not in capsys.readouterr().err  # the NumPy copy follows the edit: layer norm, 2-layer GRU
+    assert (
+        "notice" not in capsys.readouterr().err
+    )  # the NumPy copy follows the edit: layer norm, 2-layer GRU
     for env, _, policy in play_optimally(result.agent, "Probe7-v0"):
         if env.t == env.horizon - 1:
-            assert policy.probs[0, env.optimal_action()].item() > 0.5, env.cue  # the greedy action is the cue
+            assert policy.probs[0, env.optimal_action()].item() > 0.5, (
+                env.cue
+            )  # the greedy action is the cue
     returns = copy.evaluate_checkpoint(
         copy.Args(eval_checkpoint=str(result.checkpoint), **settings | {"eval_episodes": 2})
     )
@@ -418,8 +506,18 @@ def test_continuous_probes(tmp_path, env_id, steps):
 def test_the_continuous_set_as_a_user_passes_it_plays_the_cued_action(tmp_path, env_id):
     # The issue's bar for the continuous set: a deterministic return of -0.01 or better at every cue, with the set's
     # flags alone on top of the defaults (rewards normalised, 4 envs), as the README's command runs them.
-    run = ["--env-id", env_id, "--total-timesteps", "24576", "--run-dir", str(tmp_path), "--no-progress"]
-    args = parse_args(ppo_lstm.Args, [*CONTINUOUS_FLAGS, *run, "--eval-episodes", "0", "--no-save-model"])
+    run = [
+        "--env-id",
+        env_id,
+        "--total-timesteps",
+        "24576",
+        "--run-dir",
+        str(tmp_path),
+        "--no-progress",
+    ]
+    args = parse_args(
+        ppo_lstm.Args, [*CONTINUOUS_FLAGS, *run, "--eval-episodes", "0", "--no-save-model"]
+    )
     agent = ppo_lstm.train(args).agent
     for env, _, policy in play_optimally(agent, env_id):
         deterministic_return = env._reward(np.clip(policy.mean[0].numpy(), -1, 1))
@@ -430,27 +528,43 @@ def test_the_continuous_set_as_a_user_passes_it_plays_the_cued_action(tmp_path, 
 
 
 @pytest.mark.parametrize("async_envs", [False, True])
-def test_resume_continues_the_cut_episodes_with_their_memory_as_an_uninterrupted_run(tmp_path, async_envs):
+def test_resume_continues_the_cut_episodes_with_their_memory_as_an_uninterrupted_run(
+    tmp_path, async_envs
+):
     # CartPole's episodes start at random and outlast 16-step rollouts: the checkpoint after iteration 2 cuts them.
-    settings = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=6 * 32)
-    settings.update(checkpoint_every=2, save_model=True, norm_obs=True, norm_reward=True, async_envs=async_envs)
+    settings = dict(
+        env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=6 * 32
+    )
+    settings.update(
+        checkpoint_every=2, save_model=True, norm_obs=True, norm_reward=True, async_envs=async_envs
+    )
     whole = ppo_lstm.train(quick_args(tmp_path / "whole", **settings))
     middle = whole.run_dir / "checkpoints" / "step_64.pt"
     carried = torch.load(middle, weights_only=True)["episodes"]
-    assert not carried["episode_starts"].any() and carried["rnn_state"].abs().amin(-1).gt(0).all()  # mid-episode
+    assert (
+        not carried["episode_starts"].any() and carried["rnn_state"].abs().amin(-1).gt(0).all()
+    )  # mid-episode
     copy = tmp_path / "copy" / whole.run_dir.name
-    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_128.pt", "step_192.pt", "latest.pt"))
+    shutil.copytree(
+        whole.run_dir,
+        copy,
+        ignore=shutil.ignore_patterns("step_128.pt", "step_192.pt", "latest.pt"),
+    )
     # TensorBoard reads a run's event files in name order, named by the second they were opened: a resume within
     # the second of the first run's start (only a test is that quick) could sort before it and escape its purge.
     time.sleep(1.1)
-    resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_64.pt"), progress=False))
+    resumed = ppo_lstm.train(
+        ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_64.pt"), progress=False)
+    )
     assert resumed.run_dir == copy and resumed.global_step == whole.global_step == 192
     for (name, expected), actual in zip(
         whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
     # Every episode that ended after the checkpoint, the cut ones whole (their returns began before it).
-    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 64]
+    ended_after = [
+        value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 64
+    ]
     assert resumed.episode_returns == ended_after
     logged = read_scalars(copy)["charts/learning_rate"]
     assert [step for step, _ in logged] == [32 * k for k in range(1, 7)]
@@ -458,16 +572,24 @@ def test_resume_continues_the_cut_episodes_with_their_memory_as_an_uninterrupted
 
 def test_envs_that_do_not_replay_start_new_episodes_on_resume(tmp_path, capsys):
     # The env draws from Python's global generator, not its np_random: the replay cannot reach the saved place.
-    settings = dict(env_id="GlobalRandom-v0", num_envs=2, num_steps=4, num_minibatches=2, total_timesteps=3 * 8)
+    settings = dict(
+        env_id="GlobalRandom-v0", num_envs=2, num_steps=4, num_minibatches=2, total_timesteps=3 * 8
+    )
     whole = ppo_lstm.train(quick_args(tmp_path, checkpoint_every=1, save_model=True, **settings))
-    resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(whole.run_dir / "checkpoints" / "step_8.pt"), progress=False))
+    resumed = ppo_lstm.train(
+        ppo_lstm.Args(resume=str(whole.run_dir / "checkpoints" / "step_8.pt"), progress=False)
+    )
     assert resumed.global_step == 24 and "cannot be brought back" in capsys.readouterr().err
 
 
 def test_checkpoints_of_the_other_ppo_script_are_refused(tmp_path):
-    fc_args = dict(run_dir=str(tmp_path / "fc"), progress=False, eval_episodes=0, env_id="Probe1-v0")
+    fc_args = dict(
+        run_dir=str(tmp_path / "fc"), progress=False, eval_episodes=0, env_id="Probe1-v0"
+    )
     fc_checkpoint = ppo_fc.train(ppo_fc.Args(total_timesteps=512, **fc_args)).checkpoint
-    lstm_checkpoint = ppo_lstm.train(quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True))
+    lstm_checkpoint = ppo_lstm.train(
+        quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True)
+    )
     for script, path, other in [
         ("ppo_lstm.py", fc_checkpoint, "ppo_fc"),
         ("ppo_fc.py", lstm_checkpoint.checkpoint, "ppo_lstm"),
@@ -476,21 +598,42 @@ def test_checkpoints_of_the_other_ppo_script_are_refused(tmp_path):
             completed = run_script(script, flag, str(path), "--run-dir", str(tmp_path / "refused"))
             assert completed.returncode == 2, completed.stderr
             lines = completed.stderr.strip().splitlines()
-            assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], completed.stderr
+            assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], (
+                completed.stderr
+            )
     assert not (tmp_path / "refused").exists()
 
 
-def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hidden_states(tmp_path, monkeypatch):
-    args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_model=True, eval_episodes=3)
+def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hidden_states(
+    tmp_path, monkeypatch
+):
+    args = quick_args(
+        tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_model=True, eval_episodes=3
+    )
     result = ppo_lstm.train(args)
     path = tmp_path / "eval.npz"
-    flags = ("--eval-checkpoint", str(result.checkpoint), "--eval-episodes", "3", "--run-dir", str(tmp_path))
+    flags = (
+        "--eval-checkpoint",
+        str(result.checkpoint),
+        "--eval-episodes",
+        "3",
+        "--run-dir",
+        str(tmp_path),
+    )
     completed = run_cli(*flags, "--save-trajectories", str(path))
     assert completed.returncode == 0, completed.stderr
-    assert f"return {np.mean(result.eval_returns):.2f} +- {np.std(result.eval_returns):.2f}" in completed.stdout
+    assert (
+        f"return {np.mean(result.eval_returns):.2f} +- {np.std(result.eval_returns):.2f}"
+        in completed.stdout
+    )
     data = load_trajectories(path)
     hidden = data["/agents/policy/hidden_state"]
-    assert hidden.shape == (1, data["/rewards"].shape[1], 1, 256)  # the shared core's (h, c) of 128 each
+    assert hidden.shape == (
+        1,
+        data["/rewards"].shape[1],
+        1,
+        256,
+    )  # the shared core's (h, c) of 128 each
     episode_starts = np.concatenate([[True], data["/masks"][0, :-1] == 0])
     assert not hidden[0, episode_starts].any() and hidden[0, ~episode_starts].any(axis=-1).all()
     # The evaluation file as a Minari dataset: each episode with its final observation and its hidden states.
@@ -501,22 +644,36 @@ def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hi
     assert len(dataset) == len(episodes) == 3 and all(episode.finished for episode in episodes)
     for episode, exported in zip(episodes, dataset.iterate_episodes(), strict=True):
         np.testing.assert_array_equal(exported.observations[:-1], episode.data["/observations"])
-        np.testing.assert_array_equal(exported.observations[-1], episode.data["/infos/final_obs"][-1])
+        np.testing.assert_array_equal(
+            exported.observations[-1], episode.data["/infos/final_obs"][-1]
+        )
         stored = exported.infos["agents"]["policy"]["hidden_state"]
         np.testing.assert_array_equal(stored[:-1], episode.data["/agents/policy/hidden_state"])
     for method in ("basic", "temperature", "topk"):
         returns = ppo_lstm.evaluate_checkpoint(
-            quick_args(tmp_path, eval_checkpoint=str(result.checkpoint), eval_episodes=2, sampling_method=method)
+            quick_args(
+                tmp_path,
+                eval_checkpoint=str(result.checkpoint),
+                eval_episodes=2,
+                sampling_method=method,
+            )
         )
         assert len(returns) == 2
 
 
 def test_training_trajectories_hold_the_hidden_state_each_action_came_from(tmp_path):
     path = tmp_path / "rollouts.npz"
-    args = quick_args(tmp_path, total_timesteps=1024, num_steps=128, save_trajectories=str(path), rnn_type="gru")
+    args = quick_args(
+        tmp_path, total_timesteps=1024, num_steps=128, save_trajectories=str(path), rnn_type="gru"
+    )
     result = ppo_lstm.train(args)
     data = load_trajectories(path)
-    assert data["/agents/policy/hidden_state"].shape == (4, 256, 1, 128)  # the shared core's GRU: 128
+    assert data["/agents/policy/hidden_state"].shape == (
+        4,
+        256,
+        1,
+        128,
+    )  # the shared core's GRU: 128
     assert data["/agents/policy/logprobs"].shape == (4, 256)
     assert json.loads(str(data["/meta/args"]))["rnn_type"] == "gru"
     finished = [episode for episode in split_episodes(data) if episode.finished]
@@ -533,24 +690,45 @@ def test_training_trajectories_hold_the_hidden_state_each_action_came_from(tmp_p
 
 def test_cli_run_writes_the_conventional_log_keys(tmp_path):
     completed = run_cli(
-        "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--run-dir", str(tmp_path), "--eval-episodes", "1"
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "1024",
+        "--run-dir",
+        str(tmp_path),
+        "--eval-episodes",
+        "1",
     )
     assert completed.returncode == 0, completed.stderr
     (run,) = tmp_path.iterdir()
     assert run.name.startswith("CartPole-v1__ppo_lstm__1__")
     assert completed.stdout.startswith(f"{run}: 1024 steps, ") and "eval return" in completed.stdout
     scalars = read_scalars(run)
-    expected = {"charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS"}
-    expected |= {f"losses/{key}" for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")}
+    expected = {
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/learning_rate",
+        "charts/SPS",
+    }
+    expected |= {
+        f"losses/{key}"
+        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")
+    }
     expected |= {"losses/clipfrac", "losses/explained_variance", "perf/rollout_seconds"}
     expected |= {"perf/update_seconds", "system/rss_mb", "eval/episodic_return"}
     assert expected <= set(scalars)
-    assert (run / "checkpoints" / "latest.pt").is_file() and (run / "checkpoints" / "step_1024.pt").is_file()
+    assert (run / "checkpoints" / "latest.pt").is_file() and (
+        run / "checkpoints" / "step_1024.pt"
+    ).is_file()
 
 
 def test_help():
     completed = run_cli("--help")
-    assert completed.returncode == 0 and "--rnn-type" in completed.stdout and "--bptt-len" in completed.stdout
+    assert (
+        completed.returncode == 0
+        and "--rnn-type" in completed.stdout
+        and "--bptt-len" in completed.stdout
+    )
 
 
 def test_track_with_wandb_offline_and_capture_video(tmp_path):
@@ -586,14 +764,18 @@ def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, messa
     completed = run_cli(*flags, "--run-dir", str(tmp_path / "runs"))
     assert completed.returncode == 2
     lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], completed.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+        completed.stderr
+    )
     assert not (tmp_path / "runs").exists()
 
 
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     if "NanReward-v0" not in gym.registry:
         gym.register("NanReward-v0", entry_point=NanRewardEnv)
-    args = quick_args(tmp_path, env_id="NanReward-v0", total_timesteps=4 * 512, num_envs=1, num_minibatches=1)
+    args = quick_args(
+        tmp_path, env_id="NanReward-v0", total_timesteps=4 * 512, num_envs=1, num_minibatches=1
+    )
     with pytest.raises(TrainingDiverged, match=r"NaN|nan"):
         ppo_lstm.train(ppo_lstm.Args(**{**vars(args), "checkpoint_every": 1}))
     (run,) = (tmp_path / "runs").iterdir()
@@ -603,18 +785,24 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def test_a_policy_whose_draws_sample_cannot_make_stops_the_run(tmp_path, monkeypatch):
-    def laplace(self, actor_out):  # a Gaussian mean and std, as another family that Agent.sample does not draw from
+    def laplace(
+        self, actor_out
+    ):  # a Gaussian mean and std, as another family that Agent.sample does not draw from
         return torch.distributions.Laplace(actor_out, self.actor_logstd.expand_as(actor_out).exp())
 
     monkeypatch.setattr(ppo_lstm.Agent, "distribution", laplace)
     with pytest.raises(PolicyMismatch, match="cannot draw from a Laplace"):
-        ppo_lstm.train(quick_args(tmp_path, env_id="ContinuousProbe1-v0", num_steps=64, total_timesteps=256))
+        ppo_lstm.train(
+            quick_args(tmp_path, env_id="ContinuousProbe1-v0", num_steps=64, total_timesteps=256)
+        )
 
 
 # --- images and Atari ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"])  # channels first, channels last
+@pytest.mark.parametrize(
+    "env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"]
+)  # channels first, channels last
 def test_the_image_memory_probe_is_remembered_through_the_cnn(tmp_path, env_id):
     result = ppo_lstm.train(quick_args(tmp_path, env_id=env_id, total_timesteps=10_240))
     assert isinstance(result.agent.core.encoder, ppo_lstm.NatureCNN)
@@ -626,19 +814,31 @@ def test_the_image_memory_probe_is_remembered_through_the_cnn(tmp_path, env_id):
 
 def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
     # The right action is the lit half XOR the Discrete part: neither part alone earns anything.
-    agent = ppo_lstm.train(quick_args(tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=10_240)).agent
-    assert isinstance(agent.core.encoder, ppo_lstm.NatureCNN) and agent.core.encoder.linear[0].in_features == 64 + 2
+    agent = ppo_lstm.train(
+        quick_args(tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=10_240)
+    ).agent
+    assert (
+        isinstance(agent.core.encoder, ppo_lstm.NatureCNN)
+        and agent.core.encoder.linear[0].in_features == 64 + 2
+    )
     assert agent.obs_norm.mean.shape == (2,)  # --norm-obs: the vector part only
-    env, seen = ppo_lstm.make_env("ImageVectorBandit-v0")(), set()  # the script's stack: an image and a vector
+    env, seen = (
+        ppo_lstm.make_env("ImageVectorBandit-v0")(),
+        set(),
+    )  # the script's stack: an image and a vector
     for seed in range(16):
         observation, _ = env.reset(seed=seed)
         probe = env.unwrapped
         seen.add((probe.cue, probe.flip))
         x = observation_map(lambda part: part[None, None], observation_tensor(observation))
         with torch.no_grad():
-            actor_out, value, _ = agent(x, agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool))
+            actor_out, value, _ = agent(
+                x, agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool)
+            )
         assert value.item() == pytest.approx(1.0, abs=0.1), seen
-        assert agent.distribution(actor_out[0]).probs[0, probe.optimal_action()].item() >= 0.95, seen
+        assert agent.distribution(actor_out[0]).probs[0, probe.optimal_action()].item() >= 0.95, (
+            seen
+        )
     assert len(seen) == 4
 
 
@@ -646,19 +846,35 @@ def test_an_atari_run_resumes_mid_game_as_an_uninterrupted_run(tmp_path, capsys)
     pytest.importorskip("ale_py")
     # ALE/Breakout-v5 has sticky actions, drawn by the emulator's own generator. By the checkpoint a game has ended
     # (the next began from the emulator's state, unseeded), and the games it cuts have lost lives.
-    settings = dict(env_id="ALE/Breakout-v5", num_envs=2, num_steps=128, num_minibatches=2, total_timesteps=3 * 256)
-    whole = ppo_lstm.train(quick_args(tmp_path / "whole", **settings, checkpoint_every=2, save_model=True))
-    records = torch.load(whole.run_dir / "checkpoints" / "step_512.pt", weights_only=True)["episodes"]["envs"]
+    settings = dict(
+        env_id="ALE/Breakout-v5",
+        num_envs=2,
+        num_steps=128,
+        num_minibatches=2,
+        total_timesteps=3 * 256,
+    )
+    whole = ppo_lstm.train(
+        quick_args(tmp_path / "whole", **settings, checkpoint_every=2, save_model=True)
+    )
+    records = torch.load(whole.run_dir / "checkpoints" / "step_512.pt", weights_only=True)[
+        "episodes"
+    ]["envs"]
     assert any(record["start"]["seed"] is None for record in records)
     assert any(len(record["resets"]) for record in records)
     copy = tmp_path / "copy" / whole.run_dir.name
     shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_768.pt", "latest.pt"))
-    time.sleep(1.1)  # as in the CartPole resume test: event files sort by the second they were opened
-    resumed = ppo_lstm.train(ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_512.pt"), progress=False))
+    time.sleep(
+        1.1
+    )  # as in the CartPole resume test: event files sort by the second they were opened
+    resumed = ppo_lstm.train(
+        ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_512.pt"), progress=False)
+    )
     assert "new episodes" not in capsys.readouterr().err
     for (name, expected), actual in zip(
         whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
-    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 512]
+    ended_after = [
+        value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 512
+    ]
     assert resumed.episode_returns == ended_after

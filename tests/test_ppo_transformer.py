@@ -10,7 +10,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import NanRewardEnv, NoiseEnv, on_policy_value, read_scalars, reference_gae, run_script, sharp_agent
+from helpers import (
+    NanRewardEnv,
+    NoiseEnv,
+    on_policy_value,
+    read_scalars,
+    reference_gae,
+    run_script,
+    sharp_agent,
+)
 
 import ppo_lstm
 import ppo_transformer
@@ -19,18 +27,24 @@ from common.errors import PolicyMismatch, TrainingDiverged, UsageError
 from common.trajectories import load_trajectories, split_episodes
 
 
-def run_cli(*flags: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli(
+    *flags: str, env: dict | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess:
     return run_script("ppo_transformer.py", *flags, env=env, timeout=timeout)
 
 
 def quick_args(tmp_path, **overrides) -> ppo_transformer.Args:
     """The defaults, with raw rewards (the probes' values are in reward units) and 4 envs."""
-    settings = dict(run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False)
+    settings = dict(
+        run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False
+    )
     settings |= dict(num_envs=4, norm_reward=False)
     return ppo_transformer.Args(**{**settings, **overrides})
 
 
-def sharp_transformer(seed: int = 0, observation_size: int = 4, **settings) -> ppo_transformer.Agent:
+def sharp_transformer(
+    seed: int = 0, observation_size: int = 4, **settings
+) -> ppo_transformer.Agent:
     """An agent whose weights are far from their initial values, so that every attended step matters to its outputs;
     3 actions."""
     args = ppo_transformer.Args(**settings)
@@ -47,7 +61,9 @@ def sequence_pass(agent, obs, starts):
     first = torch.where(starts, index, torch.zeros_like(index)).cummax(1).values
     positions = index - first
     with torch.no_grad():
-        actor_out, value, _ = agent(obs, positions, ppo_transformer.window_mask(episodes, agent.config.context_len))
+        actor_out, value, _ = agent(
+            obs, positions, ppo_transformer.window_mask(episodes, agent.config.context_len)
+        )
     return actor_out, value, positions
 
 
@@ -61,7 +77,9 @@ def test_gae_equals_the_reference_loop(seed):
     next_value, final_values = rng.normal(size=3), rng.normal(size=(13, 3))
     terminations, truncations = rng.random((2, 13, 3)) < 0.2
     args = (rewards, values, next_value, terminations, truncations, final_values, 0.97, 0.9)
-    np.testing.assert_allclose(ppo_transformer.compute_gae(*args), reference_gae(*args), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        ppo_transformer.compute_gae(*args), reference_gae(*args), rtol=1e-10, atol=1e-10
+    )
 
 
 def test_a_step_sees_its_episode_back_to_the_receptive_field_and_nothing_else():
@@ -76,18 +94,25 @@ def test_a_step_sees_its_episode_back_to_the_receptive_field_and_nothing_else():
         edited = obs.clone()
         edited[0, step] += 3.0
         edited_out, edited_value, _ = sequence_pass(agent, edited, starts)
-        return max((edited_out[0, 18] - actor_out[0, 18]).abs().max().item(), abs(edited_value[0, 18] - value[0, 18]))
+        return max(
+            (edited_out[0, 18] - actor_out[0, 18]).abs().max().item(),
+            abs(edited_value[0, 18] - value[0, 18]),
+        )
 
     for step in (13, 15):  # the previous episode, within the window and the receptive field
         assert changed_at(step, episode_start=16) == 0.0
     assert changed_at(16, episode_start=16) > 1e-3
     assert changed_at(11, episode_start=0) == 0.0  # 7 steps back: beyond L(K-1)
-    assert changed_at(12, episode_start=0) > 1e-3  # 6 steps back: the receptive field's edge, through both layers
+    assert (
+        changed_at(12, episode_start=0) > 1e-3
+    )  # 6 steps back: the receptive field's edge, through both layers
     for step in (15, 16, 17, 18):  # within the last K - 1 steps, and the step itself
         assert changed_at(step, episode_start=0) > 1e-3
 
 
-@pytest.mark.parametrize(("n_layers", "context_len"), [(2, 5), (1, 1)])  # K = 1: no step before is attended to
+@pytest.mark.parametrize(
+    ("n_layers", "context_len"), [(2, 5), (1, 1)]
+)  # K = 1: no step before is attended to
 def test_the_context_steps_give_the_pass_along_the_sequence_across_episode_starts_and_a_carried_prefix(
     n_layers, context_len
 ):
@@ -108,7 +133,9 @@ def test_the_context_steps_give_the_pass_along_the_sequence_across_episode_start
             if t == rebuilt_at:
                 window = slice(t - prefix, t)
                 current = (episodes[:, window] == episodes[:, t - 1 : t]) & ~starts[:, t : t + 1]
-                context = ppo_transformer.Context.after(agent, obs[:, window], positions[:, window], current)
+                context = ppo_transformer.Context.after(
+                    agent, obs[:, window], positions[:, window], current
+                )
             step_out, step_value = context.step(obs[:, t], positions[:, t], starts[:, t])
             torch.testing.assert_close(step_out, actor_out[:, t], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(step_value, value[:, t], rtol=1e-5, atol=1e-5)
@@ -124,7 +151,9 @@ def test_without_an_episode_start_the_context_would_see_the_previous_episode():
             context.step(obs[:, t], torch.tensor([t]), torch.tensor([t == 0]))
         started, _ = context.step(obs[:, 5], torch.tensor([0]), torch.tensor([True]), keep=False)
         ignored, _ = context.step(obs[:, 5], torch.tensor([0]), torch.tensor([False]), keep=False)
-        fresh, _ = ppo_transformer.Context.empty(agent, 1).step(obs[:, 5], torch.tensor([0]), torch.tensor([True]))
+        fresh, _ = ppo_transformer.Context.empty(agent, 1).step(
+            obs[:, 5], torch.tensor([0]), torch.tensor([True])
+        )
     torch.testing.assert_close(started, fresh, rtol=0, atol=0)
     assert (ignored - fresh).abs().max() > 1e-3
 
@@ -140,11 +169,17 @@ def test_the_previous_action_and_reward_are_appended_and_zero_at_an_episode_star
     assert obs.shape == (3 + 1 + 1,) and not obs[3:].any()
     obs, reward, *_ = continuous.step(np.array([0.5], np.float32))
     np.testing.assert_allclose(obs[3:], [0.5, reward], rtol=1e-6)
-    assert ppo_transformer.make_env("Pendulum-v1", prev_action_reward=False)().observation_space.shape == (3,)
+    assert ppo_transformer.make_env(
+        "Pendulum-v1", prev_action_reward=False
+    )().observation_space.shape == (3,)
 
 
-def test_only_the_envs_observation_is_normalised_the_previous_action_as_it_is_and_the_reward_scaled(tmp_path):
-    agent = ppo_transformer.build_agent(quick_args(tmp_path, env_id="CartPole-v1"), None, torch.device("cpu"))
+def test_only_the_envs_observation_is_normalised_the_previous_action_as_it_is_and_the_reward_scaled(
+    tmp_path,
+):
+    agent = ppo_transformer.build_agent(
+        quick_args(tmp_path, env_id="CartPole-v1"), None, torch.device("cpu")
+    )
     rng = np.random.default_rng(0)
     states = rng.normal(3.0, 2.0, (1000, 4))
     actions = np.eye(2)[(rng.random(1000) < 0.02).astype(int)]  # action 1 taken 2% of the time
@@ -157,7 +192,9 @@ def test_only_the_envs_observation_is_normalised_the_previous_action_as_it_is_an
     np.testing.assert_allclose(
         normalised[:4], (3.0 - stats.mean[:4]) / (stats.var[:4] + stats.epsilon).sqrt(), atol=1e-6
     )
-    np.testing.assert_allclose(normalised[4:6], [0.0, 1.0])  # normalised, it would be about 7 (1 / sqrt(0.02))
+    np.testing.assert_allclose(
+        normalised[4:6], [0.0, 1.0]
+    )  # normalised, it would be about 7 (1 / sqrt(0.02))
     np.testing.assert_allclose(normalised[6], 1.5 / np.sqrt(np.mean(rewards**2)), rtol=1e-4)
 
 
@@ -165,8 +202,12 @@ def test_every_answer_is_given_on_repeat_previous_easy(tmp_path):
     # The smallest task known to show the 75% plateau (docs/ppo_transformer.md): with the previous action normalised
     # like the observation, one of the four answers was never given and evaluation stayed at 0.50 (seeds 1 and 2,
     # 300k and 600k steps). A 4-symbol repeat-back probe of 16 steps did not show it.
-    run = dict(run_dir=str(tmp_path / "runs"), progress=False, save_model=False)  # the defaults otherwise
-    args = ppo_transformer.Args(env_id="popgym-RepeatPreviousEasy-v0", total_timesteps=300_000, eval_episodes=10, **run)
+    run = dict(
+        run_dir=str(tmp_path / "runs"), progress=False, save_model=False
+    )  # the defaults otherwise
+    args = ppo_transformer.Args(
+        env_id="popgym-RepeatPreviousEasy-v0", total_timesteps=300_000, eval_episodes=10, **run
+    )
     result = ppo_transformer.train(args)
     assert np.mean(result.eval_returns) > 0.9
 
@@ -180,7 +221,9 @@ def test_an_action_space_the_script_cannot_take_is_refused_as_such_with_the_wrap
     if "TupleAction-v0" not in gym.registry:
         gym.register("TupleAction-v0", entry_point=TupleActionEnv)
     with pytest.raises(UsageError, match="has a Tuple action space; use Discrete or Box"):
-        ppo_transformer.build_agent(quick_args(tmp_path, env_id="TupleAction-v0"), None, torch.device("cpu"))
+        ppo_transformer.build_agent(
+            quick_args(tmp_path, env_id="TupleAction-v0"), None, torch.device("cpu")
+        )
 
 
 # --- the rollout against the update --------------------------------------------------------------------------------
@@ -195,7 +238,9 @@ def test_the_update_recomputes_the_rollouts_log_probs_and_values(tmp_path, monke
         comparisons.append((why, replayed, recorded, positions))
 
     monkeypatch.setattr(ppo_transformer, "check_outputs", recording_check)
-    args = quick_args(tmp_path, env_id=env_id, num_steps=16, num_minibatches=2, total_timesteps=12 * 64)
+    args = quick_args(
+        tmp_path, env_id=env_id, num_steps=16, num_minibatches=2, total_timesteps=12 * 64
+    )
     agent = ppo_transformer.train(args).agent
     updates = [c for c in comparisons if c[0].startswith("before any gradient step")]
     assert len(updates) == 12 and len(comparisons) == 24
@@ -206,25 +251,35 @@ def test_the_update_recomputes_the_rollouts_log_probs_and_values(tmp_path, monke
             logprobs = torch.log_softmax(actor_out.detach(), -1)
             assert (logprobs - torch.log_softmax(acted_out, -1)).abs().max() < 1e-5
         else:
-            assert (actor_out.detach() - acted_out).abs().max() < 1e-5  # the mean; the std is a parameter
+            assert (
+                actor_out.detach() - acted_out
+            ).abs().max() < 1e-5  # the mean; the std is a parameter
         starts_inside += int((positions[:, 1:] == 0).sum())
         continued_across += int((positions[:, 0] > 0).sum())
     assert starts_inside > 0 and (continued_across > 0 or env_id != "CartPole-v1")
 
 
-def test_a_context_that_keeps_the_previous_episode_is_stopped_after_the_rollout(tmp_path, monkeypatch):
+def test_a_context_that_keeps_the_previous_episode_is_stopped_after_the_rollout(
+    tmp_path, monkeypatch
+):
     original = ppo_transformer.Context.step
 
-    def forgetful(self, obs, positions, starts, envs=None, keep=True):  # an edit that ignores episode starts
+    def forgetful(
+        self, obs, positions, starts, envs=None, keep=True
+    ):  # an edit that ignores episode starts
         return original(self, obs, positions, torch.zeros_like(starts), envs, keep)
 
     monkeypatch.setattr(ppo_transformer.Context, "step", forgetful)
-    args = quick_args(tmp_path, env_id="CartPole-v1", num_steps=64, num_minibatches=2, total_timesteps=512)
+    args = quick_args(
+        tmp_path, env_id="CartPole-v1", num_steps=64, num_minibatches=2, total_timesteps=512
+    )
     with pytest.raises(PolicyMismatch, match="key/value context"):
         ppo_transformer.train(args)
 
 
-def test_an_update_pass_that_depends_on_the_batch_is_stopped_before_the_first_gradient_step(tmp_path, monkeypatch):
+def test_an_update_pass_that_depends_on_the_batch_is_stopped_before_the_first_gradient_step(
+    tmp_path, monkeypatch
+):
     original = ppo_transformer.Agent.forward
 
     def batch_dependent(self, obs, positions, mask, cached=None):  # as batch norm would
@@ -232,8 +287,12 @@ def test_an_update_pass_that_depends_on_the_batch_is_stopped_before_the_first_gr
         return actor_out + 0.01 * obs.shape[0], value, keys_values
 
     monkeypatch.setattr(ppo_transformer.Agent, "forward", batch_dependent)
-    args = quick_args(tmp_path, env_id="CartPole-v1", num_steps=32, num_minibatches=2, total_timesteps=256)
-    with pytest.raises(PolicyMismatch, match="before any gradient step"):  # the rollout and its pass: both 4 envs
+    args = quick_args(
+        tmp_path, env_id="CartPole-v1", num_steps=32, num_minibatches=2, total_timesteps=256
+    )
+    with pytest.raises(
+        PolicyMismatch, match="before any gradient step"
+    ):  # the rollout and its pass: both 4 envs
         ppo_transformer.train(args)
 
 
@@ -250,8 +309,12 @@ def play_optimally(agent: ppo_transformer.Agent, args: ppo_transformer.Args, see
         context, position, terminated = ppo_transformer.Context.empty(agent, 1), 0, False
         while not terminated:
             with torch.no_grad():
-                obs = observation_map(lambda part: torch.as_tensor(part[None]), observation)  # images stay uint8
-                actor_out, value = context.step(obs, torch.tensor([position]), torch.tensor([position == 0]))
+                obs = observation_map(
+                    lambda part: torch.as_tensor(part[None]), observation
+                )  # images stay uint8
+                actor_out, value = context.step(
+                    obs, torch.tensor([position]), torch.tensor([position == 0])
+                )
             yield probe, value.item(), agent.distribution(actor_out)
             observation, _, terminated, _, _ = env.step(probe.optimal_action())
             position += 1
@@ -273,8 +336,13 @@ def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probabili
     args = quick_args(tmp_path, env_id=env_id, total_timesteps=steps)
     result = ppo_transformer.train(args)
     for env, value, policy in play_optimally(result.agent, args):
-        assert value == pytest.approx(env.optimal_value(args.gamma), abs=value_tolerance), (env.t, env.cue)
-        action_matters = env_id != "Probe7-v0" or env.t == env.horizon - 1  # Probe7: only the last action counts
+        assert value == pytest.approx(env.optimal_value(args.gamma), abs=value_tolerance), (
+            env.t,
+            env.cue,
+        )
+        action_matters = (
+            env_id != "Probe7-v0" or env.t == env.horizon - 1
+        )  # Probe7: only the last action counts
         if min_probability is not None and action_matters:
             assert policy.probs[0, env.optimal_action()].item() >= min_probability, (env.t, env.cue)
     if env_id == "Probe7-v0":  # memory: ppo_fc stays near 0.5 here (test_ppo_fc)
@@ -310,7 +378,9 @@ def test_continuous_probes(tmp_path, env_id, steps):
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), (env.t, env.cue)
 
 
-@pytest.mark.parametrize("env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"])  # channels first, channels last
+@pytest.mark.parametrize(
+    "env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"]
+)  # channels first, channels last
 def test_the_image_memory_probe_is_remembered_through_the_cnn(tmp_path, env_id):
     args = quick_args(tmp_path, env_id=env_id, total_timesteps=10_240)
     result = ppo_transformer.train(args)
@@ -328,7 +398,9 @@ def test_a_dict_of_an_image_and_a_vector_feeds_both_to_the_token(tmp_path):
     # The right action is the lit half XOR the Discrete part: neither part alone earns anything.
     args = quick_args(tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=20_480)
     result = ppo_transformer.train(args)
-    assert result.agent.embed.in_features == 512 + 2 + 3  # the one-hot flip, then the previous action and reward
+    assert (
+        result.agent.embed.in_features == 512 + 2 + 3
+    )  # the one-hot flip, then the previous action and reward
     for env, value, policy in play_optimally(result.agent, args):
         assert value == pytest.approx(1.0, abs=0.1), (env.cue, env.flip)
         assert policy.probs[0, env.optimal_action()].item() >= 0.9, (env.cue, env.flip)
@@ -337,10 +409,14 @@ def test_a_dict_of_an_image_and_a_vector_feeds_both_to_the_token(tmp_path):
 def test_image_runs_of_every_encoder_and_context_build_the_token_from_the_right_parts(tmp_path):
     # A context of one step (nothing carried), and --encoder mlp: the pixels flattened before the previous action and
     # reward, normalised with them.
-    result = ppo_transformer.train(quick_args(tmp_path, env_id="ImageMemory-v0", total_timesteps=512, context_len=1))
+    result = ppo_transformer.train(
+        quick_args(tmp_path, env_id="ImageMemory-v0", total_timesteps=512, context_len=1)
+    )
     assert result.global_step == 512
     space = ppo_transformer.env_maker(quick_args(tmp_path))("ImageMemory-v0")().observation_space
-    agent = ppo_transformer.Agent(space, gym.spaces.Discrete(2), quick_args(tmp_path, encoder="mlp"))
+    agent = ppo_transformer.Agent(
+        space, gym.spaces.Discrete(2), quick_args(tmp_path, encoder="mlp")
+    )
     assert agent.image_encoder is None and agent.obs_norm.mean.shape == (36 * 36 + 3,)
     assert agent.embed.in_features == 36 * 36 + 3
 
@@ -348,7 +424,9 @@ def test_image_runs_of_every_encoder_and_context_build_the_token_from_the_right_
 def test_a_uint8_vector_observation_reaches_the_network_as_floats(tmp_path):
     # Without the previous action and reward the env's own uint8 vector reaches the network, in the rollout, the
     # bootstrap and evaluation alike.
-    gym.register("UInt8Grid-test-v0", entry_point=lambda: NoiseEnv((7, 7, 3)))  # not an image: a grid
+    gym.register(
+        "UInt8Grid-test-v0", entry_point=lambda: NoiseEnv((7, 7, 3))
+    )  # not an image: a grid
     for norm_obs in (False, True):
         args = quick_args(
             tmp_path, env_id="UInt8Grid-test-v0", total_timesteps=512, prev_action_reward=False, norm_obs=norm_obs,
@@ -364,16 +442,28 @@ def test_a_uint8_vector_observation_reaches_the_network_as_floats(tmp_path):
 
 
 @pytest.mark.parametrize("async_envs", [False, True])
-def test_resume_continues_the_cut_episodes_with_their_context_as_an_uninterrupted_run(tmp_path, async_envs):
+def test_resume_continues_the_cut_episodes_with_their_context_as_an_uninterrupted_run(
+    tmp_path, async_envs
+):
     # CartPole's episodes start at random and outlast 16-step rollouts: the checkpoint after iteration 2 cuts them.
-    settings = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=6 * 32)
-    settings.update(checkpoint_every=2, save_model=True, norm_obs=True, norm_reward=True, async_envs=async_envs)
+    settings = dict(
+        env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2, total_timesteps=6 * 32
+    )
+    settings.update(
+        checkpoint_every=2, save_model=True, norm_obs=True, norm_reward=True, async_envs=async_envs
+    )
     whole = ppo_transformer.train(quick_args(tmp_path / "whole", **settings))
     middle = whole.run_dir / "checkpoints" / "step_64.pt"
     carried = torch.load(middle, weights_only=True)["episodes"]
-    assert not carried["episode_starts"].any() and carried["context_valid"][:, -1].all()  # mid-episode
+    assert (
+        not carried["episode_starts"].any() and carried["context_valid"][:, -1].all()
+    )  # mid-episode
     copy = tmp_path / "copy" / whole.run_dir.name
-    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_128.pt", "step_192.pt", "latest.pt"))
+    shutil.copytree(
+        whole.run_dir,
+        copy,
+        ignore=shutil.ignore_patterns("step_128.pt", "step_192.pt", "latest.pt"),
+    )
     time.sleep(1.1)  # event files are named by the second (see test_ppo_lstm)
     resumed = ppo_transformer.train(
         ppo_transformer.Args(resume=str(copy / "checkpoints" / "step_64.pt"), progress=False)
@@ -383,19 +473,31 @@ def test_resume_continues_the_cut_episodes_with_their_context_as_an_uninterrupte
         whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
-    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 64]
+    ended_after = [
+        value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 64
+    ]
     assert resumed.episode_returns == ended_after
 
 
 def test_an_image_run_resumes_mid_episode_with_its_uint8_context_as_an_uninterrupted_run(tmp_path):
     # ImageMemory's episodes are 4 steps: rollouts of 5 cut them. The carried context holds frames and vectors.
-    settings = dict(env_id="ImageMemory-v0", num_envs=2, num_steps=5, num_minibatches=2, total_timesteps=6 * 10)
-    whole = ppo_transformer.train(quick_args(tmp_path / "whole", **settings, checkpoint_every=2, save_model=True))
-    carried = torch.load(whole.run_dir / "checkpoints" / "step_20.pt", weights_only=True)["episodes"]
-    assert carried["context_obs"]["image"].dtype == torch.uint8 and not carried["episode_starts"].all()
+    settings = dict(
+        env_id="ImageMemory-v0", num_envs=2, num_steps=5, num_minibatches=2, total_timesteps=6 * 10
+    )
+    whole = ppo_transformer.train(
+        quick_args(tmp_path / "whole", **settings, checkpoint_every=2, save_model=True)
+    )
+    carried = torch.load(whole.run_dir / "checkpoints" / "step_20.pt", weights_only=True)[
+        "episodes"
+    ]
+    assert (
+        carried["context_obs"]["image"].dtype == torch.uint8 and not carried["episode_starts"].all()
+    )
     assert carried["observations"]["image"].dtype == torch.uint8
     copy = tmp_path / "copy" / whole.run_dir.name
-    shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_40.pt", "step_60.pt", "latest.pt"))
+    shutil.copytree(
+        whole.run_dir, copy, ignore=shutil.ignore_patterns("step_40.pt", "step_60.pt", "latest.pt")
+    )
     time.sleep(1.1)  # event files are named by the second (see test_ppo_lstm)
     resumed = ppo_transformer.train(
         ppo_transformer.Args(resume=str(copy / "checkpoints" / "step_20.pt"), progress=False)
@@ -404,27 +506,45 @@ def test_an_image_run_resumes_mid_episode_with_its_uint8_context_as_an_uninterru
         whole.agent.state_dict().items(), resumed.agent.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=name)
-    ended_after = [value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 20]
+    ended_after = [
+        value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 20
+    ]
     assert resumed.episode_returns == ended_after
 
 
 def test_an_image_checkpoint_evaluates_in_a_fresh_process(tmp_path):
     # The frames and the previous action and reward reach the rebuilt agent as in training; TensorBoard's reader sees
     # the returns the command line prints.
-    args = quick_args(tmp_path, env_id="ImageMemory-v0", total_timesteps=2048, save_model=True, eval_episodes=4)
+    args = quick_args(
+        tmp_path, env_id="ImageMemory-v0", total_timesteps=2048, save_model=True, eval_episodes=4
+    )
     result = ppo_transformer.train(args)
-    flags = ("--eval-checkpoint", str(result.checkpoint), "--eval-episodes", "4", "--run-dir", str(tmp_path / "eval"))
+    flags = (
+        "--eval-checkpoint",
+        str(result.checkpoint),
+        "--eval-episodes",
+        "4",
+        "--run-dir",
+        str(tmp_path / "eval"),
+    )
     completed = run_cli(*flags, "--sampling-method", "greedy")
     assert completed.returncode == 0, completed.stderr
     (eval_run,) = (tmp_path / "eval").iterdir()
     returns = [value for _, value in read_scalars(eval_run)["eval/episodic_return"]]
-    assert len(returns) == 4 and f"return {np.mean(returns):.2f} +- {np.std(returns):.2f}" in completed.stdout
+    assert (
+        len(returns) == 4
+        and f"return {np.mean(returns):.2f} +- {np.std(returns):.2f}" in completed.stdout
+    )
 
 
 def test_checkpoints_of_another_script_are_refused(tmp_path):
-    lstm_args = dict(run_dir=str(tmp_path / "lstm"), progress=False, eval_episodes=0, env_id="Probe1-v0")
+    lstm_args = dict(
+        run_dir=str(tmp_path / "lstm"), progress=False, eval_episodes=0, env_id="Probe1-v0"
+    )
     lstm_checkpoint = ppo_lstm.train(ppo_lstm.Args(total_timesteps=1024, **lstm_args)).checkpoint
-    own = ppo_transformer.train(quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True))
+    own = ppo_transformer.train(
+        quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True)
+    )
     for script, path, other in [
         ("ppo_transformer.py", lstm_checkpoint, "ppo_lstm"),
         ("ppo_lstm.py", own.checkpoint, "ppo_transformer"),
@@ -433,25 +553,46 @@ def test_checkpoints_of_another_script_are_refused(tmp_path):
             completed = run_script(script, flag, str(path), "--run-dir", str(tmp_path / "refused"))
             assert completed.returncode == 2, completed.stderr
             lines = completed.stderr.strip().splitlines()
-            assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], completed.stderr
+            assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], (
+                completed.stderr
+            )
     assert not (tmp_path / "refused").exists()
 
 
 def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_positions(tmp_path):
-    args = quick_args(tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_model=True, eval_episodes=3)
+    args = quick_args(
+        tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_model=True, eval_episodes=3
+    )
     result = ppo_transformer.train(args)
     path = tmp_path / "eval.npz"
-    flags = ("--eval-checkpoint", str(result.checkpoint), "--eval-episodes", "3", "--run-dir", str(tmp_path))
+    flags = (
+        "--eval-checkpoint",
+        str(result.checkpoint),
+        "--eval-episodes",
+        "3",
+        "--run-dir",
+        str(tmp_path),
+    )
     completed = run_cli(*flags, "--save-trajectories", str(path))
     assert completed.returncode == 0, completed.stderr
-    assert f"return {np.mean(result.eval_returns):.2f} +- {np.std(result.eval_returns):.2f}" in completed.stdout
+    assert (
+        f"return {np.mean(result.eval_returns):.2f} +- {np.std(result.eval_returns):.2f}"
+        in completed.stdout
+    )
     data = load_trajectories(path)
     episode_starts = np.concatenate([[True], data["/masks"][0, :-1] == 0])
     position = data["/agents/policy/position"][0]
-    assert (position[episode_starts] == 0).all() and (np.diff(position)[~episode_starts[1:]] == 1).all()
+    assert (position[episode_starts] == 0).all() and (
+        np.diff(position)[~episode_starts[1:]] == 1
+    ).all()
     for method in ("basic", "temperature", "topk"):
         returns = ppo_transformer.evaluate_checkpoint(
-            quick_args(tmp_path, eval_checkpoint=str(result.checkpoint), eval_episodes=2, sampling_method=method)
+            quick_args(
+                tmp_path,
+                eval_checkpoint=str(result.checkpoint),
+                eval_episodes=2,
+                sampling_method=method,
+            )
         )
         assert len(returns) == 2
 
@@ -461,8 +602,14 @@ def test_training_trajectories_hold_what_reproduces_each_action(tmp_path):
     args = quick_args(tmp_path, total_timesteps=1024, num_steps=128, save_trajectories=str(path))
     result = ppo_transformer.train(args)
     data = load_trajectories(path)
-    assert data["/agents/policy/logprobs"].shape == data["/agents/policy/position"].shape == (4, 256)
-    assert data["/observations"].shape == (4, 256, 4 + 2 + 1)  # CartPole's, the previous action and reward
+    assert (
+        data["/agents/policy/logprobs"].shape == data["/agents/policy/position"].shape == (4, 256)
+    )
+    assert data["/observations"].shape == (
+        4,
+        256,
+        4 + 2 + 1,
+    )  # CartPole's, the previous action and reward
     assert json.loads(str(data["/meta/args"]))["context_len"] == args.context_len
     finished = [episode for episode in split_episodes(data) if episode.finished]
     assert sorted(episode.total_reward for episode in finished) == sorted(result.episode_returns)
@@ -476,25 +623,44 @@ def test_training_trajectories_hold_what_reproduces_each_action(tmp_path):
 
 def test_cli_run_writes_the_conventional_log_keys(tmp_path):
     completed = run_cli(
-        "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--run-dir", str(tmp_path), "--eval-episodes", "1"
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "1024",
+        "--run-dir",
+        str(tmp_path),
+        "--eval-episodes",
+        "1",
     )
     assert completed.returncode == 0, completed.stderr
     (run,) = tmp_path.iterdir()
     assert run.name.startswith("CartPole-v1__ppo_transformer__1__")
     assert completed.stdout.startswith(f"{run}: 1024 steps, ") and "eval return" in completed.stdout
     scalars = read_scalars(run)
-    expected = {"charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS"}
-    expected |= {f"losses/{key}" for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")}
+    expected = {
+        "charts/episodic_return",
+        "charts/episodic_length",
+        "charts/learning_rate",
+        "charts/SPS",
+    }
+    expected |= {
+        f"losses/{key}"
+        for key in ("value_loss", "policy_loss", "entropy", "old_approx_kl", "approx_kl")
+    }
     expected |= {"losses/clipfrac", "losses/explained_variance", "perf/rollout_seconds"}
     expected |= {"perf/update_seconds", "system/rss_mb", "eval/episodic_return"}
     assert expected <= set(scalars)
-    assert (run / "checkpoints" / "latest.pt").is_file() and (run / "checkpoints" / "step_1024.pt").is_file()
+    assert (run / "checkpoints" / "latest.pt").is_file() and (
+        run / "checkpoints" / "step_1024.pt"
+    ).is_file()
 
 
 def test_help():
     completed = run_cli("--help")
     assert (
-        completed.returncode == 0 and "--context-len" in completed.stdout and "--prev-action-reward" in completed.stdout
+        completed.returncode == 0
+        and "--context-len" in completed.stdout
+        and "--prev-action-reward" in completed.stdout
     )
 
 
@@ -531,14 +697,18 @@ def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, messa
     completed = run_cli(*flags, "--run-dir", str(tmp_path / "runs"))
     assert completed.returncode == 2
     lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], completed.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+        completed.stderr
+    )
     assert not (tmp_path / "runs").exists()
 
 
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
     if "NanReward-v0" not in gym.registry:
         gym.register("NanReward-v0", entry_point=NanRewardEnv)
-    args = quick_args(tmp_path, env_id="NanReward-v0", total_timesteps=4 * 512, num_envs=1, num_minibatches=1)
+    args = quick_args(
+        tmp_path, env_id="NanReward-v0", total_timesteps=4 * 512, num_envs=1, num_minibatches=1
+    )
     with pytest.raises(TrainingDiverged, match=r"NaN|nan"):
         ppo_transformer.train(ppo_transformer.Args(**{**vars(args), "checkpoint_every": 1}))
     (run,) = (tmp_path / "runs").iterdir()

@@ -49,7 +49,9 @@ def test_observations_inside_space_float32_or_uint8_images_and_seeding_reproduce
     trace = rollout(3)
     assert env_id in gym.registry
     space = gym.make(env_id).observation_space
-    if isinstance(space, gym.spaces.Dict):  # ImageVectorBandit-v0: an image part and a Discrete part
+    if isinstance(
+        space, gym.spaces.Dict
+    ):  # ImageVectorBandit-v0: an image part and a Discrete part
         assert space["pixels"].dtype == np.uint8 and isinstance(space["flip"], gym.spaces.Discrete)
     else:
         assert space.dtype == (np.uint8 if env_id.startswith("Image") else np.float32)
@@ -57,7 +59,12 @@ def test_observations_inside_space_float32_or_uint8_images_and_seeding_reproduce
         if isinstance(item, np.ndarray | dict):
             assert space.contains(item) and (isinstance(item, dict) or item.dtype == space.dtype)
     again = rollout(3)
-    same = lambda a, b: all(np.array_equal(a[k], b[k]) for k in a) if isinstance(a, dict) else np.array_equal(a, b)  # noqa: E731
+
+    def same(a, b):
+        if isinstance(a, dict):
+            return all(np.array_equal(a[k], b[k]) for k in a)
+        return np.array_equal(a, b)
+
     assert all(same(a, b) for a, b in zip(trace, again, strict=True))
 
 
@@ -71,7 +78,11 @@ def test_probe2_reward_equals_observation_and_both_signs_occur():
     seen = set()
     for seed in range(20):
         observations, rewards, terminated, _ = run_episode("Probe2-v0", [0], seed=seed)
-        assert observations[0][0] in (-1.0, 1.0) and rewards.tolist() == [observations[0][0]] and terminated
+        assert (
+            observations[0][0] in (-1.0, 1.0)
+            and rewards.tolist() == [observations[0][0]]
+            and terminated
+        )
         seen.add(float(observations[0][0]))
     assert seen == {-1.0, 1.0}
 
@@ -154,15 +165,21 @@ def test_continuous_probes_one_to_three_match_the_discrete_ones():
     for index in (1, 2, 3):
         for seed in range(4):
             discrete = run_episode(f"Probe{index}-v0", [0], seed=seed)
-            continuous = run_episode(f"ContinuousProbe{index}-v0", [np.array([0.3], dtype=np.float32)], seed=seed)
+            continuous = run_episode(
+                f"ContinuousProbe{index}-v0", [np.array([0.3], dtype=np.float32)], seed=seed
+            )
             for a, b in zip(discrete, continuous, strict=True):
                 np.testing.assert_array_equal(a, b)
-        assert gym.make(f"ContinuousProbe{index}-v0").action_space == gym.spaces.Box(-1, 1, (1,), np.float32)
+        assert gym.make(f"ContinuousProbe{index}-v0").action_space == gym.spaces.Box(
+            -1, 1, (1,), np.float32
+        )
 
 
 @pytest.mark.parametrize("action", [-1.0, -0.2, 0.5, 0.9, 1.0])
 def test_continuous_probe4_reward_is_negative_squared_distance_to_half(action):
-    _, rewards, terminated, _ = run_episode("ContinuousProbe4-v0", [np.array([action], dtype=np.float32)])
+    _, rewards, terminated, _ = run_episode(
+        "ContinuousProbe4-v0", [np.array([action], dtype=np.float32)]
+    )
     assert rewards[0] == pytest.approx(-((action - 0.5) ** 2)) and terminated
 
 
@@ -214,7 +231,9 @@ def test_probe_envs_work_in_a_same_step_vector_env():
     np.testing.assert_array_equal(observations, [[1.0], [1.0]])
     observations, rewards, terminations, _, infos = envs.step(np.zeros(2, dtype=np.int64))
     assert rewards.tolist() == [1.0, 1.0] and terminations.all()
-    np.testing.assert_array_equal(observations, [[0.0], [0.0]])  # already the next episode's first observation
+    np.testing.assert_array_equal(
+        observations, [[0.0], [0.0]]
+    )  # already the next episode's first observation
     assert infos["_final_obs"].all()
 
 
@@ -237,13 +256,18 @@ def test_optimal_value_is_the_discounted_return_of_the_optimal_action(env_id, ga
 
 
 def test_suboptimal_actions_do_worse_where_actions_matter():
-    for env_id, bad_action in [("Probe4-v0", 0), ("ContinuousProbe4-v0", np.array([-0.5], np.float32))]:
+    for env_id, bad_action in [
+        ("Probe4-v0", 0),
+        ("ContinuousProbe4-v0", np.array([-0.5], np.float32)),
+    ]:
         env = gym.make(env_id).unwrapped
         env.reset(seed=0)
         assert env.step(bad_action)[1] < env.optimal_value(0.99)
 
 
-@pytest.mark.parametrize("env_id", ["ImageBandit-v0", "ImageBanditRGB-v0", "ImageMemory-v0", "ImageMemoryRGB-v0"])
+@pytest.mark.parametrize(
+    "env_id", ["ImageBandit-v0", "ImageBanditRGB-v0", "ImageMemory-v0", "ImageMemoryRGB-v0"]
+)
 def test_an_image_probe_shows_its_cue_as_the_lit_half_and_the_memory_probe_only_first(env_id):
     env = gym.make(env_id).unwrapped
     for seed in range(4):

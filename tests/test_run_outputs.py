@@ -22,7 +22,10 @@ EPISODE_KEYS = ("charts/episodic_return", "charts/episodic_length")
 
 def wandb_env(tmp_path: Path) -> dict[str, str]:
     """Offline wandb, its settings and caches in the test's folder (tests run in parallel)."""
-    folders = {name: str(tmp_path / "wandb-home" / name) for name in ("config", "cache", "data", "artifacts")}
+    folders = {
+        name: str(tmp_path / "wandb-home" / name)
+        for name in ("config", "cache", "data", "artifacts")
+    }
     return {
         **OFFLINE,
         "WANDB_CONFIG_DIR": folders["config"],
@@ -43,12 +46,22 @@ def tensorboard_steps(scalars: dict, keys) -> dict[str, Counter]:
 
 def test_wandb_history_holds_what_tensorboard_holds_once_each(tmp_path):
     runs = tmp_path / "runs"
-    flags = ["--env-id", "CartPole-v1", "--total-timesteps", "4096", "--run-dir", str(runs), "--no-progress"]
+    flags = [
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "4096",
+        "--run-dir",
+        str(runs),
+        "--no-progress",
+    ]
     flags += ["--track", "--capture-video", "--video-every", "10", "--eval-episodes", "3"]
     completed = run_script("ppo_fc.py", *flags, env=wandb_env(tmp_path))
     assert completed.returncode == 0, completed.stderr[-3000:]
     (run,) = runs.iterdir()
-    assert len(list(run.rglob("events.out.tfevents.*"))) == 1  # no copy of the event file, nested or not
+    assert (
+        len(list(run.rglob("events.out.tfevents.*"))) == 1
+    )  # no copy of the event file, nested or not
     assert not list(run.glob("wandb/*/files/**/wandb"))
     (tracked,) = read_wandb_runs(run)
     scalars = read_scalars(run)
@@ -73,17 +86,34 @@ def test_wandb_history_holds_what_tensorboard_holds_once_each(tmp_path):
 
     # One row per iteration holding all its scalars, at the steps TensorBoard has them.
     iteration_rows = [row for row in rows if "charts/SPS" in row]
-    assert [row["global_step"] for row in iteration_rows] == [step for step, _ in scalars["charts/SPS"]]
+    assert [row["global_step"] for row in iteration_rows] == [
+        step for step, _ in scalars["charts/SPS"]
+    ]
     assert len(iteration_rows) == 8
-    for key in ("losses/value_loss", "charts/learning_rate", "system/rss_mb", "losses/explained_variance"):
-        assert [row[key] for row in iteration_rows] == pytest.approx([value for _, value in scalars[key]])
+    for key in (
+        "losses/value_loss",
+        "charts/learning_rate",
+        "system/rss_mb",
+        "losses/explained_variance",
+    ):
+        assert [row[key] for row in iteration_rows] == pytest.approx(
+            [value for _, value in scalars[key]]
+        )
 
     # Evaluation returns, at the last training step.
-    evaluation = [(row["global_step"], row["eval/episodic_return"]) for row in rows if "eval/episodic_return" in row]
-    assert evaluation == scalars["eval/episodic_return"] and len(evaluation) == 3  # whole returns: exact
+    evaluation = [
+        (row["global_step"], row["eval/episodic_return"])
+        for row in rows
+        if "eval/episodic_return" in row
+    ]
+    assert (
+        evaluation == scalars["eval/episodic_return"] and len(evaluation) == 3
+    )  # whole returns: exact
 
     # Each video once.
-    videos = [row["videos/sha256"] for row in rows if "videos/path" in row]  # wandb's video-file rows
+    videos = [
+        row["videos/sha256"] for row in rows if "videos/path" in row
+    ]  # wandb's video-file rows
     assert len(videos) == len(set(videos)) == len(list(run.glob("videos/*.mp4"))) >= 2
 
 
@@ -98,23 +128,42 @@ def stop_when(process: subprocess.Popen, ready, timeout: float = 240) -> None:
             process.wait()
             return
         os.kill(process.pid, signal.SIGCONT)
-    raise AssertionError(f"the run ended or ran out of time before it could be killed: {process.communicate()[1]}")
+    raise AssertionError(
+        f"the run ended or ran out of time before it could be killed: {process.communicate()[1]}"
+    )
 
 
 def killed_recording(script: str, flags: list[str], recording: Path) -> Path:
     """`recording`: what a long run of `script` with `flags` recorded, SIGKILLed once it had written two files."""
-    command = [sys.executable, script, *flags, "--total-timesteps", "200000", "--save-trajectories", str(recording)]
+    command = [
+        sys.executable,
+        script,
+        *flags,
+        "--total-timesteps",
+        "200000",
+        "--save-trajectories",
+        str(recording),
+    ]
     process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
     stop_when(process, lambda: len(list(recording.glob("steps_*.npz"))) >= 2)
     return recording
 
 
-def test_a_run_killed_between_checkpoints_and_resumed_logs_each_step_once_and_records_each_step_once(tmp_path):
+def test_a_run_killed_between_checkpoints_and_resumed_logs_each_step_once_and_records_each_step_once(
+    tmp_path,
+):
     # Probe1's episodes last one step: 512 wandb rows an iteration, so wandb's writer has written rows past the
     # checkpoint by the time of the kill (it writes whole 32 KiB blocks). Checkpoints every 20 iterations of 128 steps
     # leave the recording's files of 2,048 steps a file that starts past the checkpoint.
     runs, recording = tmp_path / "runs", tmp_path / "recording"
-    flags = ["--env-id", "Probe1-v0", "--total-timesteps", str(48 * 512), "--checkpoint-every", "20"]
+    flags = [
+        "--env-id",
+        "Probe1-v0",
+        "--total-timesteps",
+        str(48 * 512),
+        "--checkpoint-every",
+        "20",
+    ]
     flags += ["--run-dir", str(runs), "--no-progress", "--eval-episodes", "0", "--track"]
     flags += ["--save-trajectories", str(recording)]
     env = {**os.environ, **wandb_env(tmp_path)}
@@ -123,30 +172,50 @@ def test_a_run_killed_between_checkpoints_and_resumed_logs_each_step_once_and_re
     )
 
     def checkpoint_step() -> int:
-        return max((int(p.stem.removeprefix("step_")) for p in runs.glob("*/checkpoints/step_*.pt")), default=0)
+        return max(
+            (int(p.stem.removeprefix("step_")) for p in runs.glob("*/checkpoints/step_*.pt")),
+            default=0,
+        )
 
     def past_the_checkpoint() -> bool:
         sent = [json.loads(p.read_text())["last_step"] for p in runs.glob("*/wandb_run.json")]
         files = [int(p.stem.removeprefix("steps_")) for p in recording.glob("steps_*.npz")]
         step = checkpoint_step()
-        return step > 0 and max(sent, default=0) >= step + 4 * 512 and max(files, default=0) * 4 >= step
+        return (
+            step > 0
+            and max(sent, default=0) >= step + 4 * 512
+            and max(files, default=0) * 4 >= step
+        )
 
     stop_when(process, past_the_checkpoint)
     (run,) = runs.iterdir()
-    killed_at, sent_before = checkpoint_step(), json.loads((run / "wandb_run.json").read_text())["last_step"]
+    killed_at, sent_before = (
+        checkpoint_step(),
+        json.loads((run / "wandb_run.json").read_text())["last_step"],
+    )
     (killed,) = read_wandb_runs(run)
-    assert max(row["global_step"] for row in killed.history) > killed_at  # else the test shows nothing
+    assert (
+        max(row["global_step"] for row in killed.history) > killed_at
+    )  # else the test shows nothing
 
     resumed = run_script("ppo_fc.py", "--resume", str(run / "checkpoints" / "latest.pt"), "--track", "--no-progress",
                          env=wandb_env(tmp_path))  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     first, second = read_wandb_runs(run)
     assert first.id == second.id and first.name == second.name == run.name
-    scalars = read_scalars(run)  # what TensorBoard shows: each step once (the resumed writer's purge_step)
-    for key, shown in tensorboard_steps(scalars, (*EPISODE_KEYS, "charts/SPS", "losses/value_loss")).items():
+    scalars = read_scalars(
+        run
+    )  # what TensorBoard shows: each step once (the resumed writer's purge_step)
+    for key, shown in tensorboard_steps(
+        scalars, (*EPISODE_KEYS, "charts/SPS", "losses/value_loss")
+    ).items():
         # The killed run sent up to `sent_before` (wandb lost what it had not written); the resumed run the rest.
-        assert steps_by_key(second.history, [key])[key] == Counter({s: n for s, n in shown.items() if s > sent_before})
-        assert steps_by_key(first.history, [key])[key] <= Counter({s: n for s, n in shown.items() if s <= sent_before})
+        assert steps_by_key(second.history, [key])[key] == Counter(
+            {s: n for s, n in shown.items() if s > sent_before}
+        )
+        assert steps_by_key(first.history, [key])[key] <= Counter(
+            {s: n for s, n in shown.items() if s <= sent_before}
+        )
     assert len(scalars["charts/episodic_return"]) == 48 * 512  # the whole run, every episode once
 
     # The recording: every step once, in order, each env's steps the whole run's.
@@ -159,11 +228,31 @@ def test_a_run_killed_between_checkpoints_and_resumed_logs_each_step_once_and_re
 
 def test_two_ranks_send_every_rank_s_episodes_once_from_rank_0(tmp_path):
     runs = tmp_path / "runs"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "ppo_fc.py"]
-    command += ["--env-id", "CartPole-v1", "--total-timesteps", "4096", "--num-steps", "64", "--track"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "ppo_fc.py",
+    ]
+    command += [
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "4096",
+        "--num-steps",
+        "64",
+        "--track",
+    ]
     command += ["--run-dir", str(runs), "--no-progress", "--eval-episodes", "0"]
     completed = subprocess.run(
-        command, cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **wandb_env(tmp_path)}
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **wandb_env(tmp_path)},
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     (run,) = runs.iterdir()
@@ -171,7 +260,9 @@ def test_two_ranks_send_every_rank_s_episodes_once_from_rank_0(tmp_path):
     scalars = read_scalars(run)
     keys = (*EPISODE_KEYS, "charts/SPS", "perf/collective_seconds")
     assert steps_by_key(tracked.history, keys) == tensorboard_steps(scalars, keys)
-    returns = Counter(row["charts/episodic_return"] for row in tracked.history if "charts/episodic_return" in row)
+    returns = Counter(
+        row["charts/episodic_return"] for row in tracked.history if "charts/episodic_return" in row
+    )
     assert returns == Counter(value for _, value in scalars["charts/episodic_return"])
     assert len(scalars["charts/SPS"]) == 4096 // (2 * 4 * 64)
 
@@ -182,8 +273,22 @@ def test_eval_checkpoint_records_videos_and_sends_them_to_a_wandb_run_of_its_own
                          "--eval-episodes", "0")  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run,) = runs.iterdir()
-    flags = ["--eval-checkpoint", str(run / "checkpoints" / "latest.pt"), "--eval-episodes", "3", "--run-dir"]
-    flags += [str(runs), "--capture-video", "--video-every", "1", "--track", "--wandb-project-name", "evals"]
+    flags = [
+        "--eval-checkpoint",
+        str(run / "checkpoints" / "latest.pt"),
+        "--eval-episodes",
+        "3",
+        "--run-dir",
+    ]
+    flags += [
+        str(runs),
+        "--capture-video",
+        "--video-every",
+        "1",
+        "--track",
+        "--wandb-project-name",
+        "evals",
+    ]
     evaluated = run_script("ppo_fc.py", *flags, env=wandb_env(tmp_path))
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     (evaluation,) = runs.glob("*__eval")
@@ -206,8 +311,25 @@ def test_a_run_killed_while_recording_leaves_a_readable_recording(tmp_path):
 def test_recording_300k_steps_holds_a_fixed_amount_of_memory(tmp_path):
     # Measured (2026-11-26, 16 envs): 339 MB at iteration 11 and 346 MB at the end. Holding every step, as the
     # recorder did before it wrote as it went, added about 150 MB over 300k steps.
-    flags = ["--env-id", "CartPole-v1", "--total-timesteps", "300000", "--num-envs", "16", "--update-epochs", "1"]
-    flags += ["--num-minibatches", "1", "--run-dir", str(tmp_path / "runs"), "--no-progress", "--eval-episodes", "0"]
+    flags = [
+        "--env-id",
+        "CartPole-v1",
+        "--total-timesteps",
+        "300000",
+        "--num-envs",
+        "16",
+        "--update-epochs",
+        "1",
+    ]
+    flags += [
+        "--num-minibatches",
+        "1",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        "--no-progress",
+        "--eval-episodes",
+        "0",
+    ]
     completed = run_script("ppo_fc.py", *flags, "--save-trajectories", str(tmp_path / "recording"))
     assert completed.returncode == 0, completed.stderr[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
@@ -221,9 +343,14 @@ def test_a_recording_below_a_file_is_one_error_line_with_nothing_written(tmp_pat
     (tmp_path / "file").write_text("")
     env_id = "Pendulum-v1" if script == "ddpg.py" else "CartPole-v1"
     flags = ["--env-id", env_id, "--run-dir", str(tmp_path / "runs"), "--no-progress"]
-    completed = run_script(script, *flags, "--save-trajectories", str(tmp_path / "file" / "recording"))
+    completed = run_script(
+        script, *flags, "--save-trajectories", str(tmp_path / "file" / "recording")
+    )
     assert completed.returncode == 2, completed.stderr[-3000:]
-    assert completed.stderr.startswith("error: --save-trajectories") and len(completed.stderr.splitlines()) == 1
+    assert (
+        completed.stderr.startswith("error: --save-trajectories")
+        and len(completed.stderr.splitlines()) == 1
+    )
     assert "is a file, not a folder" in completed.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]
 
@@ -233,15 +360,35 @@ def test_a_checkpoint_writes_the_logs_up_to_it(tmp_path):
     # from: the episodes logged before it must be in TensorBoard's file and sent to wandb by then, else they are
     # never logged. The first episodes end at step 600, logged iterations at 594 and 693, checkpoints every 21 steps.
     runs = tmp_path / "runs"
-    flags = ["--env-id", "Pendulum-v1", "--num-envs", "3", "--total-timesteps", "30000", "--checkpoint-every", "7"]
-    flags += ["--learning-starts", "0", "--run-dir", str(runs), "--no-progress", "--eval-episodes", "0", "--track"]
+    flags = [
+        "--env-id",
+        "Pendulum-v1",
+        "--num-envs",
+        "3",
+        "--total-timesteps",
+        "30000",
+        "--checkpoint-every",
+        "7",
+    ]
+    flags += [
+        "--learning-starts",
+        "0",
+        "--run-dir",
+        str(runs),
+        "--no-progress",
+        "--eval-episodes",
+        "0",
+        "--track",
+    ]
     env = {**os.environ, **wandb_env(tmp_path)}
     process = subprocess.Popen(
         [sys.executable, "ddpg.py", *flags], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
     )
     stop_when(process, lambda: any(runs.glob("*/checkpoints/step_630.pt")), timeout=120)
     (run,) = runs.iterdir()
-    checkpoint = max(int(path.stem.removeprefix("step_")) for path in run.glob("checkpoints/step_*.pt"))
+    checkpoint = max(
+        int(path.stem.removeprefix("step_")) for path in run.glob("checkpoints/step_*.pt")
+    )
     assert checkpoint < 693, "killed after the next logged iteration: the test shows nothing"
     assert json.loads((run / "wandb_run.json").read_text())["last_step"] == 600
     assert [step for step, _ in read_scalars(run)["charts/episodic_return"]] == [600, 600, 600]
@@ -257,7 +404,11 @@ def assert_whole_in_minari(recording: Path, dataset_id: str) -> None:
     data = load_trajectories(recording)
     parts = ["image", "vector"] if "/observations/image" in data else [""]
     key = lambda root, part: f"{root}/{part}" if part else root  # noqa: E731
-    assert data[key("/observations", parts[0])].dtype == data[key("/infos/final_obs", parts[0])].dtype == np.uint8
+    assert (
+        data[key("/observations", parts[0])].dtype
+        == data[key("/infos/final_obs", parts[0])].dtype
+        == np.uint8
+    )
     export_to_minari(data, dataset_id)
     finished = [episode for episode in split_episodes(data) if episode.finished]
     dataset = minari.load_dataset(dataset_id)
@@ -267,32 +418,60 @@ def assert_whole_in_minari(recording: Path, dataset_id: str) -> None:
         for part in parts:
             observations = exported.observations[part] if part else exported.observations
             assert observations.dtype == (np.float32 if part == "vector" else np.uint8)
-            np.testing.assert_array_equal(observations[:-1], episode.data[key("/observations", part)])
-            np.testing.assert_array_equal(observations[-1], episode.data[key("/infos/final_obs", part)][-1])
+            np.testing.assert_array_equal(
+                observations[:-1], episode.data[key("/observations", part)]
+            )
+            np.testing.assert_array_equal(
+                observations[-1], episode.data[key("/infos/final_obs", part)][-1]
+            )
 
 
 def test_image_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(tmp_path, monkeypatch):
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     # Killed: the files written before the kill read back, frames and final frames uint8.
     flags = ["--env-id", "ImageMemory-v0", "--run-dir", str(tmp_path / "runs"), "--no-progress"]
-    assert_whole_in_minari(killed_recording("ppo_fc.py", flags, tmp_path / "killed"), "images/killed-v0")
+    assert_whole_in_minari(
+        killed_recording("ppo_fc.py", flags, tmp_path / "killed"), "images/killed-v0"
+    )
     # A clean end, on Atari: games of several episodes (lives), compressed frames.
     pytest.importorskip("ale_py")
     clean, runs = tmp_path / "clean", tmp_path / "atari"
     flags = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--total-timesteps", "1024"]
-    flags += ["--run-dir", str(runs), "--no-progress", "--eval-episodes", "0", "--save-trajectories", str(clean)]
+    flags += [
+        "--run-dir",
+        str(runs),
+        "--no-progress",
+        "--eval-episodes",
+        "0",
+        "--save-trajectories",
+        str(clean),
+    ]
     assert run_script("ppo_fc.py", *flags).returncode == 0
     assert_whole_in_minari(clean, "breakout/clean-v0")
 
 
-def test_image_and_vector_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(tmp_path, monkeypatch):
+def test_image_and_vector_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(
+    tmp_path, monkeypatch
+):
     # ppo_transformer on images: each observation is a uint8 frame and a vector (the previous action and reward).
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
-    flags = ["--env-id", "ImageMemory-v0", "--num-envs", "2", "--eval-episodes", "0", "--no-progress"]
+    flags = [
+        "--env-id",
+        "ImageMemory-v0",
+        "--num-envs",
+        "2",
+        "--eval-episodes",
+        "0",
+        "--no-progress",
+    ]
     flags += ["--run-dir", str(tmp_path / "runs")]
-    assert_whole_in_minari(killed_recording("ppo_transformer.py", flags, tmp_path / "killed"), "parts/killed-v0")
+    assert_whole_in_minari(
+        killed_recording("ppo_transformer.py", flags, tmp_path / "killed"), "parts/killed-v0"
+    )
     clean = tmp_path / "clean"
-    completed = run_script("ppo_transformer.py", *flags, "--total-timesteps", "512", "--save-trajectories", str(clean))
+    completed = run_script(
+        "ppo_transformer.py", *flags, "--total-timesteps", "512", "--save-trajectories", str(clean)
+    )
     assert completed.returncode == 0, completed.stderr
     data = load_trajectories(clean)
     assert data["/observations/vector"].shape == (2, 256, 3) and "/observations" not in data
@@ -302,14 +481,27 @@ def test_image_and_vector_recordings_reach_minari_whole_after_a_kill_and_a_clean
 def test_an_atari_checkpoint_evaluates_whole_games_in_a_fresh_process(tmp_path):
     pytest.importorskip("ale_py")
     runs = tmp_path / "runs"
-    flags = ["--env-id", "ALE/Breakout-v5", "--num-envs", "2", "--total-timesteps", "512", "--run-dir", str(runs)]
+    flags = [
+        "--env-id",
+        "ALE/Breakout-v5",
+        "--num-envs",
+        "2",
+        "--total-timesteps",
+        "512",
+        "--run-dir",
+        str(runs),
+    ]
     assert run_script("ppo_fc.py", *flags, "--no-progress", "--eval-episodes", "0").returncode == 0
     (run,) = runs.iterdir()
     flags = ["--eval-checkpoint", str(run / "checkpoints" / "latest.pt"), "--eval-episodes", "2"]
-    evaluated = run_script("ppo_fc.py", *flags, "--sampling-method", "basic", "--run-dir", str(tmp_path / "eval"))
+    evaluated = run_script(
+        "ppo_fc.py", *flags, "--sampling-method", "basic", "--run-dir", str(tmp_path / "eval")
+    )
     assert evaluated.returncode == 0, evaluated.stderr
     (eval_run,) = (tmp_path / "eval").iterdir()
     returns = [value for _, value in read_scalars(eval_run)["eval/episodic_return"]]
     lengths = [value for _, value in read_scalars(eval_run)["eval/episodic_length"]]
-    assert len(returns) == 2 and all(value == int(value) >= 0 for value in returns)  # raw scores of whole games
+    assert len(returns) == 2 and all(
+        value == int(value) >= 0 for value in returns
+    )  # raw scores of whole games
     assert min(lengths) > 100  # five lives of a random-ish Breakout agent: a single life is shorter

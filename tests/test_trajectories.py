@@ -61,7 +61,9 @@ def record(env_id="Probe6-v0", num_envs=3, num_steps=25, seed=0):
 def test_info_entries_without_numeric_form_are_left_out_with_one_warning():
     writer = TrajectoryWriter(2)
     infos = {
-        "final_info": np.array([{"a": 1}, None], dtype=object),  # gymnasium's: left out without a warning
+        "final_info": np.array(
+            [{"a": 1}, None], dtype=object
+        ),  # gymnasium's: left out without a warning
         "_final_info": np.array([True, False]),
         "mission": np.array(["go left", "go right"]),
     }
@@ -90,7 +92,9 @@ def test_round_trip_keeps_keys_shapes_dtypes_and_values(tmp_path):
         assert loaded[key].shape[:2] == (3, 25), key
     assert loaded["/observations"].shape == (3, 25, 2)
     assert json.loads(str(loaded["/meta/args"])) == {"env_id": "Probe6-v0", "seed": 0}
-    np.testing.assert_array_equal(loaded["/masks"], 1.0 - (loaded["/terminations"] | loaded["/truncations"]))
+    np.testing.assert_array_equal(
+        loaded["/masks"], 1.0 - (loaded["/terminations"] | loaded["/truncations"])
+    )
     assert loaded["/infos/final_obs"].shape == (3, 25, 2)
 
 
@@ -196,13 +200,20 @@ def test_command_line_summary_and_error(tmp_path):
     writer, reported = record(num_steps=30)
     path = writer.save(tmp_path / "r.npz")
     result = subprocess.run(
-        [sys.executable, "-m", "common.trajectories", str(path)], cwd=REPO, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "common.trajectories", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     lines = result.stdout.splitlines()
     assert lines[0].startswith("envs: 3  steps per env: 30")
     assert lines[1].startswith(f"episodes: {len(reported)} finished")
     returns = [r for _, r in reported]
-    assert lines[2] == f"return: mean {np.mean(returns):.4g}  min {min(returns):.4g}  max {max(returns):.4g}"
+    assert (
+        lines[2]
+        == f"return: mean {np.mean(returns):.4g}  min {min(returns):.4g}  max {max(returns):.4g}"
+    )
     assert any(line.startswith("/agents/policy/values") and "(3, 30)" in line for line in lines)
     failed = subprocess.run(
         [sys.executable, "-m", "common.trajectories", str(tmp_path / "missing.npz")],
@@ -222,15 +233,22 @@ def recorded_steps(recording, num_steps, info_from=None, observation_dtype=np.fl
     for t in range(num_steps):
         infos = {"late": np.full(2, t)} if info_from is not None and t >= info_from else {}
         observations = np.full((2, 3), t, dtype=observation_dtype)
-        recording.add_step(observations, np.zeros(2), np.ones(2), np.zeros(2), np.zeros(2), infos=infos)
+        recording.add_step(
+            observations, np.zeros(2), np.ones(2), np.zeros(2), np.zeros(2), infos=infos
+        )
 
 
 def test_a_recording_writes_a_file_each_flush_steps_and_holds_no_more(tmp_path):
     recording = TrajectoryRecording(tmp_path / "r", 2, {"args": {}}, flush_steps=10)
     recorded_steps(recording, 25)
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["steps_0000000000.npz", "steps_0000000010.npz"]
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
+        "steps_0000000000.npz",
+        "steps_0000000010.npz",
+    ]
     assert len(recording.buffer) == 5  # what a killed run would lose: fewer than flush_steps
-    data = load_trajectories(tmp_path / "r")  # what a run killed now leaves: every step before the last flush
+    data = load_trajectories(
+        tmp_path / "r"
+    )  # what a run killed now leaves: every step before the last flush
     assert data["/observations"][0, :, 0].tolist() == list(range(20))
     recording.flush()
     assert load_trajectories(tmp_path / "r")["/observations"][1, :, 0].tolist() == list(range(25))
@@ -259,14 +277,22 @@ def test_a_continued_recording_drops_the_files_after_its_start_and_a_gap_is_an_e
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["steps_0000000000.npz"]
     with pytest.raises(TrajectoryFileError, match="holds 10 steps before the checkpoint's 15"):
         TrajectoryRecording(tmp_path / "r", 2, {}, start=15)
-    (tmp_path / "r" / "steps_0000000040.npz").write_bytes(b"")  # a later file, kept when continuing is refused
+    (tmp_path / "r" / "steps_0000000040.npz").write_bytes(
+        b""
+    )  # a later file, kept when continuing is refused
     with pytest.raises(TrajectoryFileError, match="holds 10 steps before the checkpoint's 20"):
         TrajectoryRecording(tmp_path / "r", 2, {}, start=20)
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["steps_0000000000.npz", "steps_0000000040.npz"]
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [
+        "steps_0000000000.npz",
+        "steps_0000000040.npz",
+    ]
     (tmp_path / "r" / "steps_0000000040.npz").unlink()
     recorded_steps(continued, 12)
     continued.flush()
-    assert load_trajectories(tmp_path / "r")["/observations"][0, :, 0].tolist() == [*range(10), *range(12)]
+    assert load_trajectories(tmp_path / "r")["/observations"][0, :, 0].tolist() == [
+        *range(10),
+        *range(12),
+    ]
     (tmp_path / "r" / "steps_0000000010.npz").unlink()
     with pytest.raises(TrajectoryFileError, match="should start at step 10"):
         load_trajectories(tmp_path / "r")
@@ -283,15 +309,23 @@ def test_a_recording_below_a_file_is_refused_before_anything_is_written(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
-def test_an_info_key_of_one_dtype_in_one_file_and_with_gaps_in_the_next_reads_back_as_float(tmp_path):
+def test_an_info_key_of_one_dtype_in_one_file_and_with_gaps_in_the_next_reads_back_as_float(
+    tmp_path,
+):
     # An info at every step of one file keeps its dtype there (a bool mask, an int length); with gaps it is float64.
     recording = TrajectoryRecording(tmp_path / "r", 2, {}, flush_steps=4)
     for t in range(8):
-        infos = {"length": np.full(2, t), "_length": np.ones(2, dtype=bool)} if t < 4 or t % 2 else {}
-        recording.add_step(np.zeros((2, 3)), np.zeros(2), np.ones(2), np.zeros(2), np.zeros(2), infos=infos)
+        infos = (
+            {"length": np.full(2, t), "_length": np.ones(2, dtype=bool)} if t < 4 or t % 2 else {}
+        )
+        recording.add_step(
+            np.zeros((2, 3)), np.zeros(2), np.ones(2), np.zeros(2), np.zeros(2), infos=infos
+        )
     data = load_trajectories(tmp_path / "r")
     assert data["/infos/length"].dtype == data["/infos/_length"].dtype == np.float64
-    assert data["/infos/length"][0].tolist()[:4] == [0, 1, 2, 3] and np.isnan(data["/infos/length"][0, 4])
+    assert data["/infos/length"][0].tolist()[:4] == [0, 1, 2, 3] and np.isnan(
+        data["/infos/length"][0, 4]
+    )
 
 
 def test_final_observations_of_images_stay_uint8_and_vectors_keep_nan_where_none(tmp_path):
@@ -314,4 +348,7 @@ def test_final_observations_of_images_stay_uint8_and_vectors_keep_nan_where_none
                 [False, False], [False, True]
             ]  # fmt: skip
         else:  # a uint8 vector is recorded as before: NaN at the steps without an entry
-            assert np.isnan(data["/infos/final_obs"][:, 0]).all() and (data["/infos/final_obs"][1, 1] == 7).all()
+            assert (
+                np.isnan(data["/infos/final_obs"][:, 0]).all()
+                and (data["/infos/final_obs"][1, 1] == 7).all()
+            )

@@ -21,13 +21,33 @@ from benchmark.__main__ import main as harness_main
 
 REPO = Path(__file__).resolve().parent.parent
 # Two one-step probes: the random policy scores 0 on both, the right action 1 (probe_envs/probes.py).
-PROBES = ["--env-id", "Probe4-v0", "--env-id", "Probe5-v0", "--target", "Probe4-v0=1", "--target", "Probe5-v0=1"]
+PROBES = [
+    "--env-id",
+    "Probe4-v0",
+    "--env-id",
+    "Probe5-v0",
+    "--target",
+    "Probe4-v0=1",
+    "--target",
+    "Probe5-v0=1",
+]
 QUICK = ["--steps", "1024", "--flags=--num-envs 4", "--eval-episodes", "5"]
 
 
 def tune_command(tmp_path: Path, *extra: str, study: str = "probes") -> list[str]:
     storage = ["--storage", str(tmp_path / "tune.journal"), "--out", str(tmp_path / "runs")]
-    return [sys.executable, "-m", "benchmark", "tune", "ppo_fc", *PROBES, *storage, "--study", study, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "benchmark",
+        "tune",
+        "ppo_fc",
+        *PROBES,
+        *storage,
+        "--study",
+        study,
+        *extra,
+    ]
 
 
 def load(tmp_path: Path, study: str = "probes") -> optuna.Study:
@@ -77,7 +97,9 @@ def harness(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
     return harness_main()
 
 
-def test_a_tiny_study_completes_its_best_command_runs_and_a_rerun_adds_trials(tmp_path: Path) -> None:
+def test_a_tiny_study_completes_its_best_command_runs_and_a_rerun_adds_trials(
+    tmp_path: Path,
+) -> None:
     first = subprocess.run(
         tune_command(tmp_path, *QUICK, "--trials", "3", "--workers", "2", "--sampler-seed", "1"),
         cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -93,8 +115,13 @@ def test_a_tiny_study_completes_its_best_command_runs_and_a_rerun_adds_trials(tm
         )
         assert set(trial.params) == {p.field for p in tune_module.build_space("ppo_fc", [], [])}
     # The first trial is the yardstick: the script's defaults with --flags.
-    space, defaults = tune_module.build_space("ppo_fc", [], []), tune_module.resolve_args("ppo_fc", ["--num-envs", "4"])
-    assert trials[0].params == {param.field: param.value_of(getattr(defaults, param.field)) for param in space}
+    space, defaults = (
+        tune_module.build_space("ppo_fc", [], []),
+        tune_module.resolve_args("ppo_fc", ["--num-envs", "4"]),
+    )
+    assert trials[0].params == {
+        param.field: param.value_of(getattr(defaults, param.field)) for param in space
+    }
     assert trials[0].params["learning_rate"] == 2.5e-4 and trials[0].params["hidden_size"] == "64"
     assert {path.name for path in (tmp_path / "runs" / "report").iterdir()} == {
         "history.png", "importances.png", "best_by_wall_clock.png",
@@ -109,7 +136,11 @@ def test_a_tiny_study_completes_its_best_command_runs_and_a_rerun_adds_trials(tm
     assert report.returncode == 0, report.stderr
     best = max(trials, key=lambda trial: trial.value)
     assert f"best: trial {best.number}, value {best.value:.4f}" in report.stdout
-    commands = [line.strip() for line in report.stdout.splitlines() if line.strip().startswith("python ppo_fc.py")]
+    commands = [
+        line.strip()
+        for line in report.stdout.splitlines()
+        if line.strip().startswith("python ppo_fc.py")
+    ]
     assert [shlex.split(command)[3] for command in commands] == ["Probe4-v0", "Probe5-v0"]
     assert commands[0].endswith(best.user_attrs["flags"])
     run = subprocess.run(
@@ -127,9 +158,14 @@ def test_a_tiny_study_completes_its_best_command_runs_and_a_rerun_adds_trials(tm
 
 
 def test_two_processes_share_a_journal(tmp_path: Path) -> None:
-    command = tune_command(tmp_path, *QUICK, "--trials", "2", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")
+    command = tune_command(
+        tmp_path, *QUICK, "--trials", "2", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0"
+    )
     processes = [
-        subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+        subprocess.Popen(
+            command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
     ]
     for process in processes:
         _, stderr = process.communicate(timeout=300)
@@ -145,9 +181,15 @@ def test_a_failed_run_fails_its_trial_and_the_study_goes_on(
 ) -> None:
     start = tune_module.start_stoppable
 
-    def second_trial_crashes(command: list[str], cwd: Path, log_stem: Path, environment: dict) -> subprocess.Popen:
+    def second_trial_crashes(
+        command: list[str], cwd: Path, log_stem: Path, environment: dict
+    ) -> subprocess.Popen:
         if "trial-0001" in str(log_stem):
-            command = [sys.executable, "-c", "import sys; print('boom: the env broke', file=sys.stderr); sys.exit(3)"]
+            command = [
+                sys.executable,
+                "-c",
+                "import sys; print('boom: the env broke', file=sys.stderr); sys.exit(3)",
+            ]
         return start(command, cwd, log_stem, environment)
 
     monkeypatch.setattr(tune_module, "start_stoppable", second_trial_crashes)
@@ -160,33 +202,47 @@ def test_a_failed_run_fails_its_trial_and_the_study_goes_on(
     assert "trial 1 failed" in capsys.readouterr().out
 
 
-def test_pruning_stops_every_run_of_the_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pruning_stops_every_run_of_the_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A pruner that stops every trial at its first report; runs long enough that only pruning ends them soon, with
     # env worker processes (--async-envs) that must end too, before the next trial starts.
-    monkeypatch.setattr(optuna.pruners, "MedianPruner", lambda **_: optuna.pruners.ThresholdPruner(lower=10.0))
+    monkeypatch.setattr(
+        optuna.pruners, "MedianPruner", lambda **_: optuna.pruners.ThresholdPruner(lower=10.0)
+    )
     monkeypatch.setattr(tune_module, "EVENTS_EVERY_SECONDS", 1.0)
     start, left_running = tune_module.start_stoppable, []
 
-    def note_what_runs(command: list[str], cwd: Path, log_stem: Path, environment: dict) -> subprocess.Popen:
+    def note_what_runs(
+        command: list[str], cwd: Path, log_stem: Path, environment: dict
+    ) -> subprocess.Popen:
         if log_stem.parent.name == "trial-0001" and log_stem.name.startswith("Probe4"):
             left_running.append(living(descendants(os.getpid()), seconds=0))
         return start(command, cwd, log_stem, environment)
 
     monkeypatch.setattr(tune_module, "start_stoppable", note_what_runs)
     flags = "--flags=--num-envs 4 --async-envs --num-steps 64"
-    arguments = tune_command(tmp_path, "--steps", "100000", flags, "--trials", "2", "--pruner", "median")[3:]
+    arguments = tune_command(
+        tmp_path, "--steps", "100000", flags, "--trials", "2", "--pruner", "median"
+    )[3:]
     assert harness(monkeypatch, *arguments) == 0
     trials = load(tmp_path).get_trials()
     assert [trial.state for trial in trials] == [TrialState.PRUNED] * 2
     assert [list(trial.intermediate_values) for trial in trials] == [[10_000]] * 2
-    assert left_running == [set()]  # trial 0's runs and their env workers had ended when trial 1 started
+    assert left_running == [
+        set()
+    ]  # trial 0's runs and their env workers had ended when trial 1 started
     assert living(descendants(os.getpid())) == set()
     for run_dir in (tmp_path / "runs").glob("trial-*/Probe*__1"):
-        assert 10_000 <= tune_module.TrialRun("", 1, run_dir, None).read().steps < 50_000  # stopped early
+        assert (
+            10_000 <= tune_module.TrialRun("", 1, run_dir, None).read().steps < 50_000
+        )  # stopped early
 
 
 @pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_stops_the_runs_and_leaves_no_trial_running(tmp_path: Path, sent: signal.Signals) -> None:
+def test_ctrl_c_stops_the_runs_and_leaves_no_trial_running(
+    tmp_path: Path, sent: signal.Signals
+) -> None:
     command = tune_command(tmp_path, "--steps", "1000000", "--flags=--num-envs 4 --async-envs", "--trials", "3",
                            "--workers", "2", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")  # fmt: skip
     # In a session of its own, as a terminal's foreground job: Ctrl-C reaches its process group.
@@ -194,7 +250,9 @@ def test_ctrl_c_stops_the_runs_and_leaves_no_trial_running(tmp_path: Path, sent:
                              start_new_session=True)  # fmt: skip
     try:
         deadline = time.time() + 120
-        while len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 4 and time.time() < deadline:
+        while (
+            len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 4 and time.time() < deadline
+        ):
             time.sleep(0.5)
         time.sleep(3)  # the runs and their env workers are up
         runs = descendants(tuner.pid)
@@ -219,7 +277,9 @@ def test_a_killed_tuner_leaves_no_run_and_its_trial_is_failed_on_resume(tmp_path
     )
     try:
         deadline = time.time() + 120
-        while len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 2 and time.time() < deadline:
+        while (
+            len(list((tmp_path / "runs").glob("trial-*/*.stdout"))) < 2 and time.time() < deadline
+        ):
             time.sleep(0.5)
         time.sleep(2)
         runs = descendants(tuner.pid)
@@ -259,7 +319,11 @@ def test_a_killed_tuner_leaves_no_run_and_its_trial_is_failed_on_resume(tmp_path
     ],
 )
 def test_bad_input_is_one_error_line_and_writes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, extra: list[str], message: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    extra: list[str],
+    message: str,
 ) -> None:
     arguments = tune_command(tmp_path, *QUICK, *extra)[3:]
     assert harness(monkeypatch, *arguments) == 2
@@ -271,7 +335,9 @@ def test_bad_input_is_one_error_line_and_writes_nothing(
 def test_a_rerun_with_other_settings_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    arguments = tune_command(tmp_path, *QUICK, "--trials", "0", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")
+    arguments = tune_command(
+        tmp_path, *QUICK, "--trials", "0", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0"
+    )
     assert harness(monkeypatch, *arguments[3:]) == 0
     assert harness(monkeypatch, *arguments[3:], "--space", "learning-rate=log:1e-4:1e-2") == 2
     assert "was made with other settings (space)" in capsys.readouterr().err
@@ -280,8 +346,18 @@ def test_a_rerun_with_other_settings_is_refused(
 def test_a_trial_flag_replaces_the_same_flag_of_the_sweeps_flags() -> None:
     flags = ["--num-envs", "4", "--no-shared-core", "--gamma", "0.9"]
     settings = {"script": "ppo_lstm", "steps": 1000, "eval_episodes": 2, "flags": flags}
-    command = tune_module.command_line(settings, "PendulumNoVel-v1", ["--shared-core", "--num-envs", "8"])
-    assert command[6:] == ["--eval-episodes", "2", "--gamma", "0.9", "--shared-core", "--num-envs", "8"]
+    command = tune_module.command_line(
+        settings, "PendulumNoVel-v1", ["--shared-core", "--num-envs", "8"]
+    )
+    assert command[6:] == [
+        "--eval-episodes",
+        "2",
+        "--gamma",
+        "0.9",
+        "--shared-core",
+        "--num-envs",
+        "8",
+    ]
     assert tune_module.resolve_args("ppo_lstm", command[2:]).shared_core is True
 
 
@@ -289,18 +365,38 @@ def test_a_new_study_refuses_a_folder_of_another_studys_trials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     (tmp_path / "runs" / "trial-0000").mkdir(parents=True)
-    arguments = tune_command(tmp_path, *QUICK, "--trials", "1", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")
+    arguments = tune_command(
+        tmp_path, *QUICK, "--trials", "1", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0"
+    )
     assert harness(monkeypatch, *arguments[3:]) == 2
     assert "holds the trials of another study" in capsys.readouterr().err
     assert load(tmp_path).trials == []
 
 
-def test_a_database_url_is_optunas_rdb_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_database_url_is_optunas_rdb_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = f"sqlite:///{tmp_path / 'tune.db'}"
-    arguments = [*tune_command(tmp_path, *QUICK, "--trials", "1", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0")]
+    arguments = [
+        *tune_command(
+            tmp_path, *QUICK, "--trials", "1", "--random", "Probe4-v0=0", "--random", "Probe5-v0=0"
+        )
+    ]
     arguments[arguments.index("--storage") + 1] = url
     assert harness(monkeypatch, *arguments[3:]) == 0
     [trial] = optuna.load_study(study_name="probes", storage=url).get_trials()
     assert trial.state == TrialState.COMPLETE and trial.user_attrs["sps"] > 0
     assert not (tmp_path / "tune.journal").exists()
-    assert harness(monkeypatch, "tune-report", "--study", "probes", "--storage", url, "--out", str(tmp_path / "r")) == 0
+    assert (
+        harness(
+            monkeypatch,
+            "tune-report",
+            "--study",
+            "probes",
+            "--storage",
+            url,
+            "--out",
+            str(tmp_path / "r"),
+        )
+        == 0
+    )

@@ -55,7 +55,9 @@ def test_the_same_flag_twice_is_a_usage_error():
 
 
 def test_toggles_and_optional_values_become_the_flags_the_script_takes():
-    norm_adv, target_kl = build_space("ppo_lstm", ["norm-adv=choice:true,false", "target-kl=choice:None,0.02"], [])
+    norm_adv, target_kl = build_space(
+        "ppo_lstm", ["norm-adv=choice:true,false", "target-kl=choice:None,0.02"], []
+    )
     assert norm_adv.flags("true") == ["--norm-adv"] and norm_adv.flags("false") == ["--no-norm-adv"]
     args = resolve_args("ppo_lstm", [*norm_adv.flags("false"), *target_kl.flags("None")])
     assert args.norm_adv is False and args.target_kl is None
@@ -64,14 +66,22 @@ def test_toggles_and_optional_values_become_the_flags_the_script_takes():
 def test_base_flags_are_part_of_the_check():
     # 512 steps an iteration (4 envs x 128) split into 3 minibatches is refused only with the base flags given
     with pytest.raises(UsageError, match="refuses --num-minibatches 3"):
-        build_space("ppo_fc", ["num-minibatches=choice:2,3"], ["--num-envs", "4", "--num-steps", "128"])
+        build_space(
+            "ppo_fc", ["num-minibatches=choice:2,3"], ["--num-envs", "4", "--num-steps", "128"]
+        )
 
 
 def test_a_space_file_takes_comments_and_joins_the_command_line(tmp_path):
     path = tmp_path / "space.txt"
-    path.write_text("# the lstm's memory\nrnn-hidden-size=choice:64,128  # two sizes\n\nbptt-len=choice:0,32\n")
+    path.write_text(
+        "# the lstm's memory\nrnn-hidden-size=choice:64,128  # two sizes\n\nbptt-len=choice:0,32\n"
+    )
     lines = space_lines(["learning-rate=log:1e-4:1e-3"], [path])
-    assert lines == ["rnn-hidden-size=choice:64,128", "bptt-len=choice:0,32", "learning-rate=log:1e-4:1e-3"]
+    assert lines == [
+        "rnn-hidden-size=choice:64,128",
+        "bptt-len=choice:0,32",
+        "learning-rate=log:1e-4:1e-3",
+    ]
     assert [param.field for param in build_space("ppo_lstm", lines, [])] == [
         "rnn_hidden_size",
         "bptt_len",

@@ -47,8 +47,13 @@ def main() -> None:
     batches = []
     for _ in range(UPDATES):
         observations, next_observations = torch.randn(2, args.batch_size, observation_size)
-        actions = torch.rand(args.batch_size, action_size) * 2 - 1  # unit bounds: SB3's scaled actions are the env's
-        rewards, terminations = torch.randn(args.batch_size), (torch.rand(args.batch_size) < 0.1).float()
+        actions = (
+            torch.rand(args.batch_size, action_size) * 2 - 1
+        )  # unit bounds: SB3's scaled actions are the env's
+        rewards, terminations = (
+            torch.randn(args.batch_size),
+            (torch.rand(args.batch_size) < 0.1).float(),
+        )
         batches.append((observations, next_observations, actions, rewards, terminations))
     given = iter(batches)
 
@@ -61,7 +66,13 @@ def main() -> None:
     model.train(gradient_steps=UPDATES, batch_size=args.batch_size)
 
     updates = 0
-    for observations, next_observations, b_actions, b_rewards, b_terminations in batches:  # ddpg.py's lines
+    for (
+        observations,
+        next_observations,
+        b_actions,
+        b_rewards,
+        b_terminations,
+    ) in batches:  # ddpg.py's lines
         with torch.no_grad():
             next_q = agent.qf1_target(next_observations, agent.actor_target(next_observations))
             next_q_value = b_rewards + (1 - b_terminations) * args.gamma * next_q
@@ -80,8 +91,14 @@ def main() -> None:
             ddpg.polyak_update(agent.qf1_target, agent.qf1, args.tau)
 
     for name, (ours, theirs) in pairs.items():
-        moved = max((p - p0).abs().max().item() for p, p0 in zip(ours.parameters(), start[name], strict=True))
-        apart = max((p - q).abs().max().item() for p, q in zip(ours.parameters(), theirs.parameters(), strict=True))
+        moved = max(
+            (p - p0).abs().max().item()
+            for p, p0 in zip(ours.parameters(), start[name], strict=True)
+        )
+        apart = max(
+            (p - q).abs().max().item()
+            for p, q in zip(ours.parameters(), theirs.parameters(), strict=True)
+        )
         print(f"{name}: moved by up to {moved:.2e}, ddpg.py and SB3 apart by up to {apart:.2e}")
 
 

@@ -55,7 +55,9 @@ ANGLES, SPEEDS, TORQUES = 360, 241, np.linspace(-2.0, 2.0, 41)
 """the grid of the dynamic programme: angles over the circle, speeds over [-8, 8], torques"""
 
 
-def pendulum_step(angle: np.ndarray, speed: np.ndarray, torque: np.ndarray) -> tuple[np.ndarray, ...]:
+def pendulum_step(
+    angle: np.ndarray, speed: np.ndarray, torque: np.ndarray
+) -> tuple[np.ndarray, ...]:
     """PendulumEnv.step's maths (g 10, m 1, l 1, dt 0.05, speeds within 8): the reward and the next state."""
     reward = -((((angle + np.pi) % (2 * np.pi)) - np.pi) ** 2 + 0.1 * speed**2 + 0.001 * torque**2)
     speed = np.clip(speed + (15.0 * np.sin(angle) + 3.0 * torque) * 0.05, -8.0, 8.0)
@@ -80,7 +82,9 @@ def interpolate(values: np.ndarray, angle: np.ndarray, speed: np.ndarray) -> np.
 def optimal_values(steps: int = 200) -> list[np.ndarray]:
     """The best return from each grid state with t steps to go, for t = 0 .. steps (finite-horizon value iteration
     over the grid and TORQUES)."""
-    angle, speed = np.meshgrid(np.arange(ANGLES) / ANGLES * 2 * np.pi, np.linspace(-8.0, 8.0, SPEEDS), indexing="ij")
+    angle, speed = np.meshgrid(
+        np.arange(ANGLES) / ANGLES * 2 * np.pi, np.linspace(-8.0, 8.0, SPEEDS), indexing="ij"
+    )
     angle, speed, torque = angle[..., None], speed[..., None], TORQUES
     reward, next_angle, next_speed = pendulum_step(angle, speed, torque)
     values = [np.zeros((ANGLES, SPEEDS))]
@@ -115,7 +119,8 @@ def main() -> None:
         returns = [episode_return(agent.actor, state) for state in states]
         best = [planned_return(values, state) for state in states]
         print(
-            f"seed {seed}, the last {LAST} start states: the actor {np.mean(returns):.1f}", [round(r) for r in returns]
+            f"seed {seed}, the last {LAST} start states: the actor {np.mean(returns):.1f}",
+            [round(r) for r in returns],
         )
         print(f"  planned on the value grid {np.mean(best):.1f}", [round(r) for r in best])
     rng = np.random.default_rng(0)
@@ -123,8 +128,12 @@ def main() -> None:
     random_returns = [episode_return(agent.actor, state) for state in starts]
     planned = [planned_return(values, state) for state in starts]
     spread = np.std(random_returns) / np.sqrt(LAST)
-    print(f"{RANDOM_STARTS} random start states: the actor {np.mean(random_returns):.1f} (a mean of {LAST} spreads by")
-    print(f"  {spread:.1f} from the start states alone), planned on the value grid {np.mean(planned):.1f}")
+    print(
+        f"{RANDOM_STARTS} random start states: the actor {np.mean(random_returns):.1f} (a mean of {LAST} spreads by"
+    )
+    print(
+        f"  {spread:.1f} from the start states alone), planned on the value grid {np.mean(planned):.1f}"
+    )
 
 
 if __name__ == "__main__":

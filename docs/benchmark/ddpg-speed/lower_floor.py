@@ -31,7 +31,9 @@ def main() -> None:
     observations, next_observations = torch.randn(2, args.batch_size, 3)
     actions, rewards = torch.rand(args.batch_size, 1) * 4 - 2, torch.randn(args.batch_size)
 
-    def critic_loss(observations: torch.Tensor, actions: torch.Tensor, next_observations: torch.Tensor) -> torch.Tensor:
+    def critic_loss(
+        observations: torch.Tensor, actions: torch.Tensor, next_observations: torch.Tensor
+    ) -> torch.Tensor:
         with torch.no_grad():
             next_q = agent.qf1_target(next_observations, agent.actor_target(next_observations))
         return F.mse_loss(agent.qf1(observations, actions), rewards + args.gamma * next_q)
@@ -89,7 +91,9 @@ def main() -> None:
             seconds[name].append((time.perf_counter() - start) / repeats)
     print(f"{torch.get_num_threads()} threads; compiling took {compile_seconds:.1f} s")
     for name, times in seconds.items():
-        print(f"{name}: {np.mean(times) * 1e3:.3f} ms a call, blocks {[round(t * 1e3, 3) for t in times]}")
+        print(
+            f"{name}: {np.mean(times) * 1e3:.3f} ms a call, blocks {[round(t * 1e3, 3) for t in times]}"
+        )
     for new, old in (("compiled", "plain"), ("one bmm", "two products")):
         print(
             f"{new} / {old}, block by block:",
