@@ -56,8 +56,6 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, use a GPU when one is available"""
-    torch_threads: int | None = None
-    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
     track: bool = False
     """if toggled, track the run with Weights and Biases (works with WANDB_MODE=offline)"""
     wandb_project_name: str = "onefile-rl"
@@ -66,14 +64,48 @@ class Args:
     """the wandb entity (team or user)"""
     capture_video: bool = False
     """if toggled, record videos of env 0 into the run folder's `videos`"""
-    video_every: int = 50
-    """with --capture-video, record one episode of env 0 in every this many"""
-    run_dir: str = "runs"
-    """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
-    progress: bool = True
-    """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
     save_model: bool = True
     """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
+    env_id: str = "Pendulum-v1"
+    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
+    total_timesteps: int = 1_000_000
+    """total env transitions of the experiment (rounded down to whole vector steps)"""
+    learning_rate: float = 3e-4
+    """the learning rate of both optimizers"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size (transitions)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of sample from the replay memory"""
+    exploration_noise: float = 0.1
+    """the scale of the exploration noise, in units of each action dimension's half-range"""
+    learning_starts: int = 10_000
+    """transitions of uniform random actions before learning starts"""
+    policy_frequency: int = 2
+    """the frequency of training the actor, in critic updates (delayed)"""
+
+    # Beyond CleanRL's flags: this script's own
+    num_envs: int = 1
+    """the number of parallel environments"""
+    anneal_lr: bool = False
+    """toggle learning rate annealing"""
+    end_learning_rate: float = 0.0
+    """with --anneal-lr, the learning rate falls linearly towards this value"""
+    noise: Literal["gaussian", "ou"] = "gaussian"
+    """the exploration noise: gaussian, or an Ornstein-Uhlenbeck process per env"""
+    updates_per_step: int = 1
+    """gradient steps per env transition"""
+    hidden_size: int = 256
+    """width of the two hidden layers of the actor and of the critic"""
+
+    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads, progress
+    run_dir: str = "runs"
+    """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
+    video_every: int = 50
+    """with --capture-video, record one episode of env 0 in every this many"""
     checkpoint_every: int = 0
     """write a checkpoint every this many iterations, one vector step each (0: only at the end, when --save-model)"""
     save_buffer: bool = False
@@ -88,40 +120,12 @@ class Args:
     """also evaluate for --eval-episodes episodes every this many steps during training (0: never)"""
     save_trajectories: str | None = None
     """record the training steps (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
-    env_id: str = "Pendulum-v1"
-    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
-    total_timesteps: int = 1_000_000
-    """total env transitions of the experiment (rounded down to whole vector steps)"""
-    num_envs: int = 1
-    """the number of parallel environments"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
-    learning_rate: float = 3e-4
-    """the learning rate of both optimizers"""
-    anneal_lr: bool = False
-    """toggle learning rate annealing"""
-    end_learning_rate: float = 0.0
-    """with --anneal-lr, the learning rate falls linearly towards this value"""
-    buffer_size: int = 1_000_000
-    """the replay memory buffer size (transitions)"""
-    gamma: float = 0.99
-    """the discount factor gamma"""
-    tau: float = 0.005
-    """target smoothing coefficient"""
-    batch_size: int = 256
-    """the batch size of sample from the replay memory"""
-    noise: Literal["gaussian", "ou"] = "gaussian"
-    """the exploration noise: gaussian, or an Ornstein-Uhlenbeck process per env"""
-    exploration_noise: float = 0.1
-    """the scale of the exploration noise, in units of each action dimension's half-range"""
-    learning_starts: int = 10_000
-    """transitions of uniform random actions before learning starts"""
-    updates_per_step: int = 1
-    """gradient steps per env transition"""
-    policy_frequency: int = 2
-    """the frequency of training the actor, in critic updates (delayed)"""
-    hidden_size: int = 256
-    """width of the two hidden layers of the actor and of the critic"""
+    torch_threads: int | None = None
+    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
+    progress: bool = True
+    """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
 
 
 OU_THETA = 0.15

@@ -75,10 +75,6 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, use a GPU when one is available"""
-    dist_backend: str | None = None
-    """under torchrun: the process group's backend (default: nccl on a GPU, gloo on the CPU)"""
-    torch_threads: int | None = None
-    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
     track: bool = False
     """if toggled, track the run with Weights and Biases (works with WANDB_MODE=offline)"""
     wandb_project_name: str = "onefile-rl"
@@ -87,44 +83,16 @@ class Args:
     """the wandb entity (team or user)"""
     capture_video: bool = False
     """if toggled, record videos of env 0 into `{run_dir}/{run_name}/videos`"""
-    video_every: int = 50
-    """with --capture-video, record one episode of env 0 in every this many"""
-    run_dir: str = "runs"
-    """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
-    progress: bool = True
-    """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
-    save_model: bool = True
-    """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
-    checkpoint_every: int = 0
-    """write a checkpoint every this many iterations (0: only at the end, when --save-model)"""
-    resume: str | None = None
-    """continue the run of this checkpoint: its settings, run folder, step count and schedule"""
-    eval_checkpoint: str | None = None
-    """evaluate the agent of this checkpoint for --eval-episodes episodes, then exit"""
-    eval_episodes: int = 10
-    """episodes of evaluation after training, actions drawn by --sampling-method (0: none)"""
-    sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
-    """how evaluation draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
-    temperature: float = 1.0
-    """with --sampling-method temperature: divides the logits, or multiplies the std"""
-    sampling_k: int = 2
-    """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
-    save_trajectories: str | None = None
-    """record the training rollouts (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 500_000
     """total timesteps of the experiment (rounded down to whole batches)"""
-    num_envs: int = 8
-    """the number of parallel environments (docs/ppo_transformer.md)"""
-    async_envs: bool = False
-    """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
-    num_steps: int = 128
-    """the number of steps to run in each environment per policy rollout"""
     learning_rate: float = 1e-3
     """the learning rate of the optimizer (docs/ppo_transformer.md)"""
-    end_learning_rate: float = 0.0
-    """with --anneal-lr, the learning rate falls linearly towards this value"""
+    num_envs: int = 8
+    """the number of parallel environments (docs/ppo_transformer.md)"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
     """toggle learning rate annealing"""
     gamma: float = 0.99
@@ -149,6 +117,10 @@ class Args:
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = 0.02
     """stop the epochs of an update once the approximate KL exceeds this (None: never; docs/ppo_transformer.md)"""
+
+    # Beyond CleanRL's flags: this script's own
+    end_learning_rate: float = 0.0
+    """with --anneal-lr, the learning rate falls linearly towards this value"""
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = True
@@ -169,6 +141,38 @@ class Args:
     """if toggled, each observation carries the previous action and reward (zeros at an episode's first step)"""
     encoder: Literal["auto", "mlp", "cnn"] = "auto"
     """auto: a CNN for images (uint8, rank 2 or 3 with channels first or last, 36x36 or more), an MLP otherwise"""
+
+    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads, progress
+    run_dir: str = "runs"
+    """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
+    video_every: int = 50
+    """with --capture-video, record one episode of env 0 in every this many"""
+    save_model: bool = True
+    """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
+    checkpoint_every: int = 0
+    """write a checkpoint every this many iterations (0: only at the end, when --save-model)"""
+    resume: str | None = None
+    """continue the run of this checkpoint: its settings, run folder, step count and schedule"""
+    eval_checkpoint: str | None = None
+    """evaluate the agent of this checkpoint for --eval-episodes episodes, then exit"""
+    eval_episodes: int = 10
+    """episodes of evaluation after training, actions drawn by --sampling-method (0: none)"""
+    sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
+    """how evaluation draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
+    temperature: float = 1.0
+    """with --sampling-method temperature: divides the logits, or multiplies the std"""
+    sampling_k: int = 2
+    """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
+    save_trajectories: str | None = None
+    """record the training rollouts (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
+    async_envs: bool = False
+    """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
+    torch_threads: int | None = None
+    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
+    progress: bool = True
+    """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
+    dist_backend: str | None = None
+    """under torchrun: the process group's backend (default: nccl on a GPU, gloo on the CPU)"""
 
 
 class PreviousActionReward(gym.Wrapper):

@@ -6,7 +6,7 @@ around (a readability pass, a refactor) must leave them bit-identical.
 
 Each run is the script as a subprocess, in a temporary run folder, with one torch thread; its fingerprint is the
 SHA-256 of the final checkpoint's model tensors, in order, by value (not by name: a renamed module keeps its
-fingerprint), and of the optimizer's state tensors.
+fingerprint), and of the optimizers' state tensors.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def fingerprint(checkpoint_path: Path) -> str:
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
     digest = hashlib.sha256()
     tensors = list(checkpoint["model"].values())
-    for state in checkpoint["optimizer"]["state"].values():
+    optimizers = [value for key, value in sorted(checkpoint.items()) if key.endswith("optimizer")]
+    for state in (state for optimizer in optimizers for state in optimizer["state"].values()):
         tensors += [value for _, value in sorted(state.items()) if isinstance(value, torch.Tensor)]
     for tensor in tensors:
         digest.update(str(tuple(tensor.shape)).encode())
