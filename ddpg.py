@@ -185,9 +185,8 @@ class Actor(nn.Module):
         )
         self.register_buffer("action_scale", (high - low) / 2)
         self.register_buffer("action_bias", (high + low) / 2)
-        self.action_shape = (
-            action_space.shape
-        )  # the actor's output is flat; the env takes this shape
+        # the actor's output is flat; the env takes this shape
+        self.action_shape = action_space.shape
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x) * self.action_scale + self.action_bias
@@ -339,9 +338,8 @@ def train(args: Args) -> TrainResult:
     args, checkpoint = from_checkpoint(
         args.resume, args, (*checkpoints.RUN_TIME_FLAGS, "save_buffer"), strict=True
     )
-    num_iterations = (
-        args.total_timesteps // args.num_envs
-    )  # one vector step each: num_envs transitions
+    # one vector step each: num_envs transitions
+    num_iterations = args.total_timesteps // args.num_envs
 
     device = seed_and_pick_device(
         args.seed, args.torch_deterministic, args.torch_threads, args.cuda
@@ -387,9 +385,8 @@ def train(args: Args) -> TrainResult:
                 f"{args.resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
             )
 
-    next_obs, carried = env_state.start(
-        envs, checkpoint, args.seed + global_step
-    )  # last: after everything is built
+    # last: after everything is built
+    next_obs, carried = env_state.start(envs, checkpoint, args.seed + global_step)
     recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried)
     episode_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
     log = tracking.TrainingLog(
@@ -440,10 +437,8 @@ def train(args: Args) -> TrainResult:
                         1.0 - frac
                     ) * args.learning_rate + frac * args.end_learning_rate
             iteration_start = time.time()
-            env_obs, obs = (
-                next_obs,
-                next_obs.astype(np.float32),
-            )  # the env's, in its dtype, for the recorder
+            # the env's, in its dtype, for the recorder
+            env_obs, obs = (next_obs, next_obs.astype(np.float32))
             noise = exploration_noise(args, noise_state, episode_starts)
             if global_step < args.learning_starts:
                 # From the seeded generator that checkpoints hold (an action space's own is not seeded).
@@ -517,9 +512,8 @@ def train(args: Args) -> TrainResult:
                 log.iteration(global_step, scalars)
             every = args.eval_every
             crossed = every and global_step // every > (global_step - args.num_envs) // every
-            if crossed and not (
-                iteration == num_iterations and args.eval_episodes
-            ):  # the last: evaluated after it
+            # the last: evaluated after it
+            if crossed and not (iteration == num_iterations and args.eval_episodes):
                 evaluate(agent, args, run.writer, global_step)
             saving.iteration_done(iteration)
             if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration

@@ -8,7 +8,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,11 +26,9 @@ from common import (
     checkpoints,
     cli,
     distributed,
-    env_state,
     evaluation,
     run_start,
     stand_in,
-    tracking,
 )
 from common.envs import (
     IMAGE,
@@ -46,20 +43,16 @@ from common.envs import (
     observation_tensor,
     observation_zeros,
     store_observation,
-    training_envs,
 )
 from common.errors import PolicyMismatch, UsageError, check_finite
-from common.interrupt import GracefulInterrupt
 from common.running_norm import RunningNorm
-from common.seeding import seed_and_pick_device, threads_for
+from common.seeding import threads_for
 from common.train_result import TrainResult
-from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = (
     4  # 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
 )
-CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 
 
 @dataclass
@@ -183,9 +176,8 @@ def make_env(
             )
         else:
             env = gym.make(env_id, **atari.make_kwargs(env_id))
-        env = atari.preprocessed(
-            env, frame_stack=4
-        )  # CleanRL's Atari wrappers (only for Atari games)
+        # CleanRL's Atari wrappers (only for Atari games)
+        env = atari.preprocessed(env, frame_stack=4)
         # per env: vector observation wrappers refuse SAME_STEP autoreset
         return joint_actions(flat_observations(env, keep_images=True, image_parts=True))
 
@@ -221,9 +213,8 @@ class NatureCNN(nn.Module):
         with torch.no_grad():
             conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
         self.linear = nn.Sequential(layer_init(nn.Linear(conv_size + vector_size, 512)), nn.ReLU())
-        self.convs.to(
-            memory_format=torch.channels_last
-        )  # oneDNN's convolutions: 1.5x faster on a CPU
+        # oneDNN's convolutions: 1.5x faster on a CPU
+        self.convs.to(memory_format=torch.channels_last)
 
     def channels_first(self, x: Tensor) -> Tensor:
         """A batch of images of this layout as (batch, channels, height, width)."""
@@ -320,9 +311,8 @@ class Agent(nn.Module):
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
         if self.discrete:
-            return Categorical(
-                logits=actor_out, validate_args=False
-            )  # validating costs more than the network
+            # validating costs more than the network
+            return Categorical(logits=actor_out, validate_args=False)
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
     def get_action_and_value(
@@ -358,239 +348,91 @@ class Agent(nn.Module):
         )
 
 
-PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""A rollout's policy: (observations, noise) -> actions."""
-
-
-def rollout_policy(
-    agent: Agent, numpy_rollout: bool, obs: np.ndarray
-) -> tuple[PolicyFunction, bool]:
-    """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a NumPy copy (with
-    `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the torch policy does on `obs`)."""
-    device = next(agent.parameters()).device
-
-    @torch.no_grad()
-    def torch_act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        policy = agent.distribution(agent(observation_tensor(obs, device))[0])
-        return agent.sample(policy, torch.as_tensor(noise, device=device)).cpu().numpy()
-
-    def numpy_act() -> PolicyFunction:  # common/stand_in.py
-        return stand_in.numpy_policy(
-            (agent.obs_norm, agent.actor), None if agent.discrete else agent.actor_logstd
-        )
-
-    trial = lambda: stand_in.trial_inputs(obs, agent.action_size)  # noqa: E731
-    act = stand_in.fitting_copy(numpy_act, torch_act, trial, agent) if numpy_rollout else None
-    return (act, True) if act is not None else (torch_act, False)
-
-
-def check_policy(
-    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool
-) -> Tensor:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
-    `actor_outs`, after checking that the actions are its draws with `noise`."""
-    policy = agent.distribution(actor_outs)
-    if agent.discrete:
-        stand_in.check_same_actions(
-            actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise
-        )
-        stand_in.check_draws(actions, probs=policy.probs)
-        return policy.log_prob(actions)
-    stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
-    stand_in.check_draws(actions, mean=policy.mean, std=policy.stddev)
-    return policy.log_prob(actions).sum(-1)
-
-
-def check_args(args: Args) -> None:
-    """Reject bad settings before anything is built or written."""
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "hidden_size",
-    )
-    positive += (
-        "video_every",
-        "sampling_k",
-        "temperature",
-        "learning_rate",
-        "clip_coef",
-        "max_grad_norm",
-    )
-    non_negative = (
-        "seed",
-        "eval_episodes",
-        "checkpoint_every",
-        "torch_threads",
-        "end_learning_rate",
-    )
-    cli.check_ranges(
-        args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
-    )
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        raise UsageError(
-            f"--num-minibatches {args.num_minibatches} must divide --num-envs x --num-steps = {batch_size}"
-        )
-    batch_size *= distributed.launched_size()  # every process's steps
-    if args.total_timesteps < batch_size:
-        raise UsageError(
-            f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
-        )
-
-
-def from_checkpoint(
-    path: str | None, args: Args, kept: tuple[str, ...], strict: bool
-) -> tuple[Args, dict | None]:
-    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
-    no path: `args` and no checkpoint."""
-    if path is None:
-        return args, None
-    checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
-    settings = checkpoints.settings(checkpoint, args, kept, strict)
-    check_args(settings)
-    return settings, checkpoint
-
-
-def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
-    """The agent for `args.env_id`, with the checkpoint's weights if given."""
-    observation_space, action_space = checked_spaces(make_env, args)
-    agent = Agent(
-        observation_space, action_space, args.hidden_size, args.norm_obs, args.encoder
-    ).to(device)
-    if checkpoint is not None:
-        checkpoints.load_weights(agent, checkpoint, args.env_id)
-    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
-    return agent
-
-
 def train(args: Args) -> TrainResult:
-    check_args(args)
-    distributed.setup(
-        args.dist_backend, args.cuda
-    )  # under torchrun: join its processes (docs/distributed.md)
-    args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
+    args, checkpoint, device = run_start.setup(args, SCRIPT, CHECKPOINT_FORMAT, check_args)
     world_size = distributed.world_size()
-    batch_size = (
-        args.num_envs * args.num_steps
-    )  # this process's; the global batch is world_size times it
-    minibatch_size = (
-        batch_size // args.num_minibatches
-    )  # this process's share of each global minibatch
-    norm_adv = args.norm_adv and minibatch_size * world_size > 1
+    # this process's; the global batch is world_size times it
+    batch_size = args.num_envs * args.num_steps
+    # this process's share of a global minibatch
+    minibatch_size = batch_size // args.num_minibatches
     global_batch_size = batch_size * world_size
     num_iterations = args.total_timesteps // global_batch_size
-    reward_clip = args.norm_reward_clip
+    norm_adv = args.norm_adv and minibatch_size * world_size > 1  # a minibatch of one has no std
 
-    # Each rank draws its own sampling noise and minibatches, from the same parameters (rank 0's).
-    seed = distributed.rank_seed(args.seed)
-    device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
-    agent = build_agent(args, checkpoint, device)
-    distributed.broadcast_module(agent)
+    agent = build_agent(args, None, device)
     # The fused kernel updates every parameter in one call: a fifth of the update time for a network this small.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-    run = run_start.start_run(args, checkpoint, num_iterations, global_batch_size)
+    # what a checkpoint carries: written and read from here
+    saved = {"model": agent, "optimizer": optimizer}
+    checkpoints.restore(checkpoint, saved)
+    distributed.broadcast_module(agent)  # every rank starts from rank 0's parameters
+    run = run_start.Run(
+        args, checkpoint, make_env, num_iterations, global_batch_size, SCRIPT, CHECKPOINT_FORMAT
+    )
     global_step = run.global_step
-    envs, reward_normalizer = training_envs(make_env, args, str(run.video_folder), checkpoint)
-    combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
+    next_obs = run.next_obs
 
     # Rollout storage, in NumPy: filled step by step without conversions. Images stay uint8 until the network.
-    observation_space = envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
-    obs = observation_zeros(
-        observation_space, args.num_steps, args.num_envs
-    )  # float32, or uint8 for images
-    final_obs = observation_map(
-        np.zeros_like, obs
-    )  # where an episode was truncated: its real last observation
-    actions = np.zeros(
-        (args.num_steps, args.num_envs, *action_shape),
-        dtype=np.int64 if agent.discrete else np.float32,
-    )
+    action_dtype = np.int64 if agent.discrete else np.float32
+    obs = observation_zeros(run.envs.single_observation_space, args.num_steps, args.num_envs)
+    final_obs = observation_map(np.zeros_like, obs)  # where an episode was truncated: its last one
+    actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=action_dtype)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations, truncations = np.zeros((2, args.num_steps, args.num_envs), dtype=bool)
-
-    next_obs_np, carried = env_state.start(
-        envs, checkpoint, args.seed + global_step
-    )  # after everything is built
-    recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried, reward_normalizer)
-    log = tracking.TrainingLog(
-        run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step
-    )
-
-    def write_checkpoint(iteration: int) -> Path:
-        state = {
-            "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "iteration": iteration,
-        }
-        state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
-        state["episodes"] = env_state.capture(envs, next_obs_np)
-        state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
-        log.flush(global_step)  # and the logs up to the checkpoint
-        return checkpoints.save(
-            run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state
-        )
+    terminations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
     def as_stored(observation: np.ndarray | dict) -> np.ndarray | dict:
         return observation_map(lambda part, stored: part.astype(stored.dtype), observation, obs)
 
+    def write_checkpoint(iteration: int) -> Path:
+        return run.save(iteration, global_step, next_obs, saved)
+
     saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
-    with GracefulInterrupt() as interrupt, closing(envs), log:
+    with run:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = (
-                    1.0 - frac
-                ) * args.learning_rate + frac * args.end_learning_rate
+                lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+                optimizer.param_groups[0]["lr"] = lrnow
             rollout_start = time.time()
 
             # The rollout only acts; log-probs and values come after it, from one torch pass over all its steps.
-            # As the rollout stores them: float32 integer observations (one-hot, MiniGrid's) would not normalise.
             # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-            numpy_rollout = (
-                args.numpy_rollout and not agent.parts and len(observation_space.shape) == 1
-            )
-            act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored(next_obs_np))
-            noise = agent.sampling_noise((args.num_steps, args.num_envs))
-            noise_np = noise.cpu().numpy()
+            numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
+            # As stored: float32 integer observations (one-hot, MiniGrid's) would not normalise.
+            act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored(next_obs))
+            noise = agent.sampling_noise((args.num_steps, args.num_envs)).cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
-                store_observation(obs, step, next_obs_np)
-                env_obs = next_obs_np  # the env's, in its dtype, for the recorder
-                actions[step] = act(observation_at(obs, step), noise_np[step])
+                store_observation(obs, step, next_obs)
+                env_obs = next_obs  # the env's, in its dtype, for the recorder
+                actions[step] = act(observation_at(obs, step), noise[step])
                 sent_action = env_action(actions[step], agent.action_space)
-                next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
-                terminations[step], truncations[step] = terminated, truncated
-                # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
-                rewards[step] = (
-                    reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
-                )
-                recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
-
+                next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
+                terminations[step] = terminated
+                truncations[step] = truncated
+                rewards[step] = reward
+                # clipped here, not by a wrapper: the recorder scales the env's back
+                if args.norm_reward:
+                    rewards[step] = reward.clip(-args.norm_reward_clip, args.norm_reward_clip)
+                run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
                 if args.bootstrap_truncation and truncated.any():
-                    last_obs = observation_map(
-                        lambda *parts: np.stack(parts), *infos["final_obs"][truncated]
-                    )
+                    last_obs = infos["final_obs"][truncated]
+                    last_obs = observation_map(lambda *parts: np.stack(parts), *last_obs)
                     store_observation(final_obs, (step, truncated), last_obs)
-                log.episodes.record(infos, global_step)
-            combine_return_stats()  # all ranks go on from the return statistics of all envs
+            run.combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             with torch.no_grad():
                 b_obs = observation_map(
-                    lambda part: torch.as_tensor(part, device=device).flatten(0, 1), obs
+                    lambda part: part.flatten(0, 1), observation_tensor(obs, device)
                 )
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
-                actor_outs, b_values = agent(b_obs)
-                b_logprobs = check_policy(
-                    actor_outs, noise.reshape(batch_size, -1), b_actions, agent, numpy_copy
-                )
-                values = b_values.reshape(args.num_steps, args.num_envs)
-                next_value = agent.get_value(observation_tensor(as_stored(next_obs_np), device))
+                b_noise = torch.as_tensor(noise, device=device).reshape(batch_size, -1)
+                b_actor_outs, b_values = agent(b_obs)
+                b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
+                values = b_values.reshape(args.num_steps, args.num_envs).cpu().numpy()
+                next_value = agent.get_value(observation_tensor(as_stored(next_obs), device))
                 # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
                 final_values = np.zeros_like(rewards)
                 truncated_only = truncations & ~terminations
@@ -598,16 +440,15 @@ def train(args: Args) -> TrainResult:
                     last_obs = observation_tensor(observation_at(final_obs, truncated_only), device)
                     final_values[truncated_only] = agent.get_value(last_obs).cpu().numpy()
                 advantages = compute_gae(
-                    rewards, values.cpu().numpy(), next_value.cpu().numpy(), terminations, truncations, final_values,
+                    rewards, values, next_value.cpu().numpy(), terminations, truncations, final_values,
                     args.gamma, args.gae_lambda,
                 )  # fmt: skip
                 b_advantages = torch.as_tensor(advantages, device=device).reshape(-1)
                 b_returns = b_advantages + b_values
-            # With a continuous policy, also the unclipped sample that `logprobs` belong to.
+            # With a continuous policy, also the unclipped sample that the log-probabilities belong to.
             sampled = {} if agent.discrete else {"actions": actions}
-            recorder.end_rollout(
-                logprobs=b_logprobs.reshape(args.num_steps, -1), values=values, **sampled
-            )
+            b_logprobs_by_step = b_logprobs.reshape(args.num_steps, -1)
+            run.recorder.end_rollout(logprobs=b_logprobs_by_step, values=values, **sampled)
             rollout_seconds = time.time() - rollout_start
 
             update_start = time.time()
@@ -656,9 +497,7 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    distributed.average_gradients(
-                        agent.parameters()
-                    )  # the global minibatch's gradient
+                    distributed.average_gradients(agent.parameters())  # the global minibatch's
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
@@ -678,13 +517,11 @@ def train(args: Args) -> TrainResult:
                 value_loss=v_loss,
                 entropy=entropy_loss,
             )
-            if isinstance(
-                agent.obs_norm, RunningNorm
-            ):  # --norm-obs, never of an image through the CNN
-                # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
-                agent.obs_norm.merge(
-                    *distributed.moments(agent.normalised_part(b_obs))
-                )  # all ranks' observations
+            # --norm-obs, never of an image through the CNN
+            if isinstance(agent.obs_norm, RunningNorm):
+                # After the update: the stored log-probs and values, GAE and the update used the same statistics.
+                # every rank's
+                agent.obs_norm.merge(*distributed.moments(agent.normalised_part(b_obs)))
             update_seconds = time.time() - update_start
 
             var_y = np.var(b_returns.cpu().numpy())
@@ -692,7 +529,7 @@ def train(args: Args) -> TrainResult:
                 np.nan if var_y == 0 else 1 - np.var((b_returns - b_values).cpu().numpy()) / var_y
             )
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
-            log.iteration(global_step, {
+            run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
                 "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
@@ -701,20 +538,14 @@ def train(args: Args) -> TrainResult:
                 "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
-            interrupt.requested = stop = distributed.any_rank(
-                interrupt.requested
-            )  # one rank's Ctrl-C stops all
-            if stop:  # Ctrl-C: the run stops after a whole iteration
+            stop = run.stop_requested()  # Ctrl-C on any rank: every rank stops after this iteration
+            if stop:
                 break
         saving.run_ended(iteration, stop)
-        recorder.save()
+        run.recorder.save()
     evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
     eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
-    log.finish()
-    episodes = log.episodes
-    return TrainResult(
-        agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path
-    )
+    return run.finish(agent, global_step, eval_returns, saving.path)
 
 
 def compute_gae(
@@ -724,9 +555,8 @@ def compute_gae(
     """GAE for a (num_steps, num_envs) rollout, in NumPy (cheaper than torch for the recursion's small steps). An
     episode end stops the recursion; a truncated step bootstraps from `final_values`, its last observation's value."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    bootstrap = np.where(
-        truncations & ~terminations, final_values, 0.0
-    )  # final_values elsewhere is not read
+    # final_values elsewhere is not read
+    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
     following_values = np.concatenate([values[1:], next_value[None]])
     deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
     advantages = np.zeros_like(deltas)
@@ -736,6 +566,105 @@ def compute_gae(
             deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
         )
     return advantages
+
+
+# What train() calls, for a second reading: argument checks, the agent, the rollout's stand-in for the policy,
+# evaluation.
+
+
+def check_args(args: Args) -> None:
+    """Reject bad settings before anything is built or written."""
+    positive = (
+        "total_timesteps",
+        "num_envs",
+        "num_steps",
+        "num_minibatches",
+        "update_epochs",
+        "hidden_size",
+    )
+    positive += (
+        "video_every",
+        "sampling_k",
+        "temperature",
+        "learning_rate",
+        "clip_coef",
+        "max_grad_norm",
+    )
+    non_negative = (
+        "seed",
+        "eval_episodes",
+        "checkpoint_every",
+        "torch_threads",
+        "end_learning_rate",
+    )
+    cli.check_ranges(
+        args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
+    )
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        raise UsageError(
+            f"--num-minibatches {args.num_minibatches} must divide --num-envs x --num-steps = {batch_size}"
+        )
+    batch_size *= distributed.launched_size()  # every process's steps
+    if args.total_timesteps < batch_size:
+        raise UsageError(
+            f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
+        )
+
+
+def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
+    """The agent for `args.env_id`, with the checkpoint's weights if given."""
+    observation_space, action_space = checked_spaces(make_env, args)
+    agent = Agent(
+        observation_space, action_space, args.hidden_size, args.norm_obs, args.encoder
+    ).to(device)
+    if checkpoint is not None:
+        checkpoints.load_weights(agent, checkpoint, args.env_id)
+    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
+    return agent
+
+
+PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""A rollout's policy: (observations, noise) -> actions."""
+
+
+def rollout_policy(
+    agent: Agent, numpy_rollout: bool, obs: np.ndarray
+) -> tuple[PolicyFunction, bool]:
+    """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a NumPy copy (with
+    `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the torch policy does on `obs`)."""
+    device = next(agent.parameters()).device
+
+    @torch.no_grad()
+    def torch_act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        policy = agent.distribution(agent(observation_tensor(obs, device))[0])
+        return agent.sample(policy, torch.as_tensor(noise, device=device)).cpu().numpy()
+
+    def numpy_act() -> PolicyFunction:  # common/stand_in.py
+        return stand_in.numpy_policy(
+            (agent.obs_norm, agent.actor), None if agent.discrete else agent.actor_logstd
+        )
+
+    trial = lambda: stand_in.trial_inputs(obs, agent.action_size)  # noqa: E731
+    act = stand_in.fitting_copy(numpy_act, torch_act, trial, agent) if numpy_rollout else None
+    return (act, True) if act is not None else (torch_act, False)
+
+
+def check_policy(
+    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool
+) -> Tensor:
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
+    `actor_outs`, after checking that the actions are its draws with `noise`."""
+    policy = agent.distribution(actor_outs)
+    if agent.discrete:
+        stand_in.check_same_actions(
+            actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise
+        )
+        stand_in.check_draws(actions, probs=policy.probs)
+        return policy.log_prob(actions)
+    stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
+    stand_in.check_draws(actions, mean=policy.mean, std=policy.stddev)
+    return policy.log_prob(actions).sum(-1)
 
 
 def evaluate(
@@ -758,12 +687,8 @@ def evaluate(
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    check_args(args)
-    trained, checkpoint = from_checkpoint(
-        args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False
-    )
-    device = seed_and_pick_device(
-        trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
+    trained, checkpoint, device = run_start.setup_evaluation(
+        args, SCRIPT, CHECKPOINT_FORMAT, check_args
     )
     agent = build_agent(trained, checkpoint, device)
     step = checkpoint["global_step"]

@@ -193,9 +193,8 @@ def make_env(
             )
         else:
             env = gym.make(env_id, **atari.make_kwargs(env_id))
-        env = atari.preprocessed(
-            env, frame_stack=1
-        )  # CleanRL's Atari wrappers (only for Atari games); the LSTM remembers
+        # CleanRL's Atari wrappers (only for Atari games); the LSTM remembers
+        env = atari.preprocessed(env, frame_stack=1)
         # per env: vector observation wrappers refuse SAME_STEP autoreset
         return joint_actions(flat_observations(env, keep_images=True, image_parts=True))
 
@@ -290,9 +289,8 @@ class NatureCNN(nn.Module):
         with torch.no_grad():
             conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
         self.linear = nn.Sequential(layer_init(nn.Linear(conv_size + vector_size, 512)), nn.ReLU())
-        self.convs.to(
-            memory_format=torch.channels_last
-        )  # oneDNN's convolutions: 1.5x faster on a CPU
+        # oneDNN's convolutions: 1.5x faster on a CPU
+        self.convs.to(memory_format=torch.channels_last)
 
     def channels_first(self, x: Tensor) -> Tensor:
         """A batch of images of this layout as (batch, channels, height, width)."""
@@ -322,9 +320,8 @@ class Core(nn.Module):
         layers: int,
     ):  # fmt: skip
         super().__init__()
-        parts = isinstance(
-            observation_space, gym.spaces.Dict
-        )  # an image and a vector (common.envs.image_and_vector)
+        # an image and a vector (common.envs.image_and_vector)
+        parts = isinstance(observation_space, gym.spaces.Dict)
         image_space = observation_space[IMAGE] if parts else observation_space
         vector_size = int(np.prod(observation_space[VECTOR].shape)) if parts else 0
         if layout is not None:  # ppo_atari_lstm.py's: the CNN's 512 features feed the cell
@@ -404,9 +401,8 @@ class Agent(nn.Module):
         self.critic_core = None if args.shared_core else Core(*core)
         self.state_size = sum(core.state_size for core in self.cores())
         self.rnn_layers = self.core.rnn.num_layers
-        self.actor = layer_init(
-            nn.Linear(self.core.rnn.hidden_size, self.action_size), std=0.01
-        )  # logits or mean
+        # logits or mean
+        self.actor = layer_init(nn.Linear(self.core.rnn.hidden_size, self.action_size), std=0.01)
         self.critic = layer_init(nn.Linear(self.cores()[-1].rnn.hidden_size, 1), std=1.0)
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
@@ -461,9 +457,8 @@ class Agent(nn.Module):
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
         if self.discrete:
-            return Categorical(
-                logits=actor_out, validate_args=False
-            )  # validating costs more than the network
+            # validating costs more than the network
+            return Categorical(logits=actor_out, validate_args=False)
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
     def log_prob_and_entropy(self, actor_out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
@@ -471,9 +466,8 @@ class Agent(nn.Module):
         policy = self.distribution(actor_out)
         if self.discrete:
             return policy.log_prob(action), policy.entropy()
-        return policy.log_prob(action).sum(-1), policy.entropy().sum(
-            -1
-        )  # independent dimensions add up
+        # independent dimensions add up
+        return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)
 
     def sampling_noise(self, batch_shape: tuple[int, ...]) -> Tensor:
         """The randomness of `sample` for a batch of observations (a rollout draws all of its steps' at once)."""
@@ -516,9 +510,8 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
     if not numpy_rollout:
         return torch_step, False
 
-    def trial() -> tuple[
-        np.ndarray, ...
-    ]:  # from a random state: every part of the next state counts
+    # from a random state: every part of the next state counts
+    def trial() -> tuple[np.ndarray, ...]:
         repeated, noise = stand_in.trial_inputs(obs, agent.action_size)
         state = np.random.default_rng(0).standard_normal(
             (agent.rnn_layers, len(repeated), agent.state_size)
@@ -631,15 +624,13 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
 
 def train(args: Args) -> TrainResult:
     check_args(args)
-    distributed.setup(
-        args.dist_backend, args.cuda
-    )  # under torchrun: join its processes (docs/distributed.md)
+    # under torchrun: join its processes (docs/distributed.md)
+    distributed.setup(args.dist_backend, args.cuda)
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     world_size = distributed.world_size()
     global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
-    norm_adv = (
-        args.norm_adv and global_batch_size > args.num_minibatches
-    )  # (a minibatch of one has no std)
+    # (a minibatch of one has no std)
+    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches
     num_iterations = args.total_timesteps // global_batch_size
     reward_clip = args.norm_reward_clip
 
@@ -660,12 +651,10 @@ def train(args: Args) -> TrainResult:
     # Rollout storage, (num_steps, num_envs, ...). Images stay uint8 until the network.
     observation_space = envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
-    obs = observation_zeros(
-        observation_space, args.num_steps, args.num_envs
-    )  # float32, or uint8 for images
-    final_values = np.zeros(
-        (args.num_steps, args.num_envs), dtype=np.float32
-    )  # where an episode was truncated
+    # float32, or uint8 for images
+    obs = observation_zeros(observation_space, args.num_steps, args.num_envs)
+    # where an episode was truncated
+    final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations, truncations, episode_starts = np.zeros(
         (3, args.num_steps, args.num_envs), dtype=bool
@@ -683,9 +672,8 @@ def train(args: Args) -> TrainResult:
     next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
     recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried, reward_normalizer)
     next_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
-    rnn_state = carried.get(
-        "rnn_state", agent.initial_state(args.num_envs).cpu().numpy()
-    )  # carried across rollouts
+    # carried across rollouts
+    rnn_state = carried.get("rnn_state", agent.initial_state(args.num_envs).cpu().numpy())
     log = tracking.TrainingLog(
         run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step
     )
@@ -814,9 +802,8 @@ def train(args: Args) -> TrainResult:
                 for i, mb in enumerate(minibatches):
                     mb_obs = observation_at(s_obs, np.s_[:, mb])
                     actor_out, newvalue, _ = agent(mb_obs, s_states[:, mb], s_starts[:, mb])
-                    if (
-                        epoch == 0 and i == 0
-                    ):  # no step yet: this pass replays the rollout's on these sequences
+                    # no step yet: this pass replays the rollout's on these sequences
+                    if epoch == 0 and i == 0:
                         recorded = (s_actor_outs[:, mb], s_values[:, mb])
                         check_replay(
                             s_states[:, mb], s_starts[:, mb], (actor_out, newvalue), recorded
@@ -855,9 +842,8 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    distributed.average_gradients(
-                        agent.parameters()
-                    )  # the global minibatch's gradient
+                    # the global minibatch's gradient
+                    distributed.average_gradients(agent.parameters())
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
@@ -877,9 +863,8 @@ def train(args: Args) -> TrainResult:
                 value_loss=v_loss,
                 entropy=entropy_loss,
             )
-            if isinstance(
-                agent.obs_norm, RunningNorm
-            ):  # --norm-obs, never of an image through the CNN
+            # --norm-obs, never of an image through the CNN
+            if isinstance(agent.obs_norm, RunningNorm):
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
                 flat_obs = agent.normalised_part(s_obs).flatten(0, 1)
                 agent.obs_norm.merge(*distributed.moments(flat_obs))  # all ranks' observations
@@ -903,9 +888,8 @@ def train(args: Args) -> TrainResult:
                 "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
-            interrupt.requested = stop = distributed.any_rank(
-                interrupt.requested
-            )  # one rank's Ctrl-C stops all
+            # one rank's Ctrl-C stops all
+            interrupt.requested = stop = distributed.any_rank(interrupt.requested)
             if stop:  # Ctrl-C: the run stops after a whole iteration
                 break
         saving.run_ended(iteration, stop)
@@ -959,9 +943,8 @@ def compute_gae(
     """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an episode end
     stops the recursion; a truncated step bootstraps from `final_values`."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    bootstrap = np.where(
-        truncations & ~terminations, final_values, 0.0
-    )  # final_values elsewhere is not read
+    # final_values elsewhere is not read
+    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
     following_values = np.concatenate([values[1:], next_value[None]])
     deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
     advantages = np.zeros_like(deltas)

@@ -243,9 +243,8 @@ def make_env(
         env = atari.preprocessed(env, frame_stack=1)
         # per env: vector observation wrappers refuse SAME_STEP autoreset
         env = joint_actions(flat_observations(env, keep_images=True, image_parts=True))
-        actions_known = isinstance(
-            env.action_space, (gym.spaces.Discrete, gym.spaces.Box)
-        )  # others: refused later
+        # others: refused later
+        actions_known = isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))
         return PreviousActionReward(env) if prev_action_reward and actions_known else env
 
     return thunk
@@ -279,9 +278,8 @@ class NatureCNN(nn.Module):
         with torch.no_grad():
             conv_size = self.convs(self.channels_first(torch.zeros(1, *self.image_shape))).shape[1]
         self.linear = nn.Sequential(layer_init(nn.Linear(conv_size, 512)), nn.ReLU())
-        self.convs.to(
-            memory_format=torch.channels_last
-        )  # oneDNN's convolutions: 1.5x faster on a CPU
+        # oneDNN's convolutions: 1.5x faster on a CPU
+        self.convs.to(memory_format=torch.channels_last)
 
     def channels_first(self, x: Tensor) -> Tensor:
         """A batch of images of this layout as (batch, channels, height, width)."""
@@ -315,9 +313,8 @@ def rotary(positions: Tensor, head_size: int) -> tuple[Tensor, Tensor]:
     """RoPE's cosines and sines for tokens at `positions` (B, T), their steps within their episodes: rotating queries
     and keys by them makes attention see how far apart two steps are, and nothing of where they are."""
     frequencies = 10_000.0 ** -(torch.arange(0, head_size, 2, device=positions.device) / head_size)
-    angles = (
-        positions[:, None, :, None].float() * frequencies
-    )  # (B, 1, T, head_size / 2), shared by the heads
+    # (B, 1, T, head_size / 2), shared by the heads
+    angles = positions[:, None, :, None].float() * frequencies
     return angles.cos(), angles.sin()
 
 
@@ -437,15 +434,13 @@ class Agent(nn.Module):
         self.embed = layer_init(nn.Linear((512 if layout else 0) + vector_size, args.d_model))
         self.blocks = nn.ModuleList(Block(self.config) for _ in range(args.n_layers))
         self.ln_f = nn.LayerNorm(args.d_model)
-        self.actor = layer_init(
-            nn.Linear(args.d_model, self.action_size), std=0.01
-        )  # logits or mean
+        # logits or mean
+        self.actor = layer_init(nn.Linear(args.d_model, self.action_size), std=0.01)
         self.critic = layer_init(nn.Linear(args.d_model, 1), std=1.0)
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
-        for block in (
-            self.blocks
-        ):  # nanoGPT's initialisation, the projections into the residual stream scaled by depth
+        # nanoGPT's initialisation, the projections into the residual stream scaled by depth
+        for block in self.blocks:
             for layer in block.modules():
                 if isinstance(layer, nn.Linear):
                     nn.init.normal_(layer.weight, 0.0, 0.02)
@@ -504,9 +499,8 @@ class Agent(nn.Module):
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
         if self.discrete:
-            return Categorical(
-                logits=actor_out, validate_args=False
-            )  # validating costs more than the network
+            # validating costs more than the network
+            return Categorical(logits=actor_out, validate_args=False)
         return Normal(actor_out, self.actor_logstd.expand_as(actor_out).exp(), validate_args=False)
 
     def log_prob_and_entropy(self, actor_out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
@@ -514,9 +508,8 @@ class Agent(nn.Module):
         policy = self.distribution(actor_out)
         if self.discrete:
             return policy.log_prob(action), policy.entropy()
-        return policy.log_prob(action).sum(-1), policy.entropy().sum(
-            -1
-        )  # independent dimensions add up
+        # independent dimensions add up
+        return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)
 
 
 class Context:
@@ -688,15 +681,13 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
 
 def train(args: Args) -> TrainResult:
     check_args(args)
-    distributed.setup(
-        args.dist_backend, args.cuda
-    )  # under torchrun: join its processes (docs/distributed.md)
+    # under torchrun: join its processes (docs/distributed.md)
+    distributed.setup(args.dist_backend, args.cuda)
     args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
     world_size = distributed.world_size()
     global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
-    norm_adv = (
-        args.norm_adv and global_batch_size > args.num_minibatches
-    )  # (a minibatch of one has no std)
+    # (a minibatch of one has no std)
+    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches
     num_iterations = args.total_timesteps // global_batch_size
     reward_clip = args.norm_reward_clip
 
@@ -720,20 +711,17 @@ def train(args: Args) -> TrainResult:
     observation_space = envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
     obs = observation_zeros(observation_space, args.num_steps, num_envs)  # images stay uint8
-    positions = np.zeros(
-        (args.num_steps, num_envs), dtype=np.int64
-    )  # each step's index within its episode
-    final_values = np.zeros(
-        (args.num_steps, num_envs), dtype=np.float32
-    )  # where an episode was truncated
+    # each step's index within its episode
+    positions = np.zeros((args.num_steps, num_envs), dtype=np.int64)
+    # where an episode was truncated
+    final_values = np.zeros((args.num_steps, num_envs), dtype=np.float32)
     rewards = np.zeros((args.num_steps, num_envs), dtype=np.float32)
     terminations, truncations, episode_starts = np.zeros((3, args.num_steps, num_envs), dtype=bool)
     actions = np.zeros(
         (args.num_steps, num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32
     )
-    acted_outs = torch.zeros(
-        (args.num_steps, num_envs, agent.action_size), device=device
-    )  # what the rollout saw
+    # what the rollout saw
+    acted_outs = torch.zeros((args.num_steps, num_envs, agent.action_size), device=device)
     acted_values = torch.zeros((args.num_steps, num_envs), device=device)
 
     # Last, after everything is built. Each env carries its last L(K-1) steps across rollouts (and checkpoints):
@@ -850,10 +838,8 @@ def train(args: Args) -> TrainResult:
             s_mask = window_mask(s_episodes, args.context_len)
             with torch.no_grad():
                 actor_outs, values, _ = agent(s_obs, s_positions, s_mask)
-                actor_outs, values = (
-                    actor_outs[:, prefix:],
-                    values[:, prefix:],
-                )  # (num_envs, num_steps, ...)
+                # (num_envs, num_steps, ...)
+                actor_outs, values = (actor_outs[:, prefix:], values[:, prefix:])
                 check_outputs(
                     (actor_outs, values), (acted_outs.transpose(0, 1), acted_values.T), s_positions[:, prefix:],
                     "the rollout's key/value context (Context.step) acted otherwise than Agent.forward along each "
@@ -897,10 +883,8 @@ def train(args: Args) -> TrainResult:
                 for i, mb in enumerate(minibatches):
                     mb_obs = observation_at(s_obs, mb)
                     actor_out, newvalue, _ = agent(mb_obs, s_positions[mb], s_mask[mb])
-                    actor_out, newvalue = (
-                        actor_out[:, prefix:],
-                        newvalue[:, prefix:],
-                    )  # only the rollout's steps
+                    # only the rollout's steps
+                    actor_out, newvalue = (actor_out[:, prefix:], newvalue[:, prefix:])
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         check_outputs(
                             (actor_out, newvalue), (acted_outs[:, mb].transpose(0, 1), acted_values[:, mb].T),
@@ -939,9 +923,8 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    distributed.average_gradients(
-                        agent.parameters()
-                    )  # the global minibatch's gradient
+                    # the global minibatch's gradient
+                    distributed.average_gradients(agent.parameters())
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
@@ -964,9 +947,8 @@ def train(args: Args) -> TrainResult:
             if agent.obs_norm is not None:  # --norm-obs, where there is a vector
                 # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
                 vectors = agent.vector_part(obs_tensor(obs))
-                agent.obs_norm.merge(
-                    *distributed.moments(vectors.reshape(-1, vectors.shape[-1]))
-                )  # all ranks'
+                # all ranks'
+                agent.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))
             update_seconds = time.time() - update_start
 
             var_y = np.var(returns.cpu().numpy())
@@ -987,9 +969,8 @@ def train(args: Args) -> TrainResult:
                 "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
             })  # fmt: skip
             saving.iteration_done(iteration)
-            interrupt.requested = stop = distributed.any_rank(
-                interrupt.requested
-            )  # one rank's Ctrl-C stops all
+            # one rank's Ctrl-C stops all
+            interrupt.requested = stop = distributed.any_rank(interrupt.requested)
             if stop:  # Ctrl-C: the run stops after a whole iteration
                 break
         saving.run_ended(iteration, stop)
@@ -1021,9 +1002,8 @@ def compute_gae(
     """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an episode end
     stops the recursion; a truncated step bootstraps from `final_values`."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    bootstrap = np.where(
-        truncations & ~terminations, final_values, 0.0
-    )  # final_values elsewhere is not read
+    # final_values elsewhere is not read
+    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
     following_values = np.concatenate([values[1:], next_value[None]])
     deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
     advantages = np.zeros_like(deltas)

@@ -66,9 +66,8 @@ def answers_by_action(data: dict[str, np.ndarray]) -> dict[int, tuple[float, flo
     try:
         space = gym.make(resolve_env_id(json.loads(str(data["/meta/args"]))["env_id"])).action_space
         num_actions = int(space.n)
-    except (
-        Exception
-    ):  # no args, an env that cannot be made here, or not a discrete one: the answers given
+    # no args, an env that cannot be made here, or not a discrete one: the answers given
+    except Exception:
         num_actions = int(actions.max()) + 1
     return {
         action: (

@@ -185,9 +185,8 @@ def time_variant(options: argparse.Namespace) -> None:
     device, variant = torch.device(options.device), options.variant
     _, args, agent = floor_agent("ppo_fc", [*OURS["ppo_fc"][1:], "--env-id", ENV_ID])
     agent.to(device)
-    torch.backends.cudnn.deterministic = (
-        args.torch_deterministic
-    )  # as the scripts and CleanRL's set it
+    # as the scripts and CleanRL's set it
+    torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.backends.cudnn.allow_tf32 = "TF32" in variant
     minibatch = args.num_envs * args.num_steps // args.num_minibatches
     frames = torch.randint(0, 256, (minibatch, 4, 84, 84), dtype=torch.uint8, device=device)
@@ -239,9 +238,8 @@ def time_variant(options: argparse.Namespace) -> None:
         loss = (
             -logprob.mean() - args.ent_coef * entropy.mean() + args.vf_coef * value.square().mean()
         )
-        optimizer.zero_grad(
-            set_to_none=not graphed
-        )  # a CUDA graph keeps its gradients at fixed addresses
+        # a CUDA graph keeps its gradients at fixed addresses
+        optimizer.zero_grad(set_to_none=not graphed)
         loss.backward()
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
         optimizer.step()
@@ -282,9 +280,8 @@ def main() -> None:
     options.out.mkdir(parents=True, exist_ok=True)
     if options.variant:
         return time_variant(options)
-    options.cleanrl = (
-        options.cleanrl and options.cleanrl.resolve()
-    )  # its runs start in folders of their own
+    # its runs start in folders of their own
+    options.cleanrl = options.cleanrl and options.cleanrl.resolve()
     print(
         f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}"
     )

@@ -173,9 +173,8 @@ def sb3(args: Sb3Args) -> None:
     writer = SummaryWriter(str(run_path))
     envs = make_sb3_envs(args.env_id, settings, args.seed)
     model = build_sb3_model(args.algo, settings, envs, args.seed)
-    threads_for(
-        settings["torch_threads"], model.policy
-    )  # left out: by the network, by the scripts' own rule
+    # left out: by the network, by the scripts' own rule
+    threads_for(settings["torch_threads"], model.policy)
 
     class Logger(BaseCallback):
         """Every finished episode (Monitor's raw return), and SPS and resident memory about every 512 steps."""
@@ -199,9 +198,8 @@ def sb3(args: Sb3Args) -> None:
                     time.perf_counter() - self.start_time
                 )
                 writer.add_scalar("charts/SPS", int(sps), self.num_timesteps)
-                writer.add_scalar(
-                    "system/rss_mb", rss_mb(), self.num_timesteps
-                )  # as the scripts log it
+                # as the scripts log it
+                writer.add_scalar("system/rss_mb", rss_mb(), self.num_timesteps)
             return True
 
     model.learn(total_timesteps=args.total_timesteps, callback=Logger())
@@ -287,9 +285,8 @@ def build_sb3_model(algo: str, settings: dict[str, Any], envs: Any, seed: int) -
     activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[settings["activation"]]
     hidden = settings["hidden_sizes"]
     common = {"seed": seed, "device": "cpu", "verbose": 0, **settings["model"]}
-    common["learning_rate"] = lambda remaining: (
-        end + (start - end) * remaining
-    )  # remaining: 1 at the start, 0 at the end
+    # remaining: 1 at the start, 0 at the end
+    common["learning_rate"] = lambda remaining: end + (start - end) * remaining
     if algo in ("ddpg", "td3"):
         from stable_baselines3 import DDPG, TD3
         from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
@@ -302,9 +299,8 @@ def build_sb3_model(algo: str, settings: dict[str, Any], envs: Any, seed: int) -
             "activation_fn": activation,
             **settings.get("policy_kwargs", {}),
         }
-        if (
-            settings.get("noise", "gaussian") == "ou"
-        ):  # the DDPG paper's discrete form: a time step of 1
+        # the DDPG paper's discrete form: a time step of 1
+        if settings.get("noise", "gaussian") == "ou":
             action_noise = OrnsteinUhlenbeckActionNoise(
                 np.zeros(action_space.shape), noise_std, theta=0.15, dt=1.0
             )

@@ -407,9 +407,8 @@ class Suite(NamedTuple):
 
 SUITES: dict[str, Suite] = {
     "quick": Suite((("ppo_fc", "CartPole-v1", 100_000),), (1, 2)),  # a few minutes on 2 cores
-    "full": Suite(
-        (("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3, 4, 5)
-    ),  # the numbers in the README
+    # the numbers in the README
+    "full": Suite((("ppo_fc", "CartPole-v1", 500_000),), (1, 2, 3, 4, 5)),
     "recurrent": Suite(  # ppo_lstm's numbers in the README
         (
             ("ppo_lstm", "CartPole-v1", 500_000),

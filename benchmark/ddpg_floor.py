@@ -26,9 +26,8 @@ def update_floor_seconds(flags: list[str], repeats: int = 200) -> tuple[float, f
     """Seconds of the critic's update and of the actor's (with the targets' move), each the median of `repeats`, for
     ddpg.py run with `flags`."""
     script, args, agent = floor_agent("ddpg", flags)
-    actor_optimizer = torch.optim.Adam(
-        agent.actor.parameters(), lr=args.learning_rate, fused=True
-    )  # as ddpg.py's
+    # as ddpg.py's
+    actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate, fused=True)
     q_optimizer = torch.optim.Adam(agent.qf1.parameters(), lr=args.learning_rate, fused=True)
     observation_size = agent.qf1.net[0].in_features - agent.actor.action_scale.numel()
     observations, next_observations = torch.randn(2, args.batch_size, observation_size)

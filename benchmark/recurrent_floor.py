@@ -56,11 +56,8 @@ def floor_agent(name: str, flags: list[str]) -> tuple[ModuleType, Any, torch.nn.
     torch.manual_seed(args.seed)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    return (
-        script,
-        args,
-        script.build_agent(args, None, torch.device("cpu")),
-    )  # which sets the default threads
+    # which sets the default threads
+    return (script, args, script.build_agent(args, None, torch.device("cpu")))
 
 
 def random_observations(space: Any, *leading: int) -> Any:

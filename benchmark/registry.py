@@ -344,9 +344,8 @@ def same_settings_flags(
     return tuple(derived)
 
 
-if (
-    __name__ == "__main__"
-):  # python -m benchmark.registry SCRIPT [FLAGS...]: the baseline's settings, as JSON
+# python -m benchmark.registry SCRIPT [FLAGS...]: the baseline's settings, as JSON
+if __name__ == "__main__":
     import json
 
     name, *script_flags = sys.argv[1:]

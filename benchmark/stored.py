@@ -49,9 +49,8 @@ def store_run(folder: str | Path, job_id: str, summary: RunSummary, made: dict[s
     }
     path = stored_path(folder, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(
-        f".{path.name}.tmp"
-    )  # then a rename: a reader never sees half a file
+    # then a rename: a reader never sees half a file
+    temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(json.dumps(record, separators=(",", ":")))
     os.replace(temporary, path)
     return path

@@ -477,9 +477,8 @@ def fail_stale_trials(study: Any, storage: Any) -> None:
             continue
         try:  # another process may fail it first
             error = f"no heartbeat since {datetime.fromtimestamp(last).isoformat(timespec='seconds')} (process ended)"
-            storage.set_trial_user_attr(
-                trial._trial_id, "error", error
-            )  # no public setter for another's trial
+            # no public setter for another's trial
+            storage.set_trial_user_attr(trial._trial_id, "error", error)
             study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
             print(
                 f"tune: trial {trial.number} of {trial.user_attrs.get('host', '?')} failed: {error}",
@@ -569,9 +568,8 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
     plan = make_plan(args, Path(args.out or TUNE_FOLDER / name))  # before anything is written
     storage = open_storage(storage_location)
     seed = args.sampler_seed if args.sampler_seed is not None else secrets.randbits(31)
-    sampler = optuna.samplers.TPESampler(
-        seed=seed, constant_liar=True
-    )  # workers in flight: no repeated proposal
+    # workers in flight: no repeated proposal
+    sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
     pruner = optuna.pruners.MedianPruner(
         n_startup_trials=5, n_warmup_steps=args.steps * 3 // REPORTS
     )
@@ -603,9 +601,8 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
             {field: value for field, value in values.items() if value is not None},
             skip_if_exists=True,
         )
-        stored = optuna.load_study(study_name=name, storage=storage).user_attrs[
-            "settings"
-        ]  # another's, if it won
+        # another's, if it won
+        stored = optuna.load_study(study_name=name, storage=storage).user_attrs["settings"]
     if stored != settings:
         differing = ", ".join(key for key in settings if stored.get(key) != settings[key])
         raise UsageError(f"study {name!r} in {storage_location} was made with other settings ({differing}): give "

@@ -58,9 +58,8 @@ def preprocessed(env: gym.Env, frame_stack: int) -> gym.Env:
     env = EpisodicLife(env)
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
-    env = gym.wrappers.ClipReward(
-        env, -1.0, 1.0
-    )  # Atari's rewards are integers: the clip is their sign
+    # Atari's rewards are integers: the clip is their sign
+    env = gym.wrappers.ClipReward(env, -1.0, 1.0)
     if frame_stack > 1:
         env = gym.wrappers.FrameStackObservation(env, frame_stack)
     return env

@@ -87,16 +87,17 @@ def save(
     return folder / "latest.pt"
 
 
-def load(path: str | Path, script: str, checkpoint_format: int, required: Iterable[str]) -> dict:
+def load(
+    path: str | Path, script: str, checkpoint_format: int, required: Iterable[str] = ()
+) -> dict:
     """Read a checkpoint of `script` in `checkpoint_format` with `weights_only=True` (nothing is unpickled); a
     missing, corrupt or foreign file, another format, or a missing key is a UsageError."""
     if not Path(path).is_file():
         raise UsageError(f"checkpoint {str(path)!r} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (
-        Exception
-    ) as exc:  # torch raises many types for a corrupt file; all mean "cannot read it"
+    # torch raises many types for a corrupt file; all mean "cannot read it"
+    except Exception as exc:
         raise UsageError(
             f"cannot read checkpoint {str(path)!r}: corrupt, or holds pickled objects ({type(exc).__name__})"
         ) from None
@@ -139,6 +140,41 @@ def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) 
         raise UsageError(
             f"the checkpoint's settings do not match this version of the script: {exc}"
         ) from None
+
+
+def load_with_settings(
+    path: str | None,
+    script: str,
+    checkpoint_format: int,
+    args: Config,
+    check_args: Callable[[Config], None],
+    kept: Iterable[str],
+    strict: bool,
+) -> tuple[Config, dict | None]:
+    """The checkpoint of `script` at `path` and its run's settings (see `settings`), checked by `check_args`; no
+    path: `args` and no checkpoint."""
+    if path is None:
+        return args, None
+    checkpoint = load(path, script, checkpoint_format)
+    run_settings = settings(checkpoint, args, kept, strict)
+    check_args(run_settings)
+    return run_settings, checkpoint
+
+
+def restore(checkpoint: dict | None, saved: dict[str, Any]) -> None:
+    """Load each of `saved` (its key in the checkpoint -> a module or an optimizer) from `checkpoint`; nothing for a
+    new run (None). A missing key or a state that does not fit is a UsageError."""
+    for key, thing in saved.items() if checkpoint is not None else ():
+        if key not in checkpoint:
+            raise UsageError(
+                f"the checkpoint has no {key!r}: it is of another version of the script"
+            )
+        try:
+            thing.load_state_dict(checkpoint[key])
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise UsageError(
+                f"the checkpoint's {key!r} does not fit this run's: {str(exc)[:200]}"
+            ) from None
 
 
 def load_weights(module: torch.nn.Module, checkpoint: dict, env_id: str) -> None:

@@ -47,18 +47,16 @@ class EpisodeRecorder(gym.Wrapper):
         self.episode_actions: list[Any] | None = (
             None  # None: not replayable (no reset yet, or past MAX_STEPS)
         )
-        self.episode_resets: list[
-            int
-        ] = []  # where resets that continue the game (a lost life) came, in the actions
+        # where resets that continue the game (a lost life) came, in the actions
+        self.episode_resets: list[int] = []
         self.replay_from: dict[str, Any] | None = (
             None  # set through the vector env's set_attr, then `replay`
         )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         if seed is None and self.env.has_wrapper_attr("next_reset_continues"):
-            if self.env.get_wrapper_attr(
-                "next_reset_continues"
-            ):  # a lost life: the game and its record go on
+            # a lost life: the game and its record go on
+            if self.env.get_wrapper_attr("next_reset_continues"):
                 if self.episode_actions is not None:
                     self.episode_resets.append(len(self.episode_actions))
                 return super().reset(options=options)
@@ -104,9 +102,8 @@ class EpisodeRecorder(gym.Wrapper):
             generator = np.random.Generator(getattr(np.random, rng["bit_generator"])())
             generator.bit_generator.state = rng
             self.unwrapped.np_random = generator
-        if self.env.has_wrapper_attr(
-            "next_reset_continues"
-        ):  # this copy's game is not the one the record began
+        # this copy's game is not the one the record began
+        if self.env.has_wrapper_attr("next_reset_continues"):
             self.env.set_wrapper_attr("next_reset_continues", False)
         if record["start"].get("emulator") is not None:
             atari.restore_emulator(self.unwrapped, record["start"]["emulator"])

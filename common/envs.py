@@ -125,9 +125,8 @@ def flat_observations(
         notice(
             f"{name}: observation part{'s' * (len(text) > 1)} {parts} {were} left out; the agent sees the rest"
         )
-        if all(
-            len(path) == 1 for path, _ in text
-        ):  # only top-level parts go: gymnasium's own wrapper does that
+        # only top-level parts go: gymnasium's own wrapper does that
+        if all(len(path) == 1 for path, _ in text):
             keys = list(space.keys()) if isinstance(space, Dict) else list(range(len(space)))
             env = gym.wrappers.FilterObservation(
                 env, [key for key in keys if not _is_text(space[key])]
@@ -401,9 +400,8 @@ def training_envs(
     with episode statistics and, with --norm-reward, gymnasium's NormalizeReward on top (its statistics from the
     `checkpoint` a run resumes); that wrapper is also returned on its own (None without it)."""
     env_id = resolve_env_id(args.env_id)
-    indices = distributed.rank() * args.num_envs + np.arange(
-        args.num_envs
-    )  # over all ranks: one env records videos
+    # over all ranks: one env records videos
+    indices = distributed.rank() * args.num_envs + np.arange(args.num_envs)
     env_fns = [
         make_env(env_id, int(i), args.capture_video, video_folder, args.video_every)
         for i in indices

@@ -120,9 +120,8 @@ def evaluate_checkpoint(
     run_path = create_run_folder(
         args.run_dir, run_name(trained.env_id, trained.exp_name, trained.seed), "__eval"
     )
-    writer = start_tracking(
-        run_path, trained
-    )  # with --track, a wandb run of its own: the evaluation run's name
+    # with --track, a wandb run of its own: the evaluation run's name
+    writer = start_tracking(run_path, trained)
     recording = (
         new_recording_folder(args.save_trajectories) if args.save_trajectories is not None else None
     )

@@ -65,10 +65,8 @@ def export_to_minari(data: Mapping[str, np.ndarray], dataset_id: str) -> MinariD
 
     try:
         parse_dataset_id(dataset_id)
-    except (
-        ValueError,
-        TypeError,
-    ):  # TypeError: Minari's parser fails so on an id without a version
+    # TypeError: Minari's parser fails so on an id without a version
+    except (ValueError, TypeError):
         raise UsageError(
             f"malformed Minari dataset id {dataset_id!r}: use name-vN or namespace/name-vN "
             "(letters, digits, '-' and '_'; N an integer)"
@@ -214,9 +212,8 @@ def _infos(steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
         missing = np.full(
             (1, *values.shape[1:]), np.nan if values.dtype.kind in "fc" else 0, dtype=values.dtype
         )
-        if key.startswith(
-            "/infos/"
-        ):  # returned by step t: belongs to the observation the step led to
+        # returned by step t: belongs to the observation the step led to
+        if key.startswith("/infos/"):
             path, padded = key.removeprefix("/infos/").split("/"), np.concatenate([missing, values])
             if path[0] == "agents":
                 raise UsageError(
@@ -237,9 +234,8 @@ def _spaces(
     """The env to name in the dataset (None: no env spec) and the observation and action spaces to store: the env's
     where the recorded arrays fit them, else the data's."""
     parts, actions = _parts(data, "/observations"), data["/actions"]
-    observations = parts.get(
-        "", parts
-    )  # one array, or a dict of an image and a vector (common.envs.image_and_vector)
+    # one array, or a dict of an image and a vector (common.envs.image_and_vector)
+    observations = parts.get("", parts)
     env, reason = _made_env(env_id) if env_id is not None else (None, "")
     observation_space = action_space = None
     if env is not None:
@@ -251,9 +247,8 @@ def _spaces(
             ("observations", observations, env.observation_space, observation_space),
             ("actions", actions, env.action_space, action_space),
         ]:
-            if (
-                fitting is None
-            ):  # e.g. ppo_transformer's observations, which carry the previous action and reward
+            # e.g. ppo_transformer's observations, which carry the previous action and reward
+            if fitting is None:
                 reason = f"{reason}; " * bool(reason) + (
                     f"the recorded {name} ({_described(array)}) do not fit its space {space}"
                 )

@@ -1,21 +1,70 @@
-"""Where a run starts: a new run's folder at step 0, or the folder, step and iteration of the checkpoint that
-`--resume` continues; with its TensorBoard writer and its video folder."""
+"""What every script's `train()` sets up around its algorithm, in two calls: `setup` before the network (checks,
+torchrun, the checkpoint --resume continues, seeds, device), and `Run` after the agent and optimizer (run folder,
+writer, envs and their first observations, trajectory recorder, log, Ctrl-C), which also writes checkpoints and
+ends the run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
+import torch
 from torch.utils.tensorboard import SummaryWriter
 
-from common import distributed
+from common import checkpoints, distributed, env_state
 from common.checkpoints import resume_folder
 from common.cli import notice
+from common.envs import training_envs
 from common.errors import UsageError
+from common.interrupt import GracefulInterrupt
 from common.run_folder import create_run_folder, run_name
-from common.tracking import start_tracking
-from common.trajectories import check_destination
+from common.seeding import seed_and_pick_device
+from common.tracking import TrainingLog, start_tracking
+from common.train_result import TrainResult
+from common.trajectories import RolloutRecorder, check_destination
+
+Config = TypeVar("Config")
+
+
+def setup(
+    args: Config,
+    script: str,
+    checkpoint_format: int,
+    check_args: Callable[[Config], None],
+    kept: tuple[str, ...] = (),
+) -> tuple[Config, dict | None, torch.device]:
+    """Before the network is built: `check_args(args)`, joining torchrun's processes (docs/distributed.md), the
+    checkpoint --resume continues, whose settings replace `args` but for the run-time flags and `kept`, then the seeds
+    (each rank its own: rank 0's parameters are broadcast, its sampling noise and minibatches are its own) and the
+    device. Returns the run's settings, the checkpoint (None for a new run) and the device."""
+    check_args(args)
+    distributed.setup(getattr(args, "dist_backend", None), args.cuda)
+    kept = (*checkpoints.RUN_TIME_FLAGS, *kept)
+    args, checkpoint = checkpoints.load_with_settings(
+        args.resume, script, checkpoint_format, args, check_args, kept, strict=True
+    )
+    seed = distributed.rank_seed(args.seed)
+    device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
+    return args, checkpoint, device
+
+
+def setup_evaluation(
+    args: Config, script: str, checkpoint_format: int, check_args: Callable[[Config], None]
+) -> tuple[Config, dict, torch.device]:
+    """For --eval-checkpoint: the checkpoint, its run's settings with the evaluation flags of `args` on top (both
+    checked by `check_args`), and the device, after seeding with --seed."""
+    check_args(args)
+    path, kept = args.eval_checkpoint, checkpoints.EVALUATION_FLAGS
+    trained, checkpoint = checkpoints.load_with_settings(
+        path, script, checkpoint_format, args, check_args, kept, strict=False
+    )
+    device = seed_and_pick_device(
+        trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
+    )
+    return trained, checkpoint, device
 
 
 @dataclass
@@ -32,9 +81,8 @@ class RunStart:
 def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_size: int) -> RunStart:
     """A new run (`checkpoint` None), or the continuation of the checkpoint's run, whose TensorBoard curves go on
     from the step after the checkpoint's. `args` is the script's dataclass; `batch_size` counts every rank's steps."""
-    check_destination(
-        args.save_trajectories
-    )  # before the run folder: bad input leaves nothing written
+    # before the run folder: bad input leaves nothing written
+    check_destination(args.save_trajectories)
     if args.total_timesteps % batch_size:
         notice(
             f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}"
@@ -63,3 +111,103 @@ def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_siz
     return RunStart(
         path, writer, path / "videos" / f"from_step_{global_step}", global_step, iterations_done
     )
+
+
+class Run:
+    """A training run once its agent and optimizer are built: its folder and TensorBoard writer (`start_run`), the
+    training envs (`common.envs.training_envs`) and the observations they start from (`common.env_state.start`:
+    built last, since a resumed run's generators are restored there), the trajectory recorder, and the log with its
+    progress bar. What a resumed run's loop carried from step to step is in `carried`.
+
+    A context manager for the training loop: Ctrl-C inside it asks the loop to stop after its iteration (see
+    `stop_requested`), and leaving it closes the envs and the progress bar."""
+
+    def __init__(
+        self,
+        args: Any,
+        checkpoint: dict | None,
+        make_env: Callable[..., Callable],
+        num_iterations: int,
+        batch_size: int,
+        script: str,
+        checkpoint_format: int,
+    ):
+        self.args, self.script, self.checkpoint_format = args, script, checkpoint_format
+        start = start_run(args, checkpoint, num_iterations, batch_size)
+        self.path, self.writer, self.global_step = start.path, start.writer, start.global_step
+        self.iterations_done = start.iterations_done
+        self.envs, self.reward_normalizer = training_envs(
+            make_env, args, str(start.video_folder), checkpoint
+        )
+        self.combine_return_stats = distributed.CombinedReturnStats(self.reward_normalizer)
+        first_seed = args.seed + self.global_step
+        self.next_obs, self.carried = env_state.start(self.envs, checkpoint, first_seed)
+        self.recorder = RolloutRecorder(
+            args, args.num_envs, checkpoint, self.carried, self.reward_normalizer
+        )
+        total_steps = num_iterations * batch_size
+        self.log = TrainingLog(self.writer, args, start.video_folder, total_steps, self.global_step)
+        self.interrupt = GracefulInterrupt()
+
+    def step(self, env_obs, sent_action, reward, terminated, truncated, infos, global_step) -> None:
+        """After each `envs.step`: the transition to the recorder, finished episodes to the log."""
+        self.recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
+        self.log.episodes.record(infos, global_step)
+
+    def save(
+        self,
+        iteration: int,
+        global_step: int,
+        next_obs: np.ndarray | dict,
+        saved: dict[str, Any],
+        **carried: np.ndarray,
+    ) -> Path:
+        """Write a checkpoint: the state of each of `saved` (key -> module or optimizer, as `checkpoints.restore`
+        reads them back), the reward statistics, the envs' places in their episodes with `next_obs` and what else
+        the loop `carried` (back in `carried` on resume), the trajectory recording so far, and the logs up to it."""
+        state = {key: thing.state_dict() for key, thing in saved.items()}
+        state["iteration"] = iteration
+        state["reward_rms"] = checkpoints.reward_normalizer_state(self.reward_normalizer)
+        state["episodes"] = env_state.capture(self.envs, next_obs, **carried)
+        state["trajectories"] = self.recorder.checkpoint_state()
+        self.log.flush(global_step)
+        folder = self.path / "checkpoints"
+        return checkpoints.save(
+            folder, self.script, self.checkpoint_format, self.args, global_step, **state
+        )
+
+    def stop_requested(self) -> bool:
+        """Whether Ctrl-C asked the run to stop, on any rank: all stop after the same iteration."""
+        self.interrupt.requested = distributed.any_rank(self.interrupt.requested)
+        return self.interrupt.requested
+
+    def __enter__(self) -> Run:
+        self.interrupt.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            self.log.__exit__(*exc_info)
+            self.envs.close()
+        finally:
+            self.interrupt.__exit__(*exc_info)
+
+    def finish(
+        self,
+        agent: torch.nn.Module,
+        global_step: int,
+        eval_returns: list[float],
+        checkpoint: Path | None,
+    ) -> TrainResult:
+        """Close the log (and the wandb run) and return what `train()` returns."""
+        self.log.finish()
+        episodes = self.log.episodes
+        return TrainResult(
+            agent,
+            global_step,
+            self.path,
+            episodes.returns,
+            episodes.lengths,
+            eval_returns,
+            checkpoint,
+        )

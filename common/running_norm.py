@@ -38,17 +38,15 @@ class RunningNorm(nn.Module):
             torch.zeros(size, dtype=torch.float64),
         )
         kept[as_is or slice(0)], root_mean_square[scaled_only or slice(0)] = True, 1.0
-        centred = (
-            1.0 - root_mean_square
-        ) * ~kept  # derivable, but kept: one operation fewer in every call
+        # derivable, but kept: one operation fewer in every call
+        centred = (1.0 - root_mean_square) * ~kept
         for name, value in (
             ("kept", kept),
             ("root_mean_square", root_mean_square),
             ("centred", centred),
         ):
-            self.register_buffer(
-                name, value, persistent=False
-            )  # not state: they come from the arguments
+            # not state: they come from the arguments
+            self.register_buffer(name, value, persistent=False)
 
     def update(self, batch: torch.Tensor) -> None:
         """Merge the statistics of `batch` (rows are samples) into the running ones."""
@@ -75,9 +73,8 @@ class RunningNorm(nn.Module):
         if self.every_feature:
             return self.mean, torch.rsqrt(self.var + self.epsilon)
         shift = self.mean * self.centred
-        spread = (
-            self.var + self.mean**2 * self.root_mean_square
-        )  # the mean square, where not shifted
+        # the mean square, where not shifted
+        spread = self.var + self.mean**2 * self.root_mean_square
         return shift, torch.rsqrt(spread + self.epsilon).masked_fill(self.kept, 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

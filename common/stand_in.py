@@ -39,9 +39,8 @@ def _copy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _linear(layer: nn.Linear) -> NumpyFunction:
-    weight = np.ascontiguousarray(
-        _copy(layer.weight).T
-    )  # a transposed view makes each matmul copy it
+    # a transposed view makes each matmul copy it
+    weight = np.ascontiguousarray(_copy(layer.weight).T)
     bias = _copy(layer.bias) if layer.bias is not None else np.float32(0)
     return lambda x: x @ weight + bias
 
@@ -154,12 +153,10 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
         next_state = np.empty_like(state)
         for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
             hidden, cell = state[k, :, :size], state[k, :, size:]
-            gates = (
-                x @ w_ih + b_ih + hidden @ w_hh + b_hh
-            )  # input, forget, cell, output: torch's order
-            squashed = sigmoid(
-                gates
-            )  # one call for all four (the cell gate's is unused): fewer NumPy calls
+            # input, forget, cell, output: torch's order
+            gates = x @ w_ih + b_ih + hidden @ w_hh + b_hh
+            # one call for all four (the cell gate's is unused): fewer NumPy calls
+            squashed = sigmoid(gates)
             cell = squashed[:, size : 2 * size] * cell + squashed[:, :size] * np.tanh(
                 gates[:, 2 * size : 3 * size]
             )
@@ -170,10 +167,8 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
     def gru(x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         next_state = np.empty_like(state)
         for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
-            from_input, from_hidden = (
-                x @ w_ih + b_ih,
-                state[k] @ w_hh + b_hh,
-            )  # reset, update, new: torch's order
+            # reset, update, new: torch's order
+            from_input, from_hidden = (x @ w_ih + b_ih, state[k] @ w_hh + b_hh)
             reset = sigmoid(from_input[:, :size] + from_hidden[:, :size])
             update = sigmoid(from_input[:, size : 2 * size] + from_hidden[:, size : 2 * size])
             new = np.tanh(from_input[:, 2 * size :] + reset * from_hidden[:, 2 * size :])

@@ -64,9 +64,8 @@ class WandbHistory:
         wandb.define_metric("global_step")
         wandb.define_metric("*", step_metric="global_step")
         self._write_state(self.sent_before)
-        atexit.register(
-            self.send
-        )  # an error that ends the run sends what waits (before wandb's own exit handler)
+        # an error that ends the run sends what waits (before wandb's own exit handler)
+        atexit.register(self.send)
 
     def add(self, step: int, values: dict[str, Any]) -> None:
         """One row at `step` (a global step), unless the run this one resumes sent that step already."""
@@ -81,9 +80,8 @@ class WandbHistory:
 
         if not self.rows or wandb.run is None:
             return
-        self._write_state(
-            max(row["global_step"] for row in self.rows)
-        )  # first: a kill between never sends twice
+        # first: a kill between never sends twice
+        self._write_state(max(row["global_step"] for row in self.rows))
         for row in self.rows:
             wandb.log(row)
         self.rows = []
@@ -197,9 +195,8 @@ class EpisodeLog:
         self.writer, self.prefix = writer, prefix
         self.returns: list[float] = []
         self.lengths: list[int] = []
-        self.pending: list[
-            tuple[int, list[float], list[int]]
-        ] = []  # this rank's, until `gather_ranks`
+        # this rank's, until `gather_ranks`
+        self.pending: list[tuple[int, list[float], list[int]]] = []
 
     def record(self, infos: dict, step: int) -> None:
         """Keep and log the episodes that `infos` (of one vector step) reports as finished."""

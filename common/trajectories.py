@@ -246,9 +246,8 @@ class TrajectoryWriter:
             for key, value in data.items()
             if key.startswith("/observations")
         )
-        (np.savez_compressed if images else np.savez)(
-            buffer, **data
-        )  # frames compress well; vectors hardly do
+        # frames compress well; vectors hardly do
+        (np.savez_compressed if images else np.savez)(buffer, **data)
         write_atomically(path, buffer.getbuffer())
         return path
 

@@ -60,9 +60,8 @@ def same_data(module, ranks: int, num_envs: int, num_minibatches: int) -> None:
             return drawn
         return drawn.narrow(dim, distributed.rank() * num_envs, num_envs).contiguous()
 
-    if hasattr(
-        module.Agent, "sampling_noise"
-    ):  # ppo_fc, ppo_lstm: the rollout's noise, (steps, envs, ...)
+    # ppo_fc, ppo_lstm: the rollout's noise, (steps, envs, ...)
+    if hasattr(module.Agent, "sampling_noise"):
         original_noise = module.Agent.sampling_noise
         module.Agent.sampling_noise = lambda self, shape: rank_rows(
             lambda: original_noise(self, (shape[0], ranks * num_envs)), dim=1
@@ -71,9 +70,8 @@ def same_data(module, ranks: int, num_envs: int, num_minibatches: int) -> None:
         module.Categorical.sample = lambda policy: (policy.logits + rank_rows(
             lambda: torch.empty(ranks * num_envs, policy.logits.shape[-1]).exponential_().log_().neg_(), dim=0
         )).argmax(-1)  # fmt: skip
-    env_major = (
-        module.__name__ != "ppo_fc"
-    )  # ppo_fc's batch is step-major; the others' sequences are env-major
+    # ppo_fc's batch is step-major; the others' sequences are env-major
+    env_major = module.__name__ != "ppo_fc"
 
     def randperm(size, *, device=None):
         draws["perm"] += 1

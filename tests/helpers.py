@@ -67,9 +67,8 @@ def _wandb_records(path: Path) -> Iterator[bytes]:
         chunk = data[position + 7 : position + 7 + length]
         if len(chunk) < length <= room - 7:
             return  # the last chunk, cut short
-        bad_kind = kind not in (1, 2, 3, 4) or (kind < 3) == bool(
-            parts
-        )  # FULL or FIRST, then MIDDLE*, LAST
+        # FULL or FIRST, then MIDDLE*, LAST
+        bad_kind = kind not in (1, 2, 3, 4) or (kind < 3) == bool(parts)
         if len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) != checksum or bad_kind:
             raise ValueError(
                 f"{path}: corrupt chunk at byte {position} (type {kind}, length {length})"

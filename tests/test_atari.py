@@ -23,9 +23,8 @@ def make(env_id: str, frame_stack: int = 4):
 def test_both_id_forms_get_84x84_grey_frames_skipped_by_the_preprocessing(env_id):
     env = make(env_id)()
     assert env.observation_space == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    assert (
-        env.unwrapped._frameskip == 1
-    )  # the -v5 id's own skip of 4 is off: AtariPreprocessing skips, with its max
+    # the -v5 id's own skip of 4 is off: AtariPreprocessing skips, with its max
+    assert env.unwrapped._frameskip == 1
     sticky = 0.25 if env_id.startswith("ALE/") else 0.0  # the -v5 ids keep their sticky actions
     assert env.unwrapped.ale.getFloat("repeat_action_probability") == sticky
     assert make(env_id, frame_stack=1)().observation_space.shape == (84, 84)
@@ -39,9 +38,8 @@ def test_a_lost_life_ends_the_episode_but_not_the_game():
     lives, episodes, games = [], 0, 0
     while games < 2:
         _, reward, terminated, truncated, info = env.step(int(rng.integers(4)))
-        assert (
-            reward in (-1.0, 0.0, 1.0) and info["raw_reward"] >= reward
-        )  # clipped; Breakout's raw rewards are 1-7
+        # clipped; Breakout's raw rewards are 1-7
+        assert reward in (-1.0, 0.0, 1.0) and info["raw_reward"] >= reward
         if terminated or truncated:
             episodes += 1
             games += info["game_over"]

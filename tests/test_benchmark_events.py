@@ -101,9 +101,8 @@ def test_a_resumed_run_counts_each_step_once_and_leaves_out_the_time_between_ses
 
     summary = summarise_run(run)
     kept_first, kept_second = list(range(100, 5_001, 100)), list(range(5_120, 10_001, 100))
-    assert (
-        summary.episode_steps.tolist() == kept_first + kept_second
-    )  # nothing of session 1 at step 5,001 or later
+    # nothing of session 1 at step 5,001 or later
+    assert summary.episode_steps.tolist() == kept_first + kept_second
     assert summary.episode_returns.tolist() == [1.0] * len(kept_first) + [2.0] * len(kept_second)
     assert np.all(np.diff(summary.episode_steps) >= 0)
     # SPS: 4,000 steps in 40 s (session 1, steps 1,000 to 5,000) and 4,000 in 80 s (session 2, 6,000 to 10,000)
@@ -159,12 +158,8 @@ def test_a_resumed_ppo_fc_run_reads_back_as_one_run(tmp_path):
         np.diff(summary.episode_seconds) >= 0
     )
     scalars, _ = load_events(run)
-    assert [event.step for event in scalars["charts/SPS"]] == [
-        512,
-        1_024,
-        1_536,
-        2_048,
-    ]  # each step once
+    # each step once
+    assert [event.step for event in scalars["charts/SPS"]] == [512, 1_024, 1_536, 2_048]
     # By hand, each events file read on its own: the first session's records past step 1,024 were redone.
     first_file, second_file = sorted(
         run.glob("events.out.tfevents.*"), key=lambda path: read_sps(path)[0].step
@@ -181,9 +176,8 @@ def test_sps_needs_two_records_of_one_session(tmp_path):
     single = summarise_run(
         write_run(tmp_path / "CartPole-v1__ppo_fc__1__1", [1.0], [(512, 1_001.0)])
     )
-    assert (
-        single.sps is None and single.steps == 512
-    )  # one iteration: no figure without start-up in it
+    # one iteration: no figure without start-up in it
+    assert single.sps is None and single.steps == 512
     run = tmp_path / "CartPole-v1__ppo_fc__2__1"
     first = writer_made_at(run, 1_000.0)
     first.add_scalar("charts/SPS", 100, 512, walltime=1_010.0)
@@ -192,9 +186,8 @@ def test_sps_needs_two_records_of_one_session(tmp_path):
     second.add_scalar("charts/SPS", 100, 1_024, walltime=2_010.0)
     second.close()
     resumed = summarise_run(run)
-    assert (
-        resumed.sps is None and resumed.steps == 1_024
-    )  # the two records span the gap between the sessions
+    # the two records span the gap between the sessions
+    assert resumed.sps is None and resumed.steps == 1_024
 
 
 def test_steps_to_threshold_uses_the_trailing_100_episode_mean(tmp_path):
@@ -218,9 +211,8 @@ def test_a_case_s_window_sets_the_training_return_and_when_a_threshold_is_reache
     assert summarise_run(path).last_return == pytest.approx(0.1)  # the last 100
     last_ten = summarise_run(path, window=10)
     assert last_ten.last_return == 1.0 and last_ten.window == 10
-    assert (
-        last_ten.steps_to_reach(0.5) == 95 * 10
-    )  # the 95th episode: 5 zeros and 5 ones in its last 10
+    # the 95th episode: 5 zeros and 5 ones in its last 10
+    assert last_ten.steps_to_reach(0.5) == 95 * 10
     assert summarise_run(path).steps_to_reach(0.5) is None
 
 
@@ -229,18 +221,15 @@ def test_steps_to_threshold_judges_a_step_by_every_episode_that_ended_there(tmp_
     writer = SummaryWriter(str(run))
     for step in range(1, 100):
         writer.add_scalar("charts/episodic_return", 1.0, step * 10)
-    for value in (
-        1.0,
-        -1_000.0,
-    ):  # episodes 100 and 101 end at the same step: at step 1,000 the mean is far below 1
+    # episodes 100 and 101 end at the same step: at step 1,000 the mean is far below 1
+    for value in (1.0, -1_000.0):
         writer.add_scalar("charts/episodic_return", value, 1_000)
     for step in range(101, 301):
         writer.add_scalar("charts/episodic_return", 1.0, step * 10)
     writer.close()
     summary = summarise_run(run)
-    assert (
-        summary.steps_to_reach(0.5) == 2_000
-    )  # the first step with the -1,000 out of the last 100 episodes
+    # the first step with the -1,000 out of the last 100 episodes
+    assert summary.steps_to_reach(0.5) == 2_000
     assert summary.steps_to_reach(-10.0) == 1_000
 
 

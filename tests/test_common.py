@@ -121,10 +121,8 @@ def test_checkpoints_are_written_atomically_and_checked_when_read(tmp_path):
     path = checkpoints.save(
         tmp_path / "checkpoints", "script", 7, Flags(), 1024, model={"w": torch.ones(2)}
     )
-    assert {p.name for p in path.parent.iterdir()} == {
-        "latest.pt",
-        "step_1024.pt",
-    }  # no temporary file left
+    # no temporary file left
+    assert {p.name for p in path.parent.iterdir()} == {"latest.pt", "step_1024.pt"}
     assert (path.parent / "step_1024.pt").read_bytes() == path.read_bytes()
     checkpoint = checkpoints.load(path, "script", 7, ["model"])
     assert (
@@ -311,9 +309,8 @@ def test_every_known_layer_has_a_numpy_form_equal_to_torch():
     np.testing.assert_allclose(snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         network[0].weight.zero_()
-    np.testing.assert_allclose(
-        snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5
-    )  # a copy, not a view
+    # a copy, not a view
+    np.testing.assert_allclose(snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5)
 
 
 class ScaledLinear(nn.Linear):
@@ -351,9 +348,8 @@ def test_the_numpy_form_of_a_cell_steps_as_torch_does(cell_type, layers, bias):
 
 def test_what_a_snapshot_cannot_copy_is_refused():
     with pytest.raises(NoNumpyForm, match="ScaledLinear"):
-        numpy_snapshot(
-            nn.Sequential(nn.Linear(2, 2), ScaledLinear(2, 2))
-        )  # a subclass may compute anything
+        # a subclass may compute anything
+        numpy_snapshot(nn.Sequential(nn.Linear(2, 2), ScaledLinear(2, 2)))
     hooked = nn.Linear(2, 2)
     hooked.register_forward_hook(lambda module, inputs, output: 2 * output)
     with pytest.raises(NoNumpyForm, match="hooks"):
@@ -372,9 +368,8 @@ def test_what_a_snapshot_cannot_copy_is_refused():
 
 def test_draws_of_the_policy_pass_and_other_draws_do_not():
     generator = torch.Generator().manual_seed(0)
-    probs = torch.softmax(
-        torch.randn(2048, 4, generator=generator) * 3, -1
-    )  # some actions all but impossible
+    # some actions all but impossible
+    probs = torch.softmax(torch.randn(2048, 4, generator=generator) * 3, -1)
     for _ in range(200):  # honest draws never raise, rare actions included
         check_draws(torch.multinomial(probs, 1, generator=generator).squeeze(-1), probs=probs)
     sharper = torch.softmax(torch.log(probs) * 3, -1)
@@ -446,17 +441,15 @@ def test_env_state_restores_envs_mid_episode_and_their_wrappers(tmp_path):
     actions = np.random.default_rng(0).uniform(-2, 2, (500, 3, 1)).astype(np.float32)
     original = stack()
     obs, _ = original.reset(seed=5)
-    for action in actions[
-        :250
-    ]:  # past one autoreset: the state of each env's generator at its reset is kept
+    # past one autoreset: the state of each env's generator at its reset is kept
+    for action in actions[:250]:
         obs, *_ = original.step(action)
     path = tmp_path / "state.pt"
     torch.save(env_state.capture(original, obs, marker=np.arange(3)), path)
 
     copy = stack()
-    checkpoints.restore_reward_normalizer(
-        copy, checkpoints.reward_normalizer_state(original)
-    )  # the scripts' part
+    # the scripts' part
+    checkpoints.restore_reward_normalizer(copy, checkpoints.reward_normalizer_state(original))
     copy.reset(seed=99)
     observations, carried = env_state.restore(copy, torch.load(path, weights_only=True), seed=99)
     assert np.array_equal(observations, obs) and np.array_equal(carried["marker"], np.arange(3))
@@ -542,9 +535,8 @@ def test_the_rollout_recorder_records_the_env_s_own_reward_and_the_agent_s_field
                 np.zeros(2, dtype=np.int64)
             )
             recorder.step(obs, np.zeros(2), scaled, terminated, truncated, infos)
-            assert not np.allclose(
-                scaled, 1.0
-            )  # CartPole pays 1 per step: the scaled reward is not
+            # CartPole pays 1 per step: the scaled reward is not
+            assert not np.allclose(scaled, 1.0)
             obs = next_obs
         recorder.end_rollout(values=np.arange(6).reshape(3, 2))
     recorder.save()
@@ -608,9 +600,8 @@ def test_running_norm_passes_some_features_as_they_are_and_only_scales_others_al
 def test_the_default_threads_follow_the_network(monkeypatch):
     import ppo_fc
 
-    monkeypatch.setenv(
-        "OMP_NUM_THREADS", "2"
-    )  # what the harness sets for a job's share of the cores
+    # what the harness sets for a job's share of the cores
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     before = torch.get_num_threads()
     vectors = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     image = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -641,6 +632,5 @@ def test_the_default_threads_need_no_affinity_call_and_tf32_is_off(monkeypatch):
     finally:
         torch.set_num_threads(before)
     seeding.seed_and_pick_device(1, True, 1, cuda=False)
-    assert (
-        not torch.backends.cudnn.allow_tf32
-    )  # the rollout's checks need float32 convolutions on a GPU
+    # the rollout's checks need float32 convolutions on a GPU
+    assert not torch.backends.cudnn.allow_tf32

@@ -74,13 +74,11 @@ def test_truncation_stores_the_last_observation_and_no_termination(tmp_path):
     )
     for t in range(19):
         if (t + 1) % 5:
-            np.testing.assert_array_equal(
-                next_obs[t], obs[t + 1]
-            )  # within an episode: the next observation
+            # within an episode: the next observation
+            np.testing.assert_array_equal(next_obs[t], obs[t + 1])
         else:
-            assert not np.allclose(
-                next_obs[t], obs[t + 1]
-            )  # at the end: the episode's last, not the reset one
+            # at the end: the episode's last, not the reset one
+            assert not np.allclose(next_obs[t], obs[t + 1])
 
 
 def test_termination_is_stored(tmp_path):
@@ -92,9 +90,8 @@ def test_termination_is_stored(tmp_path):
         learning_starts=100,
     )
     args.save_buffer = True
-    assert stored_buffer(ddpg.train(args))[
-        "terminations"
-    ].all()  # every one-step probe episode terminates
+    # every one-step probe episode terminates
+    assert stored_buffer(ddpg.train(args))["terminations"].all()
 
 
 def test_the_target_update_moves_every_parameter_by_tau():
@@ -120,9 +117,8 @@ def test_ou_noise_reverts_to_zero_and_restarts_with_each_episode():
     np.testing.assert_allclose(np.corrcoef(x, draws[1:, 0, 0])[0, 1], 1 - ddpg.OU_THETA, atol=0.02)
     state[:] = 5.0
     ddpg.exploration_noise(args, state, np.array([True, False]))
-    assert (
-        abs(state[0, 0]) < 1 and state[1, 0] > 3
-    )  # env 0's episode started again: its process too
+    # env 0's episode started again: its process too
+    assert abs(state[0, 0]) < 1 and state[1, 0] > 3
     gaussian = ddpg.Args(noise="gaussian", exploration_noise=0.3)
     draws = np.stack(
         [ddpg.exploration_noise(gaussian, state, np.zeros(2, bool)) for _ in range(20_000)]
@@ -156,9 +152,8 @@ def test_continuous_probes(tmp_path, env_id, steps):
         with torch.no_grad():
             action = agent.actor(x)
             value = agent.qf1(x, action).item()
-        if (
-            action_matters
-        ):  # the actor's output at the optimum, and the critic knows what it earns there
+        # the actor's output at the optimum, and the critic knows what it earns there
+        if action_matters:
             assert action[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), (
                 observation
             )
@@ -180,9 +175,8 @@ def test_resume_with_the_buffer_gives_the_uninterrupted_run(tmp_path, monkeypatc
     assert [path.name for path in (kept.run_dir / "checkpoints").glob("*.npz")] == [
         "buffer_step_600.npz"
     ]
-    monkeypatch.setattr(
-        Path, "unlink", lambda self: None
-    )  # older buffers stay, to resume from step 300
+    # older buffers stay, to resume from step 300
+    monkeypatch.setattr(Path, "unlink", lambda self: None)
     whole = ddpg.train(quick_args(tmp_path / "whole", **settings))
     middle = whole.run_dir / "checkpoints" / "step_300.pt"
     resumed = ddpg.train(ddpg.Args(resume=str(middle), progress=False))
@@ -246,9 +240,8 @@ def test_shaped_actions_reach_the_env_in_their_shape_and_unbounded_ones_are_refu
             tmp_path, env_id="GridAction-v0", total_timesteps=400, num_envs=2, eval_episodes=2
         )
     )
-    assert (
-        result.global_step == 400 and len(result.eval_returns) == 2
-    )  # random, noisy and evaluation actions
+    # random, noisy and evaluation actions
+    assert result.global_step == 400 and len(result.eval_returns) == 2
     gym.register("UnboundedAction-v0", entry_point=GridActionEnv, kwargs={"high": np.inf})
     with pytest.raises(UsageError, match="unbounded actions"):
         ddpg.train(quick_args(tmp_path, env_id="UnboundedAction-v0", total_timesteps=10))
@@ -349,16 +342,10 @@ def test_eval_every_logs_noise_free_episodes_during_training(tmp_path):
     result = ddpg.train(quick_args(tmp_path, total_timesteps=600, eval_every=200, eval_episodes=1))
     scalars = read_scalars(result.run_dir)
     evaluated = [step for step, _ in scalars["eval/episodic_return"]]
-    assert evaluated == [
-        200,
-        400,
-        600,
-    ]  # during training; at its end, the evaluation after it (once)
-    for key in (
-        "losses/qf1_loss",
-        "losses/qf1_values",
-        "losses/actor_loss",
-    ):  # from the first update on, as CleanRL
+    # during training; at its end, the evaluation after it (once)
+    assert evaluated == [200, 400, 600]
+    # from the first update on, as CleanRL
+    for key in ("losses/qf1_loss", "losses/qf1_values", "losses/actor_loss"):
         assert scalars[key] and min(step for step, _ in scalars[key]) >= 256
     assert min(step for step, _ in scalars["charts/learning_rate"]) < 256
 
@@ -375,9 +362,8 @@ def test_the_same_seed_gives_the_same_run(tmp_path):
 
 def test_nan_stops_training_without_checkpoints_too(tmp_path):
     gym.register("NanRewardBoxNoCheckpoints-v0", entry_point=NanRewardBox)
-    with pytest.raises(
-        TrainingDiverged, match=r"NaN|nan"
-    ):  # the losses are checked after every update
+    # the losses are checked after every update
+    with pytest.raises(TrainingDiverged, match=r"NaN|nan"):
         ddpg.train(
             quick_args(tmp_path, env_id="NanRewardBoxNoCheckpoints-v0", total_timesteps=1000)
         )

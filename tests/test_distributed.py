@@ -311,18 +311,16 @@ def test_bad_input_on_one_rank_ends_both_within_seconds(tmp_path):
     good, bad = two_machines(
         tmp_path, "ppo_fc", [settings, dict(settings, env_id="NoSuchEnv-v0")], timeout=120
     )
-    assert (
-        time.time() - start < 60
-    )  # torchrun's start-up included; the run itself would take far longer
+    # torchrun's start-up included; the run itself would take far longer
+    assert time.time() - start < 60
     assert bad.returncode != 0 and "error: unknown env id 'NoSuchEnv-v0'" in bad.stderr
     assert (
         good.returncode != 0
         and "error: rank 0: a collective failed, most likely because another process of the run stopped"
         in good.stderr
     )
-    assert (
-        "Traceback" not in good.stderr + bad.stderr
-    )  # the workers' own (torchrun's reports are its own)
+    # the workers' own (torchrun's reports are its own)
+    assert "Traceback" not in good.stderr + bad.stderr
 
 
 def test_a_target_kl_break_on_one_ranks_data_stops_both_ranks_epochs(tmp_path):
@@ -346,9 +344,8 @@ def test_a_target_kl_break_on_one_ranks_data_stops_both_ranks_epochs(tmp_path):
     ]
     # Some epoch's data crossed the target on one rank only: a rank deciding alone would have left the other waiting.
     assert any((a > 0.002) != (b > 0.002) for a, b, _ in local_kls)
-    assert (
-        any(average > 0.002 for _, _, average in local_kls) and len(local_kls) < 6 * 8
-    )  # some epochs stopped
+    # some epochs stopped
+    assert any(average > 0.002 for _, _, average in local_kls) and len(local_kls) < 6 * 8
     for name, value in rank0["state"].items():
         torch.testing.assert_close(rank1["state"][name], value, rtol=0, atol=0, msg=name)
 
@@ -394,9 +391,8 @@ def test_recurrent_scripts_train_under_torchrun_with_ranks_that_agree(tmp_path, 
     assert len(read_scalars(run)["charts/episodic_return"]) == len(rank0["returns"]) > 0
     checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert len(checkpoint["ranks"]) == 2 and checkpoint["global_step"] == 4 * 256
-    carried = [
-        rank["episodes"] for rank in checkpoint["ranks"]
-    ]  # each rank's memory or context, not rank 0's twice
+    # each rank's memory or context, not rank 0's twice
+    carried = [rank["episodes"] for rank in checkpoint["ranks"]]
     assert not all(
         torch.equal(carried[0][key], carried[1][key])
         for key in carried[0]
@@ -447,9 +443,8 @@ def test_ctrl_c_under_torchrun_stops_every_rank_after_the_same_iteration_with_a_
     while not list(tmp_path.glob("*/checkpoints/latest.pt")) and time.time() < deadline:
         time.sleep(0.2)  # until the first iteration is done: every rank is in the training loop
     time.sleep(1)  # a few iterations
-    os.killpg(
-        process.pid, signal.SIGINT
-    )  # torchrun's workers have sessions of their own: it passes it on
+    # torchrun's workers have sessions of their own: it passes it on
+    os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     workers = stderr.split(TORCHRUN_TRACEBACK)[0]  # before torchrun's own report
     assert (
@@ -463,9 +458,8 @@ def test_ctrl_c_under_torchrun_stops_every_rank_after_the_same_iteration_with_a_
         and len(checkpoint["ranks"]) == 2
     )
     logged = read_scalars(run)["charts/learning_rate"]
-    assert (
-        logged[-1][0] == checkpoint["global_step"]
-    )  # the checkpoint is the state after the last logged iteration
+    # the checkpoint is the state after the last logged iteration
+    assert logged[-1][0] == checkpoint["global_step"]
 
 
 @pytest.mark.parametrize("script", ["ppo_lstm", "ppo_transformer"])
@@ -478,9 +472,8 @@ def test_recurrent_scripts_on_two_ranks_compute_the_update_of_one_process(tmp_pa
         run_dir=str(tmp_path / "runs"),
         save_model=False,
     )
-    settings.update(
-        norm_obs=True, norm_adv=True, norm_reward=False
-    )  # (within a rollout each rank scales its own)
+    # (within a rollout each rank scales its own)
+    settings.update(norm_obs=True, norm_adv=True, norm_reward=False)
     assert_ok(
         torchrun(
             tmp_path / "two",

@@ -52,9 +52,8 @@ def link_targets(text: str) -> list[str]:
 def unresolved_links(path: Path) -> list[str]:
     missing = []
     for target in link_targets(path.read_text(encoding="utf-8")):
-        if target.startswith("#") or SCHEME.match(
-            target
-        ):  # an anchor on the page, or http(s), mailto, ...
+        # an anchor on the page, or http(s), mailto, ...
+        if target.startswith("#") or SCHEME.match(target):
             continue
         relative = unquote(target.split("#", 1)[0].split("?", 1)[0])
         resolved = (
@@ -88,9 +87,8 @@ def command_lines(text: str, inline: bool) -> list[str]:
 def tokens(line: str) -> list[str]:
     try:
         return shlex.split(line, comments=True)
-    except (
-        ValueError
-    ):  # an unbalanced quote in prose-like code: whitespace is good enough to find flags
+    # an unbalanced quote in prose-like code: whitespace is good enough to find flags
+    except ValueError:
         return line.split("#", 1)[0].split()
 
 

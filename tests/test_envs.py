@@ -165,10 +165,8 @@ def test_the_module_form_comes_back_unchanged_and_is_checked():
         ("Qxzqxz-v0", None),
         ("CartPol-v1", "Did you mean: `CartPole`?"),
         ("CartPole-v9", "It provides versioned environments: [ `v0`, `v1` ]"),
-        (
-            "MiniGrid-MemoryS8-v0",
-            "Did you mean: `MiniGrid-MemoryS9`?",
-        ),  # found once minigrid is imported
+        # found once minigrid is imported
+        ("MiniGrid-MemoryS8-v0", "Did you mean: `MiniGrid-MemoryS9`?"),
     ],
 )
 def test_an_unknown_id_is_one_line_with_gymnasiums_suggestion_and_the_module_form(
@@ -196,9 +194,8 @@ def test_minigrid_loses_its_mission_text_and_steps_in_a_same_step_vector_env(mon
     vector = gym.vector.SyncVectorEnv(
         [make_env, make_env], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
-    assert vector.single_observation_space.shape == (
-        4 + 7 * 7 * 3,
-    )  # direction one-hot and the image
+    # direction one-hot and the image
+    assert vector.single_observation_space.shape == (4 + 7 * 7 * 3)
     obs, _ = vector.reset(seed=0)
     assert obs.shape == (2, 151)
     for _ in range(3):
@@ -283,9 +280,8 @@ def test_spaces_without_text_are_flattened_and_a_1d_box_is_kept():
 )
 def test_the_image_rule_takes_uint8_boxes_of_rank_2_or_3_large_enough_for_the_cnn(shape, layout):
     assert envs.image_layout(Box(0, 255, shape, np.uint8)) == layout
-    assert (
-        envs.image_layout(Box(0, 1, shape, np.float32)) is None
-    )  # not uint8: features, not pixels
+    # not uint8: features, not pixels
+    assert envs.image_layout(Box(0, 1, shape, np.float32)) is None
 
 
 def test_an_image_part_is_refused_by_name_where_a_script_takes_vectors_only():
@@ -323,12 +319,10 @@ def test_images_are_kept_for_the_cnn_and_every_other_box_is_flattened_as_before(
 
     image, features = Box(0, 255, (3, 40, 40), np.uint8), Box(0.0, 1.0, (40, 40), np.float32)
     assert flat_observations(Boxed(image), keep_images=True).observation_space == image
-    assert flat_observations(Boxed(image)).observation_space.shape == (
-        4800,
-    )  # the scripts without a CNN
-    assert flat_observations(Boxed(features), keep_images=True).observation_space.shape == (
-        1600,
-    )  # not pixels
+    # the scripts without a CNN
+    assert flat_observations(Boxed(image)).observation_space.shape == (4800)
+    # not pixels
+    assert flat_observations(Boxed(features), keep_images=True).observation_space.shape == (1600)
 
 
 def test_a_dict_with_one_image_part_becomes_an_image_and_a_vector_or_the_image_alone():
@@ -359,7 +353,6 @@ def test_a_dict_with_one_image_part_becomes_an_image_and_a_vector_or_the_image_a
         Parts(gym.spaces.Dict({"pixels": image, "mission": gym.spaces.Text(8)})), True, True
     )
     assert alone.observation_space == image and alone.reset(seed=0)[0].shape == (40, 40, 3)
-    flattened = flat_observations(
-        Parts(both), keep_images=True
-    )  # without image_parts: flattened whole, as before
+    # without image_parts: flattened whole, as before
+    flattened = flat_observations(Parts(both), keep_images=True)
     assert flattened.observation_space.shape == (40 * 40 * 3 + 4,)

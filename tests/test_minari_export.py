@@ -61,9 +61,8 @@ def cartpole(path, num_steps=300, num_envs=2):
 def assert_same_episodes(dataset, data, reported):
     """Every finished episode, in order, with exactly the recorded arrays and gymnasium's final observation."""
     finished = [episode for episode in split_episodes(data) if episode.finished]
-    finals = [
-        final for per_env in reported for final in per_env
-    ]  # split_episodes' order: env, then time
+    # split_episodes' order: env, then time
+    finals = [final for per_env in reported for final in per_env]
     assert len(dataset) == len(finished) == len(finals)
     for episode, exported, final in zip(finished, dataset.iterate_episodes(), finals, strict=True):
         assert len(exported) == episode.length
@@ -87,9 +86,8 @@ def assert_same_episodes(dataset, data, reported):
 def test_vector_observations_round_trip(tmp_path):
     data, reported = cartpole(tmp_path / "cartpole.npz")
     episodes = split_episodes(data)
-    assert any(
-        not episode.finished for episode in episodes
-    )  # the recording cut episodes short: they are left out
+    # the recording cut episodes short: they are left out
+    assert any(not episode.finished for episode in episodes)
 
     export_to_minari(data, "cartpole/random-v0")
     dataset = minari.load_dataset("cartpole/random-v0")
@@ -187,9 +185,8 @@ def test_multidiscrete_actions_taken_as_one_choice_keep_that_discrete_space(tmp_
 
     assert_same_episodes(dataset, data, reported)
     assert dataset.action_space == gym.spaces.Discrete(16)
-    assert (
-        "do not fit" not in capsys.readouterr().err
-    )  # the observations and actions fit; the spec cannot be saved
+    # the observations and actions fit; the spec cannot be saved
+    assert "do not fit" not in capsys.readouterr().err
 
 
 def test_evaluation_hidden_states_come_back_in_the_infos(tmp_path):
@@ -281,10 +278,8 @@ def test_a_minari_that_would_jpeg_encode_images_is_refused(tmp_path, monkeypatch
     ("shape", "flatten"),
     [
         ((8, 8, 3), True),  # as the scripts record images: flattened to a uint8 vector
-        (
-            (32, 32, 3),
-            False,
-        ),  # recorded as images: Minari would JPEG-encode them unless told not to
+        # recorded as images: Minari would JPEG-encode them unless told not to
+        ((32, 32, 3), False),
     ],
 )
 def test_uint8_images_round_trip_exactly(tmp_path, capsys, shape, flatten):

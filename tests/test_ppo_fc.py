@@ -75,9 +75,8 @@ def test_integer_observations_keep_the_numpy_copy_and_their_dtype_in_the_recordi
         )
     )
     assert "the rollout calls the torch policy" not in capsys.readouterr().err
-    observations = load_trajectories(tmp_path / "r")[
-        "/observations"
-    ]  # as the env gives them, not float32
+    # as the env gives them, not float32
+    observations = load_trajectories(tmp_path / "r")["/observations"]
     assert observations.dtype == np.int64 and set(np.unique(observations)) == {0, 1}
 
 
@@ -119,9 +118,8 @@ def test_learning_rate_falls_linearly_to_the_end_value(tmp_path):
     result = ppo_fc.train(args)
     logged = read_scalars(result.run_dir)["charts/learning_rate"]
     assert [step for step, _ in logged] == [512 * k for k in range(1, 6)]
-    expected = [
-        1e-3 + (1e-4 - 1e-3) * k / 5 for k in range(5)
-    ]  # reaches the end value when training ends
+    # reaches the end value when training ends
+    expected = [1e-3 + (1e-4 - 1e-3) * k / 5 for k in range(5)]
     np.testing.assert_allclose([value for _, value in logged], expected, rtol=1e-6)
     constant = ppo_fc.train(
         quick_args(tmp_path / "constant", env_id="Probe1-v0", total_timesteps=1024, anneal_lr=False)
@@ -187,9 +185,8 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     with torch.no_grad():
         for parameter in agent.parameters():
             parameter.zero_()
-    np.testing.assert_array_equal(
-        numpy_policy(observations, noise), actions
-    )  # later updates do not reach it
+    # later updates do not reach it
+    np.testing.assert_array_equal(numpy_policy(observations, noise), actions)
 
 
 def test_the_check_stops_actions_that_are_not_the_definitions():
@@ -467,9 +464,8 @@ def test_continuous_probes(tmp_path, env_id, steps):
             assert policy.mean[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), (
                 observation
             )
-            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.25), (
-                observation
-            )  # and is near-optimal
+            # and is near-optimal
+            assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.25), observation
         else:
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), observation
 
@@ -574,9 +570,8 @@ def test_evaluation_reads_but_never_updates_the_observation_statistics(tmp_path,
     replayed = ppo_fc.evaluate_checkpoint(
         quick_args(tmp_path / "eval", eval_checkpoint=str(result.checkpoint), eval_episodes=3)
     )
-    assert (
-        updates == [512] * 4 and replayed == result.eval_returns
-    )  # the checkpoint carries the statistics
+    # the checkpoint carries the statistics
+    assert updates == [512] * 4 and replayed == result.eval_returns
     for key, value in result.agent.obs_norm.state_dict().items():
         torch.testing.assert_close(value, statistics[key], rtol=0, atol=0)
     # The statistics matter: without them the agent would act otherwise, so the equal returns above say something.
@@ -607,9 +602,8 @@ def test_temperature_sampling_follows_the_tempered_policy(action_space):
             )
             if agent.discrete:
                 expected = torch.softmax(policy.logits[0] / temperature, -1)
-                assert (
-                    expected - policy.probs[0]
-                ).abs().max() > 0.05  # a temperature that changes the policy
+                # a temperature that changes the policy
+                assert (expected - policy.probs[0]).abs().max() > 0.05
                 frequencies = torch.bincount(actions, minlength=3) / len(actions)
                 torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
             else:
@@ -627,9 +621,8 @@ def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
     foreign = tmp_path / "foreign.pt"
     torch.save({"script": "ddpg", "model": {}}, foreign)
     pickled = tmp_path / "pickled.pt"
-    torch.save(
-        {"script": "ppo_fc", "payload": Path("x")}, pickled
-    )  # needs unpickling of a Python class
+    # needs unpickling of a Python class
+    torch.save({"script": "ppo_fc", "payload": Path("x")}, pickled)
     incomplete = tmp_path / "checkpoints" / "incomplete.pt"
     incomplete.parent.mkdir()
     torch.save({"script": "ppo_fc", "format": 1, "model": {}, "args": {}}, incomplete)
@@ -673,9 +666,8 @@ def test_recorded_trajectories_reload_and_their_returns_equal_the_logged_returns
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = ppo_fc.train(args)
-    assert not [
-        w for w in caught if "trajectory writer" in str(w.message)
-    ]  # nothing a user should act on
+    # nothing a user should act on
+    assert not [w for w in caught if "trajectory writer" in str(w.message)]
     data = load_trajectories(path)
     assert data["/observations"].shape == (4, 512, 4) and data["/agents/policy/logprobs"].shape == (
         4,
@@ -759,9 +751,8 @@ def test_cli_run_writes_the_conventional_log_keys(tmp_path):
     }
     assert expected <= set(scalars)
     assert len(scalars["charts/SPS"]) == 2 and scalars["system/rss_mb"][0][1] > 10
-    assert [step for step, _ in scalars["eval/episodic_return"]] == [
-        1024
-    ]  # at the step the agent was trained to
+    # at the step the agent was trained to
+    assert [step for step, _ in scalars["eval/episodic_return"]] == [1024]
     accumulator = EventAccumulator(str(run))
     accumulator.Reload()
     assert "hyperparameters/text_summary" in accumulator.Tags()["tensors"]
@@ -850,9 +841,8 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
 
 def test_unsupported_action_space_is_refused(tmp_path):
     class ManyMultiDiscreteActions(NanRewardEnv):
-        action_space = gym.spaces.MultiDiscrete(
-            [100, 100]
-        )  # more combinations than one Discrete action is given
+        # more combinations than one Discrete action is given
+        action_space = gym.spaces.MultiDiscrete([100, 100])
 
     gym.register("ManyMultiDiscreteActions-v0", entry_point=ManyMultiDiscreteActions)
     with pytest.raises(ppo_fc.UsageError, match="MultiDiscrete action space"):
@@ -980,9 +970,8 @@ def test_ctrl_c_stops_after_the_iteration_with_a_consistent_checkpoint(tmp_path,
     assert checkpoint["global_step"] == checkpoint["iteration"] * 512 > 0
     assert (run / "checkpoints" / f"step_{checkpoint['global_step']}.pt").is_file()
     logged = read_scalars(run)["charts/learning_rate"]
-    assert (
-        logged[-1][0] == checkpoint["global_step"]
-    )  # the checkpoint is the state after the last logged iteration
+    # the checkpoint is the state after the last logged iteration
+    assert logged[-1][0] == checkpoint["global_step"]
 
 
 def test_a_resumed_run_continues_its_recording_with_no_step_twice_and_none_lost(tmp_path):
@@ -999,9 +988,8 @@ def test_a_resumed_run_continues_its_recording_with_no_step_twice_and_none_lost(
         "steps_0000000000.npz",
         "steps_0000000256.npz",
     ]
-    (path / "steps_0000000256.npz").write_bytes(
-        (path / "steps_0000000000.npz").read_bytes()
-    )  # another's steps
+    # another's steps
+    (path / "steps_0000000256.npz").write_bytes((path / "steps_0000000000.npz").read_bytes())
     ppo_fc.train(
         ppo_fc.Args(resume=str(whole.run_dir / "checkpoints" / "step_1024.pt"), progress=False)
     )
@@ -1123,9 +1111,8 @@ def test_sampling_from_a_distribution_it_cannot_draw_stops():
 # --- images and Atari ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "env_id", ["ImageBandit-v0", "ImageBanditRGB-v0"]
-)  # channels first, channels last
+# channels first, channels last
+@pytest.mark.parametrize("env_id", ["ImageBandit-v0", "ImageBanditRGB-v0"])
 def test_the_image_bandit_is_learnt_through_the_cnn(tmp_path, env_id):
     agent = ppo_fc.train(quick_args(tmp_path, env_id=env_id, total_timesteps=10_240)).agent
     assert isinstance(agent.network, ppo_fc.NatureCNN)
@@ -1147,10 +1134,8 @@ def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
         isinstance(agent.network, ppo_fc.NatureCNN)
         and agent.network.linear[0].in_features == 64 + 2
     )
-    env, seen = (
-        ppo_fc.make_env("ImageVectorBandit-v0")(),
-        set(),
-    )  # the script's stack: an image and a vector
+    # the script's stack: an image and a vector
+    env, seen = (ppo_fc.make_env("ImageVectorBandit-v0")(), set())
     for seed in range(16):
         observation, _ = env.reset(seed=seed)
         probe = env.unwrapped

@@ -203,12 +203,10 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(
     assert len(replays) == 6
     assert max(replay["logprobs"] for replay in replays) < 1e-5
     assert max(replay["values"] for replay in replays) < 1e-5
-    assert all(
-        replay["starts_inside"] for replay in replays
-    )  # CartPole's episodes end inside the sequences
-    assert all(
-        replay["carried"] for replay in replays[1:]
-    )  # and run across the rollout's (and chunks') boundaries
+    # CartPole's episodes end inside the sequences
+    assert all(replay["starts_inside"] for replay in replays)
+    # and run across the rollout's (and chunks') boundaries
+    assert all(replay["carried"] for replay in replays[1:])
 
 
 def test_integer_observations_reach_the_agent_as_float32(tmp_path, monkeypatch, capsys):
@@ -259,9 +257,8 @@ def test_a_narrow_gaussian_over_chunks_is_no_false_alarm(tmp_path, monkeypatch):
         return agent
 
     monkeypatch.setattr(ppo_lstm, "build_agent", narrow_agent)
-    monkeypatch.setattr(
-        ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=1)
-    )  # outputs of order 1, not 1e-4
+    # outputs of order 1, not 1e-4
+    monkeypatch.setattr(ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=1))
     args = quick_args(
         tmp_path,
         env_id="PendulumNoVel-v1",
@@ -276,9 +273,8 @@ def test_a_narrow_gaussian_over_chunks_is_no_false_alarm(tmp_path, monkeypatch):
 def test_a_replay_that_ignores_episode_starts_is_stopped(tmp_path, monkeypatch):
     forward = ppo_lstm.Agent.forward
 
-    def forgetful_forward(
-        self, x, state, episode_starts
-    ):  # an edit that keeps the state across episodes
+    # an edit that keeps the state across episodes
+    def forgetful_forward(self, x, state, episode_starts):
         if len(x) > 1:
             episode_starts = torch.zeros_like(episode_starts)
         return forward(self, x, state, episode_starts)
@@ -297,9 +293,8 @@ def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(
 ):
     numpy_policy_step = ppo_lstm.numpy_policy_step
 
-    def forgetful_copy(
-        agent,
-    ):  # passes the trial before acting (it starts no episode), then acts wrongly
+    # passes the trial before acting (it starts no episode), then acts wrongly
+    def forgetful_copy(agent):
         step = numpy_policy_step(agent)
         return lambda obs, state, starts, noise: step(obs, state, np.zeros_like(starts), noise)
 
@@ -316,9 +311,8 @@ def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(
 def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypatch, capsys):
     numpy_policy_step = ppo_lstm.numpy_policy_step
 
-    def wrong_critic_copy(
-        agent,
-    ):  # acts right; the critic core's half of the state it carries is not the cell's
+    # acts right; the critic core's half of the state it carries is not the cell's
+    def wrong_critic_copy(agent):
         step = numpy_policy_step(agent)
 
         def wrong_step(obs, state, starts, noise):
@@ -410,9 +404,8 @@ def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probabili
             env.t,
             env.cue,
         )
-        action_matters = (
-            env_id != "Probe7-v0" or env.t == env.horizon - 1
-        )  # Probe7: only the last action counts
+        # Probe7: only the last action counts
+        action_matters = env_id != "Probe7-v0" or env.t == env.horizon - 1
         if min_probability is not None and action_matters:
             assert policy.probs[0, env.optimal_action()].item() >= min_probability, (env.t, env.cue)
     if env_id == "Probe7-v0":  # memory: ppo_fc stays near 0.5 here (test_ppo_fc)
@@ -429,9 +422,8 @@ def test_the_defaults_learn_to_remember_within_a_small_budget(tmp_path):
     result = ppo_lstm.train(ppo_lstm.Args(env_id="Probe7-v0", total_timesteps=10_240, **settings))
     for env, _, policy in play_optimally(result.agent, "Probe7-v0"):
         if env.t == env.horizon - 1:
-            assert policy.probs[0, env.optimal_action()].item() > 0.5, (
-                env.cue
-            )  # the greedy action is the cue
+            # the greedy action is the cue
+            assert policy.probs[0, env.optimal_action()].item() > 0.5, env.cue
 
 
 def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(
@@ -462,14 +454,12 @@ def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(
     )
     result = copy.train(copy.Args(env_id="Probe7-v0", total_timesteps=10_240, **settings))
     assert isinstance(result.agent.core.rnn, torch.nn.GRU) and result.agent.core.rnn.num_layers == 2
-    assert (
-        "notice" not in capsys.readouterr().err
-    )  # the NumPy copy follows the edit: layer norm, 2-layer GRU
+    # the NumPy copy follows the edit: layer norm, 2-layer GRU
+    assert "notice" not in capsys.readouterr().err
     for env, _, policy in play_optimally(result.agent, "Probe7-v0"):
         if env.t == env.horizon - 1:
-            assert policy.probs[0, env.optimal_action()].item() > 0.5, (
-                env.cue
-            )  # the greedy action is the cue
+            # the greedy action is the cue
+            assert policy.probs[0, env.optimal_action()].item() > 0.5, env.cue
     returns = copy.evaluate_checkpoint(
         copy.Args(eval_checkpoint=str(result.checkpoint), **settings | {"eval_episodes": 2})
     )
@@ -541,9 +531,8 @@ def test_resume_continues_the_cut_episodes_with_their_memory_as_an_uninterrupted
     whole = ppo_lstm.train(quick_args(tmp_path / "whole", **settings))
     middle = whole.run_dir / "checkpoints" / "step_64.pt"
     carried = torch.load(middle, weights_only=True)["episodes"]
-    assert (
-        not carried["episode_starts"].any() and carried["rnn_state"].abs().amin(-1).gt(0).all()
-    )  # mid-episode
+    # mid-episode
+    assert not carried["episode_starts"].any() and carried["rnn_state"].abs().amin(-1).gt(0).all()
     copy = tmp_path / "copy" / whole.run_dir.name
     shutil.copytree(
         whole.run_dir,
@@ -628,12 +617,8 @@ def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hi
     )
     data = load_trajectories(path)
     hidden = data["/agents/policy/hidden_state"]
-    assert hidden.shape == (
-        1,
-        data["/rewards"].shape[1],
-        1,
-        256,
-    )  # the shared core's (h, c) of 128 each
+    # the shared core's (h, c) of 128 each
+    assert hidden.shape == (1, data["/rewards"].shape[1], 1, 256)
     episode_starts = np.concatenate([[True], data["/masks"][0, :-1] == 0])
     assert not hidden[0, episode_starts].any() and hidden[0, ~episode_starts].any(axis=-1).all()
     # The evaluation file as a Minari dataset: each episode with its final observation and its hidden states.
@@ -668,12 +653,8 @@ def test_training_trajectories_hold_the_hidden_state_each_action_came_from(tmp_p
     )
     result = ppo_lstm.train(args)
     data = load_trajectories(path)
-    assert data["/agents/policy/hidden_state"].shape == (
-        4,
-        256,
-        1,
-        128,
-    )  # the shared core's GRU: 128
+    # the shared core's GRU: 128
+    assert data["/agents/policy/hidden_state"].shape == (4, 256, 1, 128)
     assert data["/agents/policy/logprobs"].shape == (4, 256)
     assert json.loads(str(data["/meta/args"]))["rnn_type"] == "gru"
     finished = [episode for episode in split_episodes(data) if episode.finished]
@@ -785,9 +766,8 @@ def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def test_a_policy_whose_draws_sample_cannot_make_stops_the_run(tmp_path, monkeypatch):
-    def laplace(
-        self, actor_out
-    ):  # a Gaussian mean and std, as another family that Agent.sample does not draw from
+    # a Gaussian mean and std, as another family that Agent.sample does not draw from
+    def laplace(self, actor_out):
         return torch.distributions.Laplace(actor_out, self.actor_logstd.expand_as(actor_out).exp())
 
     monkeypatch.setattr(ppo_lstm.Agent, "distribution", laplace)
@@ -800,9 +780,8 @@ def test_a_policy_whose_draws_sample_cannot_make_stops_the_run(tmp_path, monkeyp
 # --- images and Atari ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"]
-)  # channels first, channels last
+# channels first, channels last
+@pytest.mark.parametrize("env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"])
 def test_the_image_memory_probe_is_remembered_through_the_cnn(tmp_path, env_id):
     result = ppo_lstm.train(quick_args(tmp_path, env_id=env_id, total_timesteps=10_240))
     assert isinstance(result.agent.core.encoder, ppo_lstm.NatureCNN)
@@ -822,10 +801,8 @@ def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
         and agent.core.encoder.linear[0].in_features == 64 + 2
     )
     assert agent.obs_norm.mean.shape == (2,)  # --norm-obs: the vector part only
-    env, seen = (
-        ppo_lstm.make_env("ImageVectorBandit-v0")(),
-        set(),
-    )  # the script's stack: an image and a vector
+    # the script's stack: an image and a vector
+    env, seen = (ppo_lstm.make_env("ImageVectorBandit-v0")(), set())
     for seed in range(16):
         observation, _ = env.reset(seed=seed)
         probe = env.unwrapped
@@ -863,9 +840,8 @@ def test_an_atari_run_resumes_mid_game_as_an_uninterrupted_run(tmp_path, capsys)
     assert any(len(record["resets"]) for record in records)
     copy = tmp_path / "copy" / whole.run_dir.name
     shutil.copytree(whole.run_dir, copy, ignore=shutil.ignore_patterns("step_768.pt", "latest.pt"))
-    time.sleep(
-        1.1
-    )  # as in the CartPole resume test: event files sort by the second they were opened
+    # as in the CartPole resume test: event files sort by the second they were opened
+    time.sleep(1.1)
     resumed = ppo_lstm.train(
         ppo_lstm.Args(resume=str(copy / "checkpoints" / "step_512.pt"), progress=False)
     )

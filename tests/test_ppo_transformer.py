@@ -103,16 +103,14 @@ def test_a_step_sees_its_episode_back_to_the_receptive_field_and_nothing_else():
         assert changed_at(step, episode_start=16) == 0.0
     assert changed_at(16, episode_start=16) > 1e-3
     assert changed_at(11, episode_start=0) == 0.0  # 7 steps back: beyond L(K-1)
-    assert (
-        changed_at(12, episode_start=0) > 1e-3
-    )  # 6 steps back: the receptive field's edge, through both layers
+    # 6 steps back: the receptive field's edge, through both layers
+    assert changed_at(12, episode_start=0) > 1e-3
     for step in (15, 16, 17, 18):  # within the last K - 1 steps, and the step itself
         assert changed_at(step, episode_start=0) > 1e-3
 
 
-@pytest.mark.parametrize(
-    ("n_layers", "context_len"), [(2, 5), (1, 1)]
-)  # K = 1: no step before is attended to
+# K = 1: no step before is attended to
+@pytest.mark.parametrize(("n_layers", "context_len"), [(2, 5), (1, 1)])
 def test_the_context_steps_give_the_pass_along_the_sequence_across_episode_starts_and_a_carried_prefix(
     n_layers, context_len
 ):
@@ -192,9 +190,8 @@ def test_only_the_envs_observation_is_normalised_the_previous_action_as_it_is_an
     np.testing.assert_allclose(
         normalised[:4], (3.0 - stats.mean[:4]) / (stats.var[:4] + stats.epsilon).sqrt(), atol=1e-6
     )
-    np.testing.assert_allclose(
-        normalised[4:6], [0.0, 1.0]
-    )  # normalised, it would be about 7 (1 / sqrt(0.02))
+    # normalised, it would be about 7 (1 / sqrt(0.02))
+    np.testing.assert_allclose(normalised[4:6], [0.0, 1.0])
     np.testing.assert_allclose(normalised[6], 1.5 / np.sqrt(np.mean(rewards**2)), rtol=1e-4)
 
 
@@ -202,9 +199,8 @@ def test_every_answer_is_given_on_repeat_previous_easy(tmp_path):
     # The smallest task known to show the 75% plateau (docs/ppo_transformer.md): with the previous action normalised
     # like the observation, one of the four answers was never given and evaluation stayed at 0.50 (seeds 1 and 2,
     # 300k and 600k steps). A 4-symbol repeat-back probe of 16 steps did not show it.
-    run = dict(
-        run_dir=str(tmp_path / "runs"), progress=False, save_model=False
-    )  # the defaults otherwise
+    # the defaults otherwise
+    run = dict(run_dir=str(tmp_path / "runs"), progress=False, save_model=False)
     args = ppo_transformer.Args(
         env_id="popgym-RepeatPreviousEasy-v0", total_timesteps=300_000, eval_episodes=10, **run
     )
@@ -251,9 +247,8 @@ def test_the_update_recomputes_the_rollouts_log_probs_and_values(tmp_path, monke
             logprobs = torch.log_softmax(actor_out.detach(), -1)
             assert (logprobs - torch.log_softmax(acted_out, -1)).abs().max() < 1e-5
         else:
-            assert (
-                actor_out.detach() - acted_out
-            ).abs().max() < 1e-5  # the mean; the std is a parameter
+            # the mean; the std is a parameter
+            assert (actor_out.detach() - acted_out).abs().max() < 1e-5
         starts_inside += int((positions[:, 1:] == 0).sum())
         continued_across += int((positions[:, 0] > 0).sum())
     assert starts_inside > 0 and (continued_across > 0 or env_id != "CartPole-v1")
@@ -264,9 +259,8 @@ def test_a_context_that_keeps_the_previous_episode_is_stopped_after_the_rollout(
 ):
     original = ppo_transformer.Context.step
 
-    def forgetful(
-        self, obs, positions, starts, envs=None, keep=True
-    ):  # an edit that ignores episode starts
+    # an edit that ignores episode starts
+    def forgetful(self, obs, positions, starts, envs=None, keep=True):
         return original(self, obs, positions, torch.zeros_like(starts), envs, keep)
 
     monkeypatch.setattr(ppo_transformer.Context, "step", forgetful)
@@ -290,9 +284,8 @@ def test_an_update_pass_that_depends_on_the_batch_is_stopped_before_the_first_gr
     args = quick_args(
         tmp_path, env_id="CartPole-v1", num_steps=32, num_minibatches=2, total_timesteps=256
     )
-    with pytest.raises(
-        PolicyMismatch, match="before any gradient step"
-    ):  # the rollout and its pass: both 4 envs
+    # the rollout and its pass: both 4 envs
+    with pytest.raises(PolicyMismatch, match="before any gradient step"):
         ppo_transformer.train(args)
 
 
@@ -309,9 +302,8 @@ def play_optimally(agent: ppo_transformer.Agent, args: ppo_transformer.Args, see
         context, position, terminated = ppo_transformer.Context.empty(agent, 1), 0, False
         while not terminated:
             with torch.no_grad():
-                obs = observation_map(
-                    lambda part: torch.as_tensor(part[None]), observation
-                )  # images stay uint8
+                # images stay uint8
+                obs = observation_map(lambda part: torch.as_tensor(part[None]), observation)
                 actor_out, value = context.step(
                     obs, torch.tensor([position]), torch.tensor([position == 0])
                 )
@@ -340,9 +332,8 @@ def test_discrete_probes(tmp_path, env_id, steps, value_tolerance, min_probabili
             env.t,
             env.cue,
         )
-        action_matters = (
-            env_id != "Probe7-v0" or env.t == env.horizon - 1
-        )  # Probe7: only the last action counts
+        # Probe7: only the last action counts
+        action_matters = env_id != "Probe7-v0" or env.t == env.horizon - 1
         if min_probability is not None and action_matters:
             assert policy.probs[0, env.optimal_action()].item() >= min_probability, (env.t, env.cue)
     if env_id == "Probe7-v0":  # memory: ppo_fc stays near 0.5 here (test_ppo_fc)
@@ -378,9 +369,8 @@ def test_continuous_probes(tmp_path, env_id, steps):
             assert value == pytest.approx(env.optimal_value(args.gamma), abs=0.1), (env.t, env.cue)
 
 
-@pytest.mark.parametrize(
-    "env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"]
-)  # channels first, channels last
+# channels first, channels last
+@pytest.mark.parametrize("env_id", ["ImageMemory-v0", "ImageMemoryRGB-v0"])
 def test_the_image_memory_probe_is_remembered_through_the_cnn(tmp_path, env_id):
     args = quick_args(tmp_path, env_id=env_id, total_timesteps=10_240)
     result = ppo_transformer.train(args)
@@ -398,9 +388,8 @@ def test_a_dict_of_an_image_and_a_vector_feeds_both_to_the_token(tmp_path):
     # The right action is the lit half XOR the Discrete part: neither part alone earns anything.
     args = quick_args(tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=20_480)
     result = ppo_transformer.train(args)
-    assert (
-        result.agent.embed.in_features == 512 + 2 + 3
-    )  # the one-hot flip, then the previous action and reward
+    # the one-hot flip, then the previous action and reward
+    assert result.agent.embed.in_features == 512 + 2 + 3
     for env, value, policy in play_optimally(result.agent, args):
         assert value == pytest.approx(1.0, abs=0.1), (env.cue, env.flip)
         assert policy.probs[0, env.optimal_action()].item() >= 0.9, (env.cue, env.flip)
@@ -424,9 +413,8 @@ def test_image_runs_of_every_encoder_and_context_build_the_token_from_the_right_
 def test_a_uint8_vector_observation_reaches_the_network_as_floats(tmp_path):
     # Without the previous action and reward the env's own uint8 vector reaches the network, in the rollout, the
     # bootstrap and evaluation alike.
-    gym.register(
-        "UInt8Grid-test-v0", entry_point=lambda: NoiseEnv((7, 7, 3))
-    )  # not an image: a grid
+    # not an image: a grid
+    gym.register("UInt8Grid-test-v0", entry_point=lambda: NoiseEnv((7, 7, 3)))
     for norm_obs in (False, True):
         args = quick_args(
             tmp_path, env_id="UInt8Grid-test-v0", total_timesteps=512, prev_action_reward=False, norm_obs=norm_obs,
@@ -455,9 +443,8 @@ def test_resume_continues_the_cut_episodes_with_their_context_as_an_uninterrupte
     whole = ppo_transformer.train(quick_args(tmp_path / "whole", **settings))
     middle = whole.run_dir / "checkpoints" / "step_64.pt"
     carried = torch.load(middle, weights_only=True)["episodes"]
-    assert (
-        not carried["episode_starts"].any() and carried["context_valid"][:, -1].all()
-    )  # mid-episode
+    # mid-episode
+    assert not carried["episode_starts"].any() and carried["context_valid"][:, -1].all()
     copy = tmp_path / "copy" / whole.run_dir.name
     shutil.copytree(
         whole.run_dir,
@@ -605,11 +592,8 @@ def test_training_trajectories_hold_what_reproduces_each_action(tmp_path):
     assert (
         data["/agents/policy/logprobs"].shape == data["/agents/policy/position"].shape == (4, 256)
     )
-    assert data["/observations"].shape == (
-        4,
-        256,
-        4 + 2 + 1,
-    )  # CartPole's, the previous action and reward
+    # CartPole's, the previous action and reward
+    assert data["/observations"].shape == (4, 256, 4 + 2 + 1)
     assert json.loads(str(data["/meta/args"]))["context_len"] == args.context_len
     finished = [episode for episode in split_episodes(data) if episode.finished]
     assert sorted(episode.total_reward for episode in finished) == sorted(result.episode_returns)

@@ -49,9 +49,8 @@ def test_observations_inside_space_float32_or_uint8_images_and_seeding_reproduce
     trace = rollout(3)
     assert env_id in gym.registry
     space = gym.make(env_id).observation_space
-    if isinstance(
-        space, gym.spaces.Dict
-    ):  # ImageVectorBandit-v0: an image part and a Discrete part
+    # ImageVectorBandit-v0: an image part and a Discrete part
+    if isinstance(space, gym.spaces.Dict):
         assert space["pixels"].dtype == np.uint8 and isinstance(space["flip"], gym.spaces.Discrete)
     else:
         assert space.dtype == (np.uint8 if env_id.startswith("Image") else np.float32)
@@ -231,9 +230,8 @@ def test_probe_envs_work_in_a_same_step_vector_env():
     np.testing.assert_array_equal(observations, [[1.0], [1.0]])
     observations, rewards, terminations, _, infos = envs.step(np.zeros(2, dtype=np.int64))
     assert rewards.tolist() == [1.0, 1.0] and terminations.all()
-    np.testing.assert_array_equal(
-        observations, [[0.0], [0.0]]
-    )  # already the next episode's first observation
+    # already the next episode's first observation
+    np.testing.assert_array_equal(observations, [[0.0], [0.0]])
     assert infos["_final_obs"].all()
 
 

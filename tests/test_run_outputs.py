@@ -59,9 +59,8 @@ def test_wandb_history_holds_what_tensorboard_holds_once_each(tmp_path):
     completed = run_script("ppo_fc.py", *flags, env=wandb_env(tmp_path))
     assert completed.returncode == 0, completed.stderr[-3000:]
     (run,) = runs.iterdir()
-    assert (
-        len(list(run.rglob("events.out.tfevents.*"))) == 1
-    )  # no copy of the event file, nested or not
+    # no copy of the event file, nested or not
+    assert len(list(run.rglob("events.out.tfevents.*"))) == 1
     assert not list(run.glob("wandb/*/files/**/wandb"))
     (tracked,) = read_wandb_runs(run)
     scalars = read_scalars(run)
@@ -106,14 +105,12 @@ def test_wandb_history_holds_what_tensorboard_holds_once_each(tmp_path):
         for row in rows
         if "eval/episodic_return" in row
     ]
-    assert (
-        evaluation == scalars["eval/episodic_return"] and len(evaluation) == 3
-    )  # whole returns: exact
+    # whole returns: exact
+    assert evaluation == scalars["eval/episodic_return"] and len(evaluation) == 3
 
     # Each video once.
-    videos = [
-        row["videos/sha256"] for row in rows if "videos/path" in row
-    ]  # wandb's video-file rows
+    # wandb's video-file rows
+    videos = [row["videos/sha256"] for row in rows if "videos/path" in row]
     assert len(videos) == len(set(videos)) == len(list(run.glob("videos/*.mp4"))) >= 2
 
 
@@ -194,18 +191,16 @@ def test_a_run_killed_between_checkpoints_and_resumed_logs_each_step_once_and_re
         json.loads((run / "wandb_run.json").read_text())["last_step"],
     )
     (killed,) = read_wandb_runs(run)
-    assert (
-        max(row["global_step"] for row in killed.history) > killed_at
-    )  # else the test shows nothing
+    # else the test shows nothing
+    assert max(row["global_step"] for row in killed.history) > killed_at
 
     resumed = run_script("ppo_fc.py", "--resume", str(run / "checkpoints" / "latest.pt"), "--track", "--no-progress",
                          env=wandb_env(tmp_path))  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     first, second = read_wandb_runs(run)
     assert first.id == second.id and first.name == second.name == run.name
-    scalars = read_scalars(
-        run
-    )  # what TensorBoard shows: each step once (the resumed writer's purge_step)
+    # what TensorBoard shows: each step once (the resumed writer's purge_step)
+    scalars = read_scalars(run)
     for key, shown in tensorboard_steps(
         scalars, (*EPISODE_KEYS, "charts/SPS", "losses/value_loss")
     ).items():
@@ -501,7 +496,6 @@ def test_an_atari_checkpoint_evaluates_whole_games_in_a_fresh_process(tmp_path):
     (eval_run,) = (tmp_path / "eval").iterdir()
     returns = [value for _, value in read_scalars(eval_run)["eval/episodic_return"]]
     lengths = [value for _, value in read_scalars(eval_run)["eval/episodic_length"]]
-    assert len(returns) == 2 and all(
-        value == int(value) >= 0 for value in returns
-    )  # raw scores of whole games
+    # raw scores of whole games
+    assert len(returns) == 2 and all(value == int(value) >= 0 for value in returns)
     assert min(lengths) > 100  # five lives of a random-ish Breakout agent: a single life is shorter

@@ -61,9 +61,8 @@ def record(env_id="Probe6-v0", num_envs=3, num_steps=25, seed=0):
 def test_info_entries_without_numeric_form_are_left_out_with_one_warning():
     writer = TrajectoryWriter(2)
     infos = {
-        "final_info": np.array(
-            [{"a": 1}, None], dtype=object
-        ),  # gymnasium's: left out without a warning
+        # gymnasium's: left out without a warning
+        "final_info": np.array([{"a": 1}, None], dtype=object),
         "_final_info": np.array([True, False]),
         "mission": np.array(["go left", "go right"]),
     }
@@ -246,9 +245,8 @@ def test_a_recording_writes_a_file_each_flush_steps_and_holds_no_more(tmp_path):
         "steps_0000000010.npz",
     ]
     assert len(recording.buffer) == 5  # what a killed run would lose: fewer than flush_steps
-    data = load_trajectories(
-        tmp_path / "r"
-    )  # what a run killed now leaves: every step before the last flush
+    # what a run killed now leaves: every step before the last flush
+    data = load_trajectories(tmp_path / "r")
     assert data["/observations"][0, :, 0].tolist() == list(range(20))
     recording.flush()
     assert load_trajectories(tmp_path / "r")["/observations"][1, :, 0].tolist() == list(range(25))
@@ -277,9 +275,8 @@ def test_a_continued_recording_drops_the_files_after_its_start_and_a_gap_is_an_e
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["steps_0000000000.npz"]
     with pytest.raises(TrajectoryFileError, match="holds 10 steps before the checkpoint's 15"):
         TrajectoryRecording(tmp_path / "r", 2, {}, start=15)
-    (tmp_path / "r" / "steps_0000000040.npz").write_bytes(
-        b""
-    )  # a later file, kept when continuing is refused
+    # a later file, kept when continuing is refused
+    (tmp_path / "r" / "steps_0000000040.npz").write_bytes(b"")
     with pytest.raises(TrajectoryFileError, match="holds 10 steps before the checkpoint's 20"):
         TrajectoryRecording(tmp_path / "r", 2, {}, start=20)
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [

@@ -229,14 +229,12 @@ def test_pruning_stops_every_run_of_the_trial(
     trials = load(tmp_path).get_trials()
     assert [trial.state for trial in trials] == [TrialState.PRUNED] * 2
     assert [list(trial.intermediate_values) for trial in trials] == [[10_000]] * 2
-    assert left_running == [
-        set()
-    ]  # trial 0's runs and their env workers had ended when trial 1 started
+    # trial 0's runs and their env workers had ended when trial 1 started
+    assert left_running == [set()]
     assert living(descendants(os.getpid())) == set()
     for run_dir in (tmp_path / "runs").glob("trial-*/Probe*__1"):
-        assert (
-            10_000 <= tune_module.TrialRun("", 1, run_dir, None).read().steps < 50_000
-        )  # stopped early
+        # stopped early
+        assert 10_000 <= tune_module.TrialRun("", 1, run_dir, None).read().steps < 50_000
 
 
 @pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
