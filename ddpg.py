@@ -1,8 +1,9 @@
-"""DDPG for continuous actions with several envs in parallel, after CleanRL's ddpg_continuous_action.py. Read top to
-bottom: arguments, environments, networks, then ``train()``: act with exploration noise, store the transition in the
-replay buffer, make ``--updates-per-step`` critic updates per transition, and every ``--policy-frequency``-th update
-also update the actor and move both target networks. Run plumbing is in ``common/``; docs/ddpg.md gives the reasons
-for the defaults."""
+"""DDPG for continuous actions with several envs in parallel, after CleanRL's
+ddpg_continuous_action.py. Read top to bottom: arguments, environments, networks, then ``train()``:
+act with exploration noise, store the transition in the replay buffer, make ``--updates-per-step``
+critic updates per transition, and every ``--policy-frequency``-th update also update the actor and
+move both target networks. Run plumbing is in ``common/``; docs/ddpg.md gives the reasons for the
+defaults."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ CHECKPOINT_KEYS = (
 
 @dataclass
 class Args:
-    """DDPG for continuous actions, with CleanRL's flags and defaults and several envs in parallel."""
+    """DDPG for continuous actions, with CleanRL's flags, and several envs in parallel."""
 
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
@@ -67,7 +68,7 @@ class Args:
     save_model: bool = True
     """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
     env_id: str = "Pendulum-v1"
-    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
+    """the gymnasium env id (an installed package's ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 1_000_000
     """total env transitions of the experiment (rounded down to whole vector steps)"""
     learning_rate: float = 3e-4
@@ -101,35 +102,37 @@ class Args:
     hidden_size: int = 256
     """width of the two hidden layers of the actor and of the critic"""
 
-    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads, progress
+    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads,
+    # progress
     run_dir: str = "runs"
     """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
     video_every: int = 50
     """with --capture-video, record one episode of env 0 in every this many"""
     checkpoint_every: int = 0
-    """write a checkpoint every this many iterations, one vector step each (0: only at the end, when --save-model)"""
+    """write a checkpoint every this many vector steps (0: only at the end, with --save-model)"""
     save_buffer: bool = False
-    """if toggled, write the replay buffer next to each checkpoint (.npz), so that --resume continues exactly"""
+    """if toggled, write the replay buffer by each checkpoint (.npz): --resume goes on exactly"""
     resume: str | None = None
     """continue the run of this checkpoint: its settings, run folder, step count and schedule"""
     eval_checkpoint: str | None = None
-    """evaluate the actor of this checkpoint for --eval-episodes episodes, without noise, then exit"""
+    """evaluate this checkpoint's actor for --eval-episodes episodes, without noise, then exit"""
     eval_episodes: int = 10
     """episodes of noise-free evaluation after training (0: none)"""
     eval_every: int = 0
-    """also evaluate for --eval-episodes episodes every this many steps during training (0: never)"""
+    """also evaluate for --eval-episodes episodes every this many training steps (0: never)"""
     save_trajectories: str | None = None
-    """record the training steps (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
+    """record the training steps (--eval-checkpoint: its episodes) to this new folder"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     torch_threads: int | None = None
-    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
+    """CPU threads for torch (default: all for a CNN or 256-unit layers, else 1; 0: torch's)"""
     progress: bool = True
     """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
 
 
 OU_THETA = 0.15
-"""The Ornstein-Uhlenbeck process's pull towards 0 per step, the DDPG paper's, with a time step of 1."""
+"""The Ornstein-Uhlenbeck process's pull towards 0 per step, the DDPG paper's, with a time step of
+1."""
 
 
 def make_env(
@@ -206,15 +209,16 @@ class Agent(nn.Module):
 
 
 def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """target <- target + tau (online - target), for every parameter in one call (parameters only: a layer with
-    buffers, such as BatchNorm's running statistics, needs them moved too)."""
+    """target <- target + tau (online - target), for every parameter in one call (parameters only: a
+    layer with buffers, such as BatchNorm's running statistics, needs them moved too)."""
     with torch.no_grad():
         torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 
 
 class ReplayBuffer:
-    """Transitions in preallocated arrays, oldest overwritten first. It stores the true next observation (the last
-    one where an episode ended) and the termination flag only: truncated episodes bootstrap, terminated ones never."""
+    """Transitions in preallocated arrays, oldest overwritten first. It stores the true next
+    observation (the last one where an episode ended) and the termination flag only: truncated
+    episodes bootstrap, terminated ones never."""
 
     FIELDS = ("observations", "next_observations", "actions", "rewards", "terminations")
 
@@ -265,9 +269,10 @@ class ReplayBuffer:
 def exploration_noise(
     args: Args, noise_state: np.ndarray, episode_starts: np.ndarray
 ) -> np.ndarray:
-    """Noise for one vector step, (num_envs, action size), in units of each dimension's half-range: Gaussian, or
-    the Ornstein-Uhlenbeck process of each env (x += theta (0 - x) + sigma N(0, 1)), restarted at 0 where that env's
-    episode starts. `noise_state` is the process's state, updated in place."""
+    """Noise for one vector step, (num_envs, action size), in units of each dimension's half-range:
+    Gaussian, or the Ornstein-Uhlenbeck process of each env (x += theta (0 - x) + sigma N(0, 1)),
+    restarted at 0 where that env's episode starts. `noise_state` is the process's state, updated in
+    place."""
     draw = np.random.normal(size=noise_state.shape).astype(np.float32)
     if args.noise == "gaussian":
         return args.exploration_noise * draw
@@ -309,8 +314,8 @@ def check_args(args: Args) -> None:
 def from_checkpoint(
     path: str | None, args: Args, kept: tuple[str, ...], strict: bool
 ) -> tuple[Args, dict | None]:
-    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
-    no path: `args` and no checkpoint."""
+    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`:
+    no other differs); no path: `args` and no checkpoint."""
     if path is None:
         return args, None
     checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
@@ -345,7 +350,8 @@ def train(args: Args) -> TrainResult:
         args.seed, args.torch_deterministic, args.torch_threads, args.cuda
     )
     agent = build_agent(args, checkpoint, device)
-    # The fused kernel updates every parameter in one call: about 6% of an update here (docs/ddpg.md).
+    # The fused kernel updates every parameter in one call: about 6% of an update here
+    # (docs/ddpg.md).
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate, fused=True)
     q_optimizer = torch.optim.Adam(agent.qf1.parameters(), lr=args.learning_rate, fused=True)
     if checkpoint is not None:
@@ -419,8 +425,9 @@ def train(args: Args) -> TrainResult:
         state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
         log.flush(global_step)  # and the logs up to the checkpoint
         path = checkpoints.save(folder, SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
-        # One buffer on disk (a full MuJoCo one is 168 MB): the older ones go once the checkpoint naming the new one
-        # is written. A later one stays: it belongs to the run this one was resumed from an earlier checkpoint of.
+        # One buffer on disk (a full MuJoCo one is 168 MB): the older ones go once the checkpoint
+        # naming the new one is written. A later one stays: it belongs to the run this one was
+        # resumed from an earlier checkpoint of.
         for older in folder.glob("buffer_step_*.npz") if args.save_buffer else ():
             if int(older.stem.removeprefix("buffer_step_")) < global_step:
                 older.unlink()
@@ -441,7 +448,8 @@ def train(args: Args) -> TrainResult:
             env_obs, obs = (next_obs, next_obs.astype(np.float32))
             noise = exploration_noise(args, noise_state, episode_starts)
             if global_step < args.learning_starts:
-                # From the seeded generator that checkpoints hold (an action space's own is not seeded).
+                # From the seeded generator that checkpoints hold (an action space's own is not
+                # seeded).
                 actions = np.random.uniform(low, high, (args.num_envs, action_size)).astype(
                     np.float32
                 )
@@ -490,7 +498,8 @@ def train(args: Args) -> TrainResult:
                         actor_optimizer.step()
                         polyak_update(agent.actor_target, agent.actor, args.tau)
                         polyak_update(agent.qf1_target, agent.qf1, args.tau)
-                # A NaN or inf loss reaches the parameters; checking them all takes 0.5 ms, so only then.
+                # A NaN or inf loss reaches the parameters; checking them all takes 0.5 ms, so only
+                # then.
                 if not torch.isfinite(qf1_loss + actor_loss):
                     check_finite(
                         agent.parameters(), global_step, qf1_loss=qf1_loss, actor_loss=actor_loss

@@ -1,6 +1,7 @@
-"""PPO with an MLP actor and critic, for discrete and continuous actions, after CleanRL's ppo.py. Read top to bottom:
-arguments, environments, network, then ``train()``: rollout, GAE, minibatch updates, Adam with a linear LR decay.
-Run plumbing is in ``common/``; the README's "Copy and modify" says what an edit must touch."""
+"""PPO with an MLP actor and critic, for discrete and continuous actions, after CleanRL's ppo.py.
+Read top to bottom: arguments, environments, network, then ``train()``: rollout, GAE, minibatch
+updates, Adam with a linear LR decay. Run plumbing is in ``common/``; the README's "Copy and modify"
+says what an edit must touch."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ CHECKPOINT_FORMAT = (
 
 @dataclass
 class Args:
-    """PPO with an MLP actor and critic, for discrete and continuous actions, with CleanRL's flags and defaults."""
+    """PPO with an MLP actor and critic, for discrete and continuous actions, with CleanRL's flags."""
 
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
@@ -76,7 +77,7 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of env 0 into `{run_dir}/{run_name}/videos`"""
     env_id: str = "CartPole-v1"
-    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
+    """the gymnasium env id (an installed package's ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 500_000
     """total timesteps of the experiment (rounded down to whole batches)"""
     learning_rate: float = 2.5e-4
@@ -116,7 +117,7 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = False
-    """if toggled, normalise observations with running statistics (frozen in evaluation; not images: they are /255)"""
+    """if toggled, normalise observations by running statistics (frozen in evaluation; no images)"""
     norm_reward: bool = False
     """if toggled, scale rewards by the running std of the discounted return (NormalizeReward)"""
     norm_reward_clip: float = 10.0
@@ -124,9 +125,10 @@ class Args:
     hidden_size: int = 64
     """width of the two hidden layers of the actor and of the critic"""
     encoder: Literal["auto", "mlp", "cnn"] = "auto"
-    """auto: a CNN for images (uint8, rank 2 or 3 with channels first or last, 36x36 or more), an MLP otherwise"""
+    """auto: a CNN for uint8 images (rank 2-3, channels first or last, 36x36 or more), else MLP"""
 
-    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads, progress
+    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads,
+    # progress
     run_dir: str = "runs"
     """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
     video_every: int = 50
@@ -142,19 +144,19 @@ class Args:
     eval_episodes: int = 10
     """episodes of evaluation after training, actions drawn by --sampling-method (0: none)"""
     sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
-    """how evaluation draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
+    """how evaluation acts: greedy (argmax / mean), basic (a sample), temperature, topk, bottomk"""
     temperature: float = 1.0
     """with --sampling-method temperature: divides the logits, or multiplies the std"""
     sampling_k: int = 2
     """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
     save_trajectories: str | None = None
-    """record the training rollouts (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
+    """record the training rollouts (--eval-checkpoint: its episodes) to this new folder"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     numpy_rollout: bool = True
-    """if toggled, the rollout acts through a NumPy copy of the policy, checked against it (docs/ppo_fc.md)"""
+    """if toggled, the rollout acts through a NumPy copy of the policy, checked against it"""
     torch_threads: int | None = None
-    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
+    """CPU threads for torch (default: all for a CNN or 256-unit layers, else 1; 0: torch's)"""
     progress: bool = True
     """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
     dist_backend: str | None = None
@@ -193,9 +195,10 @@ def layer_init(
 
 
 class NatureCNN(nn.Module):
-    """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari.py, on images of `layout` ("hw",
-    "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. A vector of `vector_size` (a Dict observation's
-    other parts) joins the convolutions' output, so that the 512 units can combine the two."""
+    """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari.py, on images of
+    `layout` ("hw", "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. A vector of
+    `vector_size` (a Dict observation's other parts) joins the convolutions' output, so that the 512
+    units can combine the two."""
 
     def __init__(self, image_space: gym.spaces.Box, layout: str, vector_size: int = 0):
         super().__init__()
@@ -250,8 +253,8 @@ class Agent(nn.Module):
         self.action_size = (
             int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         )
-        # A Dict observation is an image and a vector (common.envs.image_and_vector): the vector joins the image's
-        # CNN features (or, with --encoder mlp, its flattened pixels).
+        # A Dict observation is an image and a vector (common.envs.image_and_vector): the vector
+        # joins the image's CNN features (or, with --encoder mlp, its flattened pixels).
         self.parts = isinstance(observation_space, gym.spaces.Dict)
         image_space = observation_space[IMAGE] if self.parts else observation_space
         vector_size = int(np.prod(observation_space[VECTOR].shape)) if self.parts else 0
@@ -287,9 +290,9 @@ class Agent(nn.Module):
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
 
     def forward(self, x: Tensor | dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """The actor's output (the logits, or the Gaussian mean) and the value at observations `x` (of any dtype).
-        Both read one hidden vector: the CNN's features of an image (computed once; a Dict's normalised vector joins
-        its 512 units), or the normalised observation."""
+        """The actor's output (the logits, or the Gaussian mean) and the value at observations `x`
+        (of any dtype). Both read one hidden vector: the CNN's features of an image (computed once;
+        a Dict's normalised vector joins its 512 units), or the normalised observation."""
         if self.cnn and self.parts:
             hidden = self.network(x[IMAGE].float(), self.obs_norm(x[VECTOR]))
         else:
@@ -297,8 +300,8 @@ class Agent(nn.Module):
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
     def normalised_part(self, x: Tensor | dict[str, Tensor]) -> Tensor:
-        """What `obs_norm` normalises: a Dict's vector with the CNN, else the observation as one vector (an image's
-        pixels flattened with --encoder mlp, a Dict's vector after them)."""
+        """What `obs_norm` normalises: a Dict's vector with the CNN, else the observation as one
+        vector (an image's pixels flattened with --encoder mlp, a Dict's vector after them)."""
         if not self.parts:
             return self.network(x.float())
         if self.cnn:
@@ -309,7 +312,8 @@ class Agent(nn.Module):
         return self(x)[1]
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
-        """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
+        """The policy given the actor's output: its one definition, used by the rollout, the update
+        and evaluation."""
         if self.discrete:
             # validating costs more than the network
             return Categorical(logits=actor_out, validate_args=False)
@@ -318,7 +322,8 @@ class Agent(nn.Module):
     def get_action_and_value(
         self, x: Tensor, action: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Action (sampled when not given), its log-probability, the policy's entropy, and the value at `x`."""
+        """Action (sampled when not given), its log-probability, the policy's entropy, and the value
+        at `x`."""
         actor_out, value = self(x)
         policy = self.distribution(actor_out)
         if action is None:
@@ -329,7 +334,8 @@ class Agent(nn.Module):
         return action, policy.log_prob(action).sum(-1), policy.entropy().sum(-1), value
 
     def sampling_noise(self, batch_shape: tuple[int, ...]) -> Tensor:
-        """The randomness of `sample` for a batch of observations. A rollout draws all of its steps' in one call."""
+        """The randomness of `sample` for a batch of observations. A rollout draws all of its steps'
+        in one call."""
         noise = torch.empty((*batch_shape, self.action_size), device=next(self.parameters()).device)
         if self.discrete:
             return noise.exponential_().log_().neg_()  # -log(Exp(1)) is Gumbel noise
@@ -337,8 +343,9 @@ class Agent(nn.Module):
 
     @staticmethod
     def sample(policy: Categorical | Normal, noise: Tensor) -> Tensor:
-        """A draw from `policy` made from `sampling_noise`: the Gumbel-max trick for a categorical, mean + std * noise
-        for a Gaussian (as `rsample` does). Fixing the noise lets a faster copy of the policy be checked exactly."""
+        """A draw from `policy` made from `sampling_noise`: the Gumbel-max trick for a categorical,
+        mean + std * noise for a Gaussian (as `rsample` does). Fixing the noise lets a faster copy
+        of the policy be checked exactly."""
         if isinstance(policy, Categorical):
             return torch.argmax(policy.logits + noise, -1)
         if isinstance(policy, Normal):
@@ -360,7 +367,8 @@ def train(args: Args) -> TrainResult:
     norm_adv = args.norm_adv and minibatch_size * world_size > 1  # a minibatch of one has no std
 
     agent = build_agent(args, None, device)
-    # The fused kernel updates every parameter in one call: a fifth of the update time for a network this small.
+    # The fused kernel updates every parameter in one call: a fifth of the update time for a network
+    # this small.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # what a checkpoint carries: written and read from here
     saved = {"model": agent, "optimizer": optimizer}
@@ -372,7 +380,8 @@ def train(args: Args) -> TrainResult:
     global_step = run.global_step
     next_obs = run.next_obs
 
-    # Rollout storage, in NumPy: filled step by step without conversions. Images stay uint8 until the network.
+    # Rollout storage, in NumPy: filled step by step without conversions. Images stay uint8 until
+    # the network.
     action_shape = () if agent.discrete else (agent.action_size,)
     action_dtype = np.int64 if agent.discrete else np.float32
     obs = observation_zeros(run.envs.single_observation_space, args.num_steps, args.num_envs)
@@ -397,8 +406,9 @@ def train(args: Args) -> TrainResult:
                 optimizer.param_groups[0]["lr"] = lrnow
             rollout_start = time.time()
 
-            # The rollout only acts; log-probs and values come after it, from one torch pass over all its steps.
-            # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+            # The rollout only acts; log-probs and values come after it, from one torch pass over
+            # all its steps. Images act through the torch policy: a NumPy copy of a CNN would not be
+            # faster.
             numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
             # As stored: float32 integer observations (one-hot, MiniGrid's) would not normalise.
             act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored(next_obs))
@@ -433,7 +443,8 @@ def train(args: Args) -> TrainResult:
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
                 values = b_values.reshape(args.num_steps, args.num_envs).cpu().numpy()
                 next_value = agent.get_value(observation_tensor(as_stored(next_obs), device))
-                # Truncated episodes bootstrap from the value of their last observation; terminated ones never do.
+                # Truncated episodes bootstrap from the value of their last observation; terminated
+                # ones never do.
                 final_values = np.zeros_like(rewards)
                 truncated_only = truncations & ~terminations
                 if args.bootstrap_truncation and truncated_only.any():
@@ -445,7 +456,8 @@ def train(args: Args) -> TrainResult:
                 )  # fmt: skip
                 b_advantages = torch.as_tensor(advantages, device=device).reshape(-1)
                 b_returns = b_advantages + b_values
-            # With a continuous policy, also the unclipped sample that the log-probabilities belong to.
+            # With a continuous policy, also the unclipped sample that the log-probabilities belong
+            # to.
             sampled = {} if agent.discrete else {"actions": actions}
             b_logprobs_by_step = b_logprobs.reshape(args.num_steps, -1)
             run.recorder.end_rollout(logprobs=b_logprobs_by_step, values=values, **sampled)
@@ -519,8 +531,8 @@ def train(args: Args) -> TrainResult:
             )
             # --norm-obs, never of an image through the CNN
             if isinstance(agent.obs_norm, RunningNorm):
-                # After the update: the stored log-probs and values, GAE and the update used the same statistics.
-                # every rank's
+                # After the update: the stored log-probs and values, GAE and the update used the
+                # same statistics. every rank's
                 agent.obs_norm.merge(*distributed.moments(agent.normalised_part(b_obs)))
             update_seconds = time.time() - update_start
 
@@ -552,8 +564,9 @@ def compute_gae(
     rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
     truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
 ) -> np.ndarray:  # fmt: skip
-    """GAE for a (num_steps, num_envs) rollout, in NumPy (cheaper than torch for the recursion's small steps). An
-    episode end stops the recursion; a truncated step bootstraps from `final_values`, its last observation's value."""
+    """GAE for a (num_steps, num_envs) rollout, in NumPy (cheaper than torch for the recursion's
+    small steps). An episode end stops the recursion; a truncated step bootstraps from
+    `final_values`, its last observation's value."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
     # final_values elsewhere is not read
     bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
@@ -568,8 +581,8 @@ def compute_gae(
     return advantages
 
 
-# What train() calls, for a second reading: argument checks, the agent, the rollout's stand-in for the policy,
-# evaluation.
+# What train() calls, for a second reading: argument checks, the agent, the rollout's stand-in for
+# the policy, evaluation.
 
 
 def check_args(args: Args) -> None:
@@ -631,8 +644,9 @@ PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
 def rollout_policy(
     agent: Agent, numpy_rollout: bool, obs: np.ndarray
 ) -> tuple[PolicyFunction, bool]:
-    """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a NumPy copy (with
-    `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the torch policy does on `obs`)."""
+    """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a
+    NumPy copy (with `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the
+    torch policy does on `obs`)."""
     device = next(agent.parameters()).device
 
     @torch.no_grad()
@@ -653,8 +667,8 @@ def rollout_policy(
 def check_policy(
     actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool
 ) -> Tensor:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
-    `actor_outs`, after checking that the actions are its draws with `noise`."""
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
+    policy's `actor_outs`, after checking that the actions are its draws with `noise`."""
     policy = agent.distribution(actor_outs)
     if agent.discrete:
         stand_in.check_same_actions(
@@ -670,8 +684,8 @@ def check_policy(
 def evaluate(
     agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
 ) -> list[float]:
-    """Play `args.eval_episodes` episodes, actions by `args.sampling_method`; log them at `step` (see
-    `common.evaluation.evaluate`) and return their returns."""
+    """Play `args.eval_episodes` episodes, actions by `args.sampling_method`; log them at `step`
+    (see `common.evaluation.evaluate`) and return their returns."""
     device = next(agent.parameters()).device
 
     @torch.inference_mode()

@@ -1,6 +1,7 @@
-"""Recurrent PPO (an MLP encoder, an LSTM or GRU, actor and critic heads) for discrete and continuous actions, after
-CleanRL's ppo_atari_lstm.py. Read top to bottom: arguments, environments, network, then ``train()``. Run plumbing is
-in ``common/``; docs/ppo_lstm.md gives the reasons for the defaults."""
+"""Recurrent PPO (an MLP encoder, an LSTM or GRU, actor and critic heads) for discrete and
+continuous actions, after CleanRL's ppo_atari_lstm.py. Read top to bottom: arguments, environments,
+network, then ``train()``. Run plumbing is in ``common/``; docs/ppo_lstm.md gives the reasons for
+the defaults."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 
 @dataclass
 class Args:
-    """Recurrent PPO (LSTM or GRU) for discrete and continuous actions, with CleanRL's flags and defaults."""
+    """Recurrent PPO (LSTM or GRU) for discrete and continuous actions, with CleanRL's flags."""
 
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
@@ -83,7 +84,7 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of env 0 into `{run_dir}/{run_name}/videos`"""
     env_id: str = "CartPole-v1"
-    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
+    """the gymnasium env id (an installed package's ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 500_000
     """total timesteps of the experiment (rounded down to whole batches)"""
     learning_rate: float = 1e-3
@@ -123,7 +124,7 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = True
-    """if toggled, normalise observations with running statistics, frozen in evaluation; not images: they are /255"""
+    """if toggled, normalise observations by running statistics (frozen in evaluation; no images)"""
     norm_reward: bool = True
     """if toggled, scale rewards by the running std of the discounted return (docs/ppo_lstm.md)"""
     norm_reward_clip: float = 10.0
@@ -131,7 +132,7 @@ class Args:
     hidden_size: int = 64
     """width of the encoder, a linear layer with tanh before the recurrent cell (for vectors)"""
     encoder: Literal["auto", "mlp", "cnn"] = "auto"
-    """auto: the Nature CNN for images (uint8, rank 2 or 3 with channels first or last, 36x36 or more), else a linear"""
+    """auto: the Nature CNN for uint8 images (rank 2-3, channels first or last, 36x36 up)"""
     rnn_type: Literal["lstm", "gru"] = "lstm"
     """the recurrent cell: lstm or gru (a GRU is slower on a CPU: docs/ppo_lstm.md)"""
     rnn_hidden_size: int = 128
@@ -139,11 +140,12 @@ class Args:
     rnn_layers: int = 1
     """the number of stacked recurrent layers"""
     shared_core: bool = True
-    """if toggled, the actor and the critic share the encoder and cell; off: the critic has its own"""
+    """if toggled, the actor and critic share the encoder and cell; off: the critic has its own"""
     bptt_len: int = 0
     """0: minibatches of whole env rollouts; L > 0: of L-step chunks from the recorded states"""
 
-    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads, progress
+    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads,
+    # progress
     run_dir: str = "runs"
     """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
     video_every: int = 50
@@ -159,19 +161,19 @@ class Args:
     eval_episodes: int = 10
     """episodes of evaluation after training, actions drawn by --sampling-method (0: none)"""
     sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
-    """how evaluation draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
+    """how evaluation acts: greedy (argmax / mean), basic (a sample), temperature, topk, bottomk"""
     temperature: float = 1.0
     """with --sampling-method temperature: divides the logits, or multiplies the std"""
     sampling_k: int = 2
     """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
     save_trajectories: str | None = None
-    """record the training rollouts (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
+    """record the training rollouts (--eval-checkpoint: its episodes) to this new folder"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     numpy_rollout: bool = True
-    """if toggled, the rollout acts through a NumPy copy of the policy, checked against it (docs/ppo_lstm.md)"""
+    """if toggled, the rollout acts through a NumPy copy of the policy, checked against it"""
     torch_threads: int | None = None
-    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
+    """CPU threads for torch (default: all for a CNN or 256-unit layers, else 1; 0: torch's)"""
     progress: bool = True
     """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
     dist_backend: str | None = None
@@ -210,8 +212,9 @@ def layer_init(
 
 
 class Segments:
-    """The pieces of sequences (T, B) between episode starts, side by side and padded at their ends, for one fused
-    call of the cell over all of them, from a zero state at each episode start (docs/ppo_lstm.md, "Update")."""
+    """The pieces of sequences (T, B) between episode starts, side by side and padded at their ends,
+    for one fused call of the cell over all of them, from a zero state at each episode start
+    (docs/ppo_lstm.md, "Update")."""
 
     def __init__(self, episode_starts: Tensor):
         num_steps, num_sequences = episode_starts.shape
@@ -227,7 +230,8 @@ class Segments:
         self.shape = (num_steps, num_sequences)
 
     def pad(self, x: Tensor) -> Tensor:
-        """`x` (T, B, F) as pieces side by side, (longest piece, pieces, F), zero after each piece's end."""
+        """`x` (T, B, F) as pieces side by side, (longest piece, pieces, F), zero after each piece's
+        end."""
         padded = x.new_zeros(self.max_length, self.num_pieces, x.shape[-1])
         padded[self.offset, self.piece] = x.transpose(0, 1).reshape(-1, x.shape[-1])
         return padded
@@ -238,15 +242,16 @@ class Segments:
         return padded[self.offset, self.piece].reshape(num_sequences, num_steps, -1).transpose(0, 1)
 
     def initial_states(self, state: Tensor) -> Tensor:
-        """Each piece's first state: `state` (layers, B, S) for each sequence's first piece, zero for the rest."""
+        """Each piece's first state: `state` (layers, B, S) for each sequence's first piece, zero
+        for the rest."""
         initial = state.new_zeros(state.shape[0], self.num_pieces, state.shape[-1])
         initial[:, self.first_pieces] = state
         return initial
 
 
 class TrainingSequences:
-    """A rollout (num_steps, num_envs, ...) cut into whole env rollouts, or with --bptt-len L into L-step chunks:
-    sequence j is the steps `starts[j]` + (0 .. `length` - 1) of env `envs[j]`."""
+    """A rollout (num_steps, num_envs, ...) cut into whole env rollouts, or with --bptt-len L into
+    L-step chunks: sequence j is the steps `starts[j]` + (0 .. `length` - 1) of env `envs[j]`."""
 
     def __init__(self, num_steps: int, num_envs: int, bptt_len: int, device: torch.device):
         self.length = bptt_len or num_steps
@@ -264,14 +269,16 @@ class TrainingSequences:
         return x[self.time_index, self.envs]
 
     def initial_states(self, states: Tensor) -> Tensor:
-        """The states recorded (num_steps, layers, num_envs, S) at the sequences' starts: (layers, count, S)."""
+        """The states recorded (num_steps, layers, num_envs, S) at the sequences' starts: (layers,
+        count, S)."""
         return states[self.starts, :, self.envs].transpose(0, 1)
 
 
 class NatureCNN(nn.Module):
-    """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari_lstm.py, on images of `layout`
-    ("hw", "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. A vector of `vector_size` (a Dict
-    observation's other parts) joins the convolutions' output, so that the 512 units can combine the two."""
+    """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari_lstm.py, on
+    images of `layout` ("hw", "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. A
+    vector of `vector_size` (a Dict observation's other parts) joins the convolutions' output, so
+    that the 512 units can combine the two."""
 
     def __init__(self, image_space: gym.spaces.Box, layout: str, vector_size: int = 0):
         super().__init__()
@@ -312,8 +319,8 @@ class NatureCNN(nn.Module):
 
 
 class Core(nn.Module):
-    """The part with memory: an encoder (a linear layer with tanh, or the Nature CNN for images), then the recurrent
-    cell."""
+    """The part with memory: an encoder (a linear layer with tanh, or the Nature CNN for images),
+    then the recurrent cell."""
 
     def __init__(
         self, observation_space: gym.Space, layout: str | None, hidden_size: int, rnn_type: str, rnn_hidden_size: int,
@@ -346,8 +353,8 @@ class Core(nn.Module):
     def forward(
         self, x: Tensor, state: Tensor, segments: Segments | None
     ) -> tuple[Tensor, Tensor | None]:
-        """The cell's output along `x` (T, B, obs...) from `state` (layers, B, state size), cut into `segments`; for one
-        step (`segments` None) also the state after it."""
+        """The cell's output along `x` (T, B, obs...) from `state` (layers, B, state size), cut into
+        `segments`; for one step (`segments` None) also the state after it."""
         features = self.encoder(x[IMAGE], x[VECTOR]) if isinstance(x, dict) else self.encoder(x)
         if segments is None:
             output, next_state = self.rnn(features, self.cell_state(state))
@@ -376,9 +383,10 @@ class Agent(nn.Module):
         self.action_size = (
             int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         )
-        # An image goes to the CNN as it is; a vector, or an image taken as one (--encoder mlp), flat and normalised.
-        # A Dict observation is an image and a vector (common.envs.image_and_vector): the vector, normalised, joins
-        # the image's CNN features (or, with --encoder mlp, its flattened pixels).
+        # An image goes to the CNN as it is; a vector, or an image taken as one (--encoder mlp),
+        # flat and normalised. A Dict observation is an image and a vector
+        # (common.envs.image_and_vector): the vector, normalised, joins the image's CNN features
+        # (or, with --encoder mlp, its flattened pixels).
         self.parts = isinstance(observation_space, gym.spaces.Dict)
         image_space = observation_space[IMAGE] if self.parts else observation_space
         vector_size = int(np.prod(observation_space[VECTOR].shape)) if self.parts else 0
@@ -412,15 +420,17 @@ class Agent(nn.Module):
         return [self.core] if self.critic_core is None else [self.core, self.critic_core]
 
     def initial_state(self, batch_size: int) -> Tensor:
-        """The state of `batch_size` envs at the start of their episodes: zero, (layers, batch, state size)."""
+        """The state of `batch_size` envs at the start of their episodes: zero, (layers, batch,
+        state size)."""
         device = next(self.parameters()).device
         return torch.zeros(self.rnn_layers, batch_size, self.state_size, device=device)
 
     def forward(
         self, x: Tensor, state: Tensor, episode_starts: Tensor
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Along observations `x` (T, B, obs) from `state` (layers, B, state size), zero wherever `episode_starts`
-        (T, B): the actor's output and the value at each step; for one step (T = 1) also the state after it."""
+        """Along observations `x` (T, B, obs) from `state` (layers, B, state size), zero wherever
+        `episode_starts` (T, B): the actor's output and the value at each step; for one step (T = 1)
+        also the state after it."""
         if self.parts and self.cnn:
             x = {IMAGE: x[IMAGE], VECTOR: self.obs_norm(x[VECTOR])}
         else:
@@ -437,8 +447,9 @@ class Agent(nn.Module):
         return self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state
 
     def normalised_part(self, x: Tensor | dict[str, Tensor]) -> Tensor:
-        """What `obs_norm` normalises: a Dict's vector with the CNN, else the observation flat (an image as it is for
-        the CNN, its pixels flattened with --encoder mlp, then a Dict's vector)."""
+        """What `obs_norm` normalises: a Dict's vector with the CNN, else the observation flat (an
+        image as it is for the CNN, its pixels flattened with --encoder mlp, then a Dict's vector).
+        """
         if not self.parts:
             return self.flatten(x.float())
         if self.cnn:
@@ -447,7 +458,8 @@ class Agent(nn.Module):
 
     @torch.no_grad()
     def bootstrap_value(self, obs: np.ndarray | dict, state: np.ndarray) -> np.ndarray:
-        """The values of a batch of observations, each one step on from its `state` (which the caller resets)."""
+        """The values of a batch of observations, each one step on from its `state` (which the
+        caller resets)."""
         device = next(self.parameters()).device
         x = observation_map(lambda part: part[None], observation_tensor(obs, device))
         state = torch.as_tensor(state, device=device)
@@ -455,7 +467,8 @@ class Agent(nn.Module):
         return self(x, state, starts)[1][0].cpu().numpy()
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
-        """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
+        """The policy given the actor's output: its one definition, used by the rollout, the update
+        and evaluation."""
         if self.discrete:
             # validating costs more than the network
             return Categorical(logits=actor_out, validate_args=False)
@@ -470,7 +483,8 @@ class Agent(nn.Module):
         return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)
 
     def sampling_noise(self, batch_shape: tuple[int, ...]) -> Tensor:
-        """The randomness of `sample` for a batch of observations (a rollout draws all of its steps' at once)."""
+        """The randomness of `sample` for a batch of observations (a rollout draws all of its steps'
+        at once)."""
         noise = torch.empty((*batch_shape, self.action_size), device=next(self.parameters()).device)
         if self.discrete:
             return noise.exponential_().log_().neg_()  # -log(Exp(1)) is Gumbel noise
@@ -478,7 +492,8 @@ class Agent(nn.Module):
 
     @staticmethod
     def sample(policy: Categorical | Normal, noise: Tensor) -> Tensor:
-        """A draw from `policy` made from `sampling_noise`: the Gumbel-max trick, or mean + std * noise."""
+        """A draw from `policy` made from `sampling_noise`: the Gumbel-max trick, or mean + std *
+        noise."""
         if isinstance(policy, Categorical):
             return torch.argmax(policy.logits + noise, -1)
         if isinstance(policy, Normal):
@@ -491,12 +506,14 @@ class Agent(nn.Module):
 StepFunction = Callable[
     [np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]
 ]
-"""A rollout step: (observations, state, episode starts, noise) -> (actions, state after the step)."""
+"""A rollout step: (observations, state, episode starts, noise) -> (actions, state after the step).
+"""
 
 
 def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[StepFunction, bool]:
-    """One step of `Agent.sample(Agent.distribution(.), noise)` and the state update, on NumPy arrays, and whether
-    it is a NumPy copy (if `numpy_rollout` and a copy acts as the torch policy does on `obs`)."""
+    """One step of `Agent.sample(Agent.distribution(.), noise)` and the state update, on NumPy
+    arrays, and whether it is a NumPy copy (if `numpy_rollout` and a copy acts as the torch policy
+    does on `obs`)."""
     device = next(agent.parameters()).device
 
     @torch.no_grad()
@@ -523,7 +540,8 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
 
 
 def numpy_policy_step(agent: Agent) -> StepFunction:
-    """A NumPy copy of one step of the policy and the state update (common/stand_in.py), at the current weights."""
+    """A NumPy copy of one step of the policy and the state update (common/stand_in.py), at the
+    current weights."""
     log_std = None if agent.discrete else agent.actor_logstd
     cores = [(core.encoder, core.rnn) for core in agent.cores()]
     return stand_in.numpy_recurrent_policy(agent.obs_norm, cores, agent.actor, log_std)
@@ -532,8 +550,8 @@ def numpy_policy_step(agent: Agent) -> StepFunction:
 def check_policy(
     agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool
 ) -> Tensor:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
-    `actor_outs`, after checking that the actions are its draws with `noise`."""
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
+    policy's `actor_outs`, after checking that the actions are its draws with `noise`."""
     policy = agent.distribution(actor_outs.flatten(0, 1))
     flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
     if agent.discrete:
@@ -602,8 +620,8 @@ def check_args(args: Args) -> None:
 def from_checkpoint(
     path: str | None, args: Args, kept: tuple[str, ...], strict: bool
 ) -> tuple[Args, dict | None]:
-    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
-    no path: `args` and no checkpoint."""
+    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`:
+    no other differs); no path: `args` and no checkpoint."""
     if path is None:
         return args, None
     checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
@@ -639,7 +657,8 @@ def train(args: Args) -> TrainResult:
     device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
     agent = build_agent(args, checkpoint, device)
     distributed.broadcast_module(agent)
-    # The fused kernel updates every parameter in one call: a fifth of the update time for a network this small.
+    # The fused kernel updates every parameter in one call: a fifth of the update time for a network
+    # this small.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -663,12 +682,14 @@ def train(args: Args) -> TrainResult:
         (args.num_steps, args.num_envs, *action_shape),
         dtype=np.int64 if agent.discrete else np.float32,
     )
-    # The state each step acted from (zero where an episode starts): training sequences start from these.
+    # The state each step acted from (zero where an episode starts): training sequences start from
+    # these.
     states = np.zeros((args.num_steps, *agent.initial_state(args.num_envs).shape), dtype=np.float32)
 
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
 
-    # Last, after everything is built. A resumed run continues its episodes with the memory they had.
+    # Last, after everything is built. A resumed run continues its episodes with the memory they
+    # had.
     next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
     recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried, reward_normalizer)
     next_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
@@ -704,9 +725,10 @@ def train(args: Args) -> TrainResult:
                 ) * args.learning_rate + frac * args.end_learning_rate
             rollout_start = time.time()
 
-            # The rollout only acts: log-probs and values come after it, from one torch pass along its sequences.
-            # (Observations as stored: float32 integer ones, one-hot or MiniGrid's, would not normalise.)
-            # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+            # The rollout only acts: log-probs and values come after it, from one torch pass along
+            # its sequences. (Observations as stored: float32 integer ones, one-hot or MiniGrid's,
+            # would not normalise.) Images act through the torch policy: a NumPy copy of a CNN would
+            # not be faster.
             numpy_rollout = (
                 args.numpy_rollout and not agent.parts and len(observation_space.shape) == 1
             )
@@ -734,7 +756,8 @@ def train(args: Args) -> TrainResult:
                 )
                 recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
 
-                # Truncated episodes bootstrap from the value of their last observation, seen with their memory.
+                # Truncated episodes bootstrap from the value of their last observation, seen with
+                # their memory.
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
                     last_obs = observation_map(
@@ -865,7 +888,8 @@ def train(args: Args) -> TrainResult:
             )
             # --norm-obs, never of an image through the CNN
             if isinstance(agent.obs_norm, RunningNorm):
-                # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
+                # After the update: the stored log-probs and values, GAE and the update all used the
+                # same statistics.
                 flat_obs = agent.normalised_part(s_obs).flatten(0, 1)
                 agent.obs_norm.merge(*distributed.moments(flat_obs))  # all ranks' observations
             update_seconds = time.time() - update_start
@@ -909,9 +933,10 @@ def check_replay(
     replayed: tuple[Tensor, Tensor],
     recorded: tuple[Tensor, Tensor],
 ) -> None:
-    """Before the first gradient step: stop unless the update's pass along training sequences (from their recorded
-    `states`, reset where `episode_starts`) gives the `recorded` actor outputs and values of the rollout's pass, to
-    float32 rounding (1e-4 of their largest magnitude plus 1e-5: docs/ppo_lstm.md, "Update")."""
+    """Before the first gradient step: stop unless the update's pass along training sequences (from
+    their recorded `states`, reset where `episode_starts`) gives the `recorded` actor outputs and
+    values of the rollout's pass, to float32 rounding (1e-4 of their largest magnitude plus 1e-5:
+    docs/ppo_lstm.md, "Update")."""
     for replayed_part, recorded_part, what in zip(
         replayed, recorded, ("actor outputs", "values"), strict=True
     ):
@@ -940,8 +965,8 @@ def compute_gae(
     rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
     truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
 ) -> np.ndarray:  # fmt: skip
-    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an episode end
-    stops the recursion; a truncated step bootstraps from `final_values`."""
+    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an
+    episode end stops the recursion; a truncated step bootstraps from `final_values`."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
     # final_values elsewhere is not read
     bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
@@ -959,8 +984,8 @@ def compute_gae(
 def evaluate(
     agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
 ) -> list[float]:
-    """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with the hidden state it
-    came from."""
+    """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with the
+    hidden state it came from."""
     device, state = next(agent.parameters()).device, agent.initial_state(1)
 
     @torch.inference_mode()

@@ -1,7 +1,7 @@
-"""PPO with a causal transformer memory (GPT-style blocks over one token per step, a sliding window of attention in
-every layer, actor and critic heads on the current step's token) for discrete and continuous actions. Read top to
-bottom: arguments, environments, network, then ``train()``. Run plumbing is in ``common/``; docs/ppo_transformer.md
-gives the reasons for the defaults."""
+"""PPO with a causal transformer memory (GPT-style blocks over one token per step, a sliding window
+of attention in every layer, actor and critic heads on the current step's token) for discrete and
+continuous actions. Read top to bottom: arguments, environments, network, then ``train()``. Run
+plumbing is in ``common/``; docs/ppo_transformer.md gives the reasons for the defaults."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 
 @dataclass
 class Args:
-    """PPO with a causal transformer memory for discrete and continuous actions, with CleanRL's flags and defaults."""
+    """PPO with a causal transformer memory for discrete and continuous actions, with CleanRL's
+    flags."""
 
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
@@ -84,7 +85,7 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of env 0 into `{run_dir}/{run_name}/videos`"""
     env_id: str = "CartPole-v1"
-    """the id of the gymnasium environment (installed packages' ids work; `module:Env-v0` imports module)"""
+    """the gymnasium env id (an installed package's ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 500_000
     """total timesteps of the experiment (rounded down to whole batches)"""
     learning_rate: float = 1e-3
@@ -108,7 +109,7 @@ class Args:
     clip_coef: float = 0.1
     """the surrogate clipping coefficient (docs/ppo_transformer.md)"""
     clip_vloss: bool = False
-    """toggles whether or not to use a clipped loss for the value function (docs/ppo_transformer.md)"""
+    """toggles whether or not to use a clipped loss for the value function"""
     ent_coef: float = 0.0
     """coefficient of the entropy (docs/ppo_transformer.md)"""
     vf_coef: float = 0.5
@@ -116,7 +117,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = 0.02
-    """stop the epochs of an update once the approximate KL exceeds this (None: never; docs/ppo_transformer.md)"""
+    """stop the epochs of an update once the approximate KL exceeds this (None: never)"""
 
     # Beyond CleanRL's flags: this script's own
     end_learning_rate: float = 0.0
@@ -124,9 +125,9 @@ class Args:
     bootstrap_truncation: bool = True
     """if toggled, truncated episodes bootstrap from the value of their last observation"""
     norm_obs: bool = True
-    """if toggled, normalise the env's observations by running statistics, not the previous action (not images: /255)"""
+    """if toggled, normalise the env's observations (not images, not the previous action, reward)"""
     norm_reward: bool = True
-    """if toggled, scale rewards by the running std of the discounted return (docs/ppo_transformer.md)"""
+    """if toggled, scale rewards by the running std of the discounted return (NormalizeReward)"""
     norm_reward_clip: float = 10.0
     """with --norm-reward, clip the scaled rewards to [-this, this] (CleanRL's 10)"""
     d_model: int = 64
@@ -136,13 +137,14 @@ class Args:
     n_layers: int = 2
     """the transformer blocks: the memory reaches back --n-layers x (--context-len - 1) steps"""
     context_len: int = 32
-    """K: each step attends to itself and the K - 1 steps before it in its episode, in every layer"""
+    """K: each step attends to itself and the K - 1 steps before it in its episode, in each layer"""
     prev_action_reward: bool = True
-    """if toggled, each observation carries the previous action and reward (zeros at an episode's first step)"""
+    """if toggled, observations carry the previous action and reward (zeros at episode starts)"""
     encoder: Literal["auto", "mlp", "cnn"] = "auto"
-    """auto: a CNN for images (uint8, rank 2 or 3 with channels first or last, 36x36 or more), an MLP otherwise"""
+    """auto: a CNN for uint8 images (rank 2-3, channels first or last, 36x36 or more), else MLP"""
 
-    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads, progress
+    # Run plumbing: output, checkpoints, resume, evaluation, trajectories, envs' processes, threads,
+    # progress
     run_dir: str = "runs"
     """the folder holding every run's folder (TensorBoard logs, checkpoints, videos)"""
     video_every: int = 50
@@ -158,17 +160,17 @@ class Args:
     eval_episodes: int = 10
     """episodes of evaluation after training, actions drawn by --sampling-method (0: none)"""
     sampling_method: Literal["greedy", "basic", "temperature", "topk", "bottomk"] = "greedy"
-    """how evaluation draws actions: greedy (argmax / mean), basic (sample), temperature, topk, bottomk"""
+    """how evaluation acts: greedy (argmax / mean), basic (a sample), temperature, topk, bottomk"""
     temperature: float = 1.0
     """with --sampling-method temperature: divides the logits, or multiplies the std"""
     sampling_k: int = 2
     """with --sampling-method topk / bottomk: sample among this many most / least likely actions"""
     save_trajectories: str | None = None
-    """record the training rollouts (with --eval-checkpoint: the episodes) to this new folder, as the run goes"""
+    """record the training rollouts (--eval-checkpoint: its episodes) to this new folder"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     torch_threads: int | None = None
-    """CPU threads for torch and BLAS (default: every core for a CNN or 256-unit layers, else 1; 0: torch's own)"""
+    """CPU threads for torch (default: all for a CNN or 256-unit layers, else 1; 0: torch's)"""
     progress: bool = True
     """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
     dist_backend: str | None = None
@@ -176,10 +178,11 @@ class Args:
 
 
 class PreviousActionReward(gym.Wrapper):
-    """Appends the previous action (one-hot when discrete, as the env took it) and the env's own reward to the flat
-    observation, or to the VECTOR part of an image's (an image alone gets one): they join the CNN's features, never
-    the pixels. Zeros at an episode's first step. Inside the env, so evaluation, trajectory files and a resumed
-    episode's replay see them as training does."""
+    """Appends the previous action (one-hot when discrete, as the env took it) and the env's own
+    reward to the flat observation, or to the VECTOR part of an image's (an image alone gets one):
+    they join the CNN's features, never the pixels. Zeros at an episode's first step. Inside the
+    env, so evaluation, trajectory files and a resumed episode's replay see them as training does.
+    """
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -239,7 +242,8 @@ def make_env(
             )
         else:
             env = gym.make(env_id, **atari.make_kwargs(env_id))
-        # CleanRL's Atari wrappers (only for Atari games); one frame, as the memory sees the steps before it
+        # CleanRL's Atari wrappers (only for Atari games); one frame, as the memory sees the steps
+        # before it
         env = atari.preprocessed(env, frame_stack=1)
         # per env: vector observation wrappers refuse SAME_STEP autoreset
         env = joint_actions(flat_observations(env, keep_images=True, image_parts=True))
@@ -259,8 +263,9 @@ def layer_init(
 
 
 class NatureCNN(nn.Module):
-    """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari.py, on images of `layout` ("hw",
-    "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. It makes each step's token, with the vector."""
+    """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari.py, on images of
+    `layout` ("hw", "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. It makes each
+    step's token, with the vector."""
 
     def __init__(self, image_space: gym.spaces.Box, layout: str):
         super().__init__()
@@ -298,7 +303,8 @@ class NatureCNN(nn.Module):
         return self.linear(self.convs(x)).reshape(*batch_shape, -1)
 
 
-# The transformer, read like nanoGPT's model.py: a config, attention, MLP, block. Tokens are (batch, time, d_model).
+# The transformer, read like nanoGPT's model.py: a config, attention, MLP, block. Tokens are (batch,
+# time, d_model).
 
 
 @dataclass
@@ -310,8 +316,9 @@ class TransformerConfig:
 
 
 def rotary(positions: Tensor, head_size: int) -> tuple[Tensor, Tensor]:
-    """RoPE's cosines and sines for tokens at `positions` (B, T), their steps within their episodes: rotating queries
-    and keys by them makes attention see how far apart two steps are, and nothing of where they are."""
+    """RoPE's cosines and sines for tokens at `positions` (B, T), their steps within their episodes:
+    rotating queries and keys by them makes attention see how far apart two steps are, and nothing
+    of where they are."""
     frequencies = 10_000.0 ** -(torch.arange(0, head_size, 2, device=positions.device) / head_size)
     # (B, 1, T, head_size / 2), shared by the heads
     angles = positions[:, None, :, None].float() * frequencies
@@ -338,8 +345,9 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: Tensor, rotation: tuple[Tensor, Tensor], mask: Tensor, cached: KeysValues | None
     ) -> tuple[Tensor, KeysValues]:
-        """Attention of the tokens `x` (B, T, C) to the `cached` keys and values of earlier steps and to their own,
-        where `mask` (B, 1, T, cached + T) allows; also every key and value attended to."""
+        """Attention of the tokens `x` (B, T, C) to the `cached` keys and values of earlier steps
+        and to their own, where `mask` (B, 1, T, cached + T) allows; also every key and value
+        attended to."""
         batch, steps, width = x.shape
         heads = (
             self.qkv(x).view(batch, steps, 3 * self.n_heads, width // self.n_heads).transpose(1, 2)
@@ -382,8 +390,8 @@ class Block(nn.Module):
 
 
 def window_mask(episodes: Tensor, context_len: int) -> Tensor:
-    """Who attends to whom along sequences whose tokens belong to the `episodes` (B, T) of ids: token i to token j of
-    the same episode with i - K < j <= i. (B, 1, T, T), for every layer."""
+    """Who attends to whom along sequences whose tokens belong to the `episodes` (B, T) of ids:
+    token i to token j of the same episode with i - K < j <= i. (B, 1, T, T), for every layer."""
     index = torch.arange(episodes.shape[1], device=episodes.device)
     back = index[:, None] - index[None, :]
     return (((back >= 0) & (back < context_len)) & (episodes[:, :, None] == episodes[:, None, :]))[
@@ -400,9 +408,10 @@ class Agent(nn.Module):
             int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         )
         self.config = TransformerConfig(args.d_model, args.n_heads, args.n_layers, args.context_len)
-        # An observation is a vector, an image, or both (common.envs.image_and_vector). The image goes through the
-        # CNN; the vector (the previous action and reward included) joins its features. With --encoder mlp the
-        # image's pixels are flattened in front of the vector, and normalised with it.
+        # An observation is a vector, an image, or both (common.envs.image_and_vector). The image
+        # goes through the CNN; the vector (the previous action and reward included) joins its
+        # features. With --encoder mlp the image's pixels are flattened in front of the vector, and
+        # normalised with it.
         parts = observation_space if isinstance(observation_space, gym.spaces.Dict) else None
         image_space = (
             parts[IMAGE]
@@ -418,10 +427,11 @@ class Agent(nn.Module):
         vector_size = int(np.prod(vector_space.shape)) if vector_space else 0
         if image_space is not None and layout is None:
             vector_size += int(np.prod(image_space.shape))  # the flattened pixels, then the vector
-        # The previous action and reward (appended by PreviousActionReward) are the agent's own doing: normalised like
-        # the rest, a one-hot of an action taken a share p of the time grows as 1/sqrt(p) when taken, and one answer
-        # of four was never given on RepeatPreviousEasy (docs/ppo_transformer.md). The action goes in as it is, the
-        # reward divided by its running root mean square.
+        # The previous action and reward (appended by PreviousActionReward) are the agent's own
+        # doing: normalised like the rest, a one-hot of an action taken a share p of the time grows
+        # as 1/sqrt(p) when taken, and one answer of four was never given on RepeatPreviousEasy
+        # (docs/ppo_transformer.md). The action goes in as it is, the reward divided by its running
+        # root mean square.
         previous = self.action_size + 1 if args.prev_action_reward else 0
         action_part = slice(vector_size - previous, vector_size - 1) if previous else None
         reward_part = slice(vector_size - 1, vector_size) if previous else None
@@ -450,15 +460,17 @@ class Agent(nn.Module):
 
     @property
     def receptive_field(self) -> int:
-        """How many steps back an output can depend on: L(K-1). Training prefixes each rollout with that many."""
+        """How many steps back an output can depend on: L(K-1). Training prefixes each rollout with
+        that many."""
         return self.config.n_layers * (self.config.context_len - 1)
 
     def forward(
         self, obs: Tensor, positions: Tensor, mask: Tensor, cached: list[KeysValues] | None = None
     ) -> tuple[Tensor, Tensor, list[KeysValues]]:
-        """The actor's output and the value at each of the steps `obs` (B, T, obs), whose `positions` (B, T) are their
-        steps within their episodes, attending where `mask` (B, 1, T, cached + T) allows to themselves and to the
-        `cached` keys and values of each layer; also each layer's keys and values attended to."""
+        """The actor's output and the value at each of the steps `obs` (B, T, obs), whose
+        `positions` (B, T) are their steps within their episodes, attending where `mask` (B, 1, T,
+        cached + T) allows to themselves and to the `cached` keys and values of each layer; also
+        each layer's keys and values attended to."""
         x = self.embed(self.token_input(obs))
         rotation = rotary(positions, self.config.d_model // self.config.n_heads)
         keys_values = []
@@ -482,8 +494,9 @@ class Agent(nn.Module):
         return image if vector is None or vector.shape[-1] == 0 else torch.cat([image, vector], -1)
 
     def vector_part(self, obs: Tensor | dict[str, Tensor]) -> Tensor | None:
-        """The part of the observation that is not the CNN's, as float (--norm-obs normalises it): a vector, a Dict's
-        vector, or with --encoder mlp an image's pixels flattened in front of it; None for an image alone."""
+        """The part of the observation that is not the CNN's, as float (--norm-obs normalises it): a
+        vector, a Dict's vector, or with --encoder mlp an image's pixels flattened in front of it;
+        None for an image alone."""
         image, vector = (
             (obs[IMAGE], obs[VECTOR])
             if isinstance(obs, dict)
@@ -497,7 +510,8 @@ class Agent(nn.Module):
         return None if vector is None else vector.float()
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
-        """The policy given the actor's output: its one definition, used by the rollout, the update and evaluation."""
+        """The policy given the actor's output: its one definition, used by the rollout, the update
+        and evaluation."""
         if self.discrete:
             # validating costs more than the network
             return Categorical(logits=actor_out, validate_args=False)
@@ -513,18 +527,19 @@ class Agent(nn.Module):
 
 
 class Context:
-    """What each env's next step attends to: every layer's keys and values of its last K - 1 steps, oldest first, and
-    which of them belong to its current episode. The rollout steps through it (a key/value cache: one token per step
-    through the network, not the window), and the update checks what it gave against one pass of `Agent.forward`
-    along whole sequences."""
+    """What each env's next step attends to: every layer's keys and values of its last K - 1 steps,
+    oldest first, and which of them belong to its current episode. The rollout steps through it (a
+    key/value cache: one token per step through the network, not the window), and the update checks
+    what it gave against one pass of `Agent.forward` along whole sequences."""
 
     def __init__(self, agent: Agent, keys_values: list[KeysValues], valid: Tensor):
         self.agent, self.keys_values, self.valid = agent, keys_values, valid
 
     @classmethod
     def after(cls, agent: Agent, obs: Tensor, positions: Tensor, valid: Tensor) -> Context:
-        """The context after the steps `obs` (B, T, obs) at `positions`, of which those `valid` (B, T) belong to the
-        current episode (they end the sequence): recomputed with the current parameters. T must be L(K-1)."""
+        """The context after the steps `obs` (B, T, obs) at `positions`, of which those `valid` (B,
+        T) belong to the current episode (they end the sequence): recomputed with the current
+        parameters. T must be L(K-1)."""
         if positions.shape[1] == 0:  # K = 1: a step attends to itself only
             return cls.empty(agent, len(positions))
         episodes = first_of_each_run(valid).cumsum(1)
@@ -536,7 +551,8 @@ class Context:
 
     @classmethod
     def empty(cls, agent: Agent, batch_size: int) -> Context:
-        """The context of `batch_size` envs before their first steps: nothing in it belongs to their episodes."""
+        """The context of `batch_size` envs before their first steps: nothing in it belongs to their
+        episodes."""
         device, config = next(agent.parameters()).device, agent.config
         shape = (
             batch_size,
@@ -556,8 +572,9 @@ class Context:
         envs: Tensor | None = None,
         keep: bool = True,
     ):
-        """The actor's output and value of the next step of each env (or of `envs`), observing `obs` (B, obs) at
-        `positions` (B,) and starting an episode where `starts` (B,); with `keep`, the step joins the context."""
+        """The actor's output and value of the next step of each env (or of `envs`), observing `obs`
+        (B, obs) at `positions` (B,) and starting an episode where `starts` (B,); with `keep`, the
+        step joins the context."""
         if envs is not None and keep:
             raise ValueError("a step of some envs only cannot join the context of all")
         keys_values = (
@@ -575,15 +592,17 @@ class Context:
 
 
 def first_of_each_run(valid: Tensor) -> Tensor:
-    """Where each run of `valid` (B, T) steps begins: the first step of the current episode held in a context."""
+    """Where each run of `valid` (B, T) steps begins: the first step of the current episode held in
+    a context."""
     return valid & ~torch.cat([torch.zeros_like(valid[:, :1]), valid[:, :-1]], 1)
 
 
 def check_outputs(
     replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tensor], positions: Tensor, why: str
 ):
-    """Stop unless `replayed` actor outputs and values equal the `recorded` ones (B, T, ...) to float32 rounding (1e-4
-    of their largest magnitude plus 1e-5); the message says at which step of its episode the largest difference is."""
+    """Stop unless `replayed` actor outputs and values equal the `recorded` ones (B, T, ...) to
+    float32 rounding (1e-4 of their largest magnitude plus 1e-5); the message says at which step of
+    its episode the largest difference is."""
     for replayed_part, recorded_part, what in zip(
         replayed, recorded, ("actor outputs", "values"), strict=True
     ):
@@ -654,8 +673,8 @@ def check_args(args: Args) -> None:
 def from_checkpoint(
     path: str | None, args: Args, kept: tuple[str, ...], strict: bool
 ) -> tuple[Args, dict | None]:
-    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`: no other differs);
-    no path: `args` and no checkpoint."""
+    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`:
+    no other differs); no path: `args` and no checkpoint."""
     if path is None:
         return args, None
     checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
@@ -724,8 +743,9 @@ def train(args: Args) -> TrainResult:
     acted_outs = torch.zeros((args.num_steps, num_envs, agent.action_size), device=device)
     acted_values = torch.zeros((args.num_steps, num_envs), device=device)
 
-    # Last, after everything is built. Each env carries its last L(K-1) steps across rollouts (and checkpoints):
-    # the rollout's context is recomputed from them with the current parameters, and training prefixes them.
+    # Last, after everything is built. Each env carries its last L(K-1) steps across rollouts (and
+    # checkpoints): the rollout's context is recomputed from them with the current parameters, and
+    # training prefixes them.
     next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
     recorder = RolloutRecorder(args, num_envs, checkpoint, carried, reward_normalizer)
     next_starts = carried.get("episode_starts", np.ones(num_envs, dtype=bool))
@@ -769,8 +789,8 @@ def train(args: Args) -> TrainResult:
                 ) * args.learning_rate + frac * args.end_learning_rate
             rollout_start = time.time()
 
-            # The rollout acts through the key/value context; after it, one pass along each env's sequence gives
-            # the log-probs and values, and must give what the rollout acted on.
+            # The rollout acts through the key/value context; after it, one pass along each env's
+            # sequence gives the log-probs and values, and must give what the rollout acted on.
             t_context_obs, t_context_positions = (
                 obs_tensor(context_obs),
                 as_tensor(context_positions),
@@ -801,7 +821,8 @@ def train(args: Args) -> TrainResult:
                 )
                 recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
 
-                # Truncated episodes bootstrap from the value of their last observation, seen with their context.
+                # Truncated episodes bootstrap from the value of their last observation, seen with
+                # their context.
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
                     last_obs = obs_tensor(
@@ -859,7 +880,8 @@ def train(args: Args) -> TrainResult:
                 )  # fmt: skip
                 advantages = as_tensor(advantages).T
                 returns = advantages + values
-            # The next rollout's context: each env's last L(K-1) steps, those of the episode its next step continues.
+            # The next rollout's context: each env's last L(K-1) steps, those of the episode its
+            # next step continues.
             current = (s_episodes == s_episodes[:, -1:]) & s_valid & ~next_starts_t[:, None]
             kept = s_positions.shape[1] - prefix
             context_obs = observation_map(
@@ -945,7 +967,8 @@ def train(args: Args) -> TrainResult:
                 entropy=entropy_loss,
             )
             if agent.obs_norm is not None:  # --norm-obs, where there is a vector
-                # After the update: the stored log-probs and values, GAE and the update all used the same statistics.
+                # After the update: the stored log-probs and values, GAE and the update all used the
+                # same statistics.
                 vectors = agent.vector_part(obs_tensor(obs))
                 # all ranks'
                 agent.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))
@@ -985,8 +1008,9 @@ def train(args: Args) -> TrainResult:
 
 
 def check_draws(agent: Agent, actor_outs: Tensor, actions: Tensor) -> Tensor:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch policy's
-    `actor_outs`, after checking that the actions are plausibly its draws (common/stand_in.py)."""
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
+    policy's `actor_outs`, after checking that the actions are plausibly its draws
+    (common/stand_in.py)."""
     policy = agent.distribution(actor_outs.flatten(0, 1))
     if agent.discrete:
         stand_in.check_draws(actions.flatten(0, 1), probs=policy.probs)
@@ -999,8 +1023,8 @@ def compute_gae(
     rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
     truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
 ) -> np.ndarray:  # fmt: skip
-    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an episode end
-    stops the recursion; a truncated step bootstraps from `final_values`."""
+    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an
+    episode end stops the recursion; a truncated step bootstraps from `final_values`."""
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
     # final_values elsewhere is not read
     bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
@@ -1018,8 +1042,8 @@ def compute_gae(
 def evaluate(
     agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
 ) -> list[float]:
-    """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with its step's position in
-    its episode (the observations before it are in the file)."""
+    """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with its
+    step's position in its episode (the observations before it are in the file)."""
     device = next(agent.parameters()).device
     with torch.no_grad():
         context = Context.empty(agent, 1)
