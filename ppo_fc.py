@@ -43,7 +43,9 @@ from common.envs import (
     observation_map,
     observation_tensor,
     observation_zeros,
+    stacked_observations,
     store_observation,
+    stored_like,
 )
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.running_norm import RunningNorm
@@ -308,6 +310,12 @@ class Agent(nn.Module):
             return x[VECTOR]
         return torch.cat([self.network(x[IMAGE].float()), x[VECTOR]], -1)
 
+    def update_obs_norm(self, x: Tensor | dict[str, Tensor]) -> None:
+        """With --norm-obs (never of an image through the CNN): the running statistics take in the
+        batch of observations `x` of every rank."""
+        if isinstance(self.obs_norm, RunningNorm):
+            self.obs_norm.merge(*distributed.moments(self.normalised_part(x)))
+
     def get_value(self, x: Tensor) -> Tensor:
         return self(x)[1]
 
@@ -358,30 +366,25 @@ class Agent(nn.Module):
 def train(args: Args) -> TrainResult:
     args, checkpoint, device = run_start.setup(args, SCRIPT, CHECKPOINT_FORMAT, check_args)
     world_size = distributed.world_size()
-    # this process's; the global batch is world_size times it
-    batch_size = args.num_envs * args.num_steps
-    # this process's share of a global minibatch
-    minibatch_size = batch_size // args.num_minibatches
+    batch_size = args.num_envs * args.num_steps  # this process's share of the global batch
+    minibatch_size = batch_size // args.num_minibatches  # and of each global minibatch
     global_batch_size = batch_size * world_size
     num_iterations = args.total_timesteps // global_batch_size
     norm_adv = args.norm_adv and minibatch_size * world_size > 1  # a minibatch of one has no std
 
     agent = build_agent(args, None, device)
-    # The fused kernel updates every parameter in one call: a fifth of the update time for a network
-    # this small.
+    # fused: one kernel for every parameter, a fifth of the update time for a network this small
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # what a checkpoint carries: written and read from here
-    saved = {"model": agent, "optimizer": optimizer}
+    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint carries, by key
     checkpoints.restore(checkpoint, saved)
     distributed.broadcast_module(agent)  # every rank starts from rank 0's parameters
     run = run_start.Run(
-        args, checkpoint, make_env, num_iterations, global_batch_size, SCRIPT, CHECKPOINT_FORMAT
+        SCRIPT, CHECKPOINT_FORMAT, args, checkpoint, saved, make_env, global_batch_size
     )
     global_step = run.global_step
     next_obs = run.next_obs
 
-    # Rollout storage, in NumPy: filled step by step without conversions. Images stay uint8 until
-    # the network.
+    # Rollout storage in NumPy, filled without conversions; images stay uint8 until the network.
     action_shape = () if agent.discrete else (agent.action_size,)
     action_dtype = np.int64 if agent.discrete else np.float32
     obs = observation_zeros(run.envs.single_observation_space, args.num_steps, args.num_envs)
@@ -391,13 +394,11 @@ def train(args: Args) -> TrainResult:
     terminations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     truncations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
-    def as_stored(observation: np.ndarray | dict) -> np.ndarray | dict:
-        return observation_map(lambda part, stored: part.astype(stored.dtype), observation, obs)
+    reward_clip = args.norm_reward_clip if args.norm_reward else np.inf
+    # The rollout only acts; log-probs and values come after it, from one torch pass over all its
+    # steps. Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+    numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
 
-    def write_checkpoint(iteration: int) -> Path:
-        return run.save(iteration, global_step, next_obs, saved)
-
-    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     with run:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -406,12 +407,8 @@ def train(args: Args) -> TrainResult:
                 optimizer.param_groups[0]["lr"] = lrnow
             rollout_start = time.time()
 
-            # The rollout only acts; log-probs and values come after it, from one torch pass over
-            # all its steps. Images act through the torch policy: a NumPy copy of a CNN would not be
-            # faster.
-            numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
             # As stored: float32 integer observations (one-hot, MiniGrid's) would not normalise.
-            act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored(next_obs))
+            act, numpy_copy = rollout_policy(agent, numpy_rollout, stored_like(obs, next_obs))
             noise = agent.sampling_noise((args.num_steps, args.num_envs)).cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
@@ -422,29 +419,23 @@ def train(args: Args) -> TrainResult:
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
                 terminations[step] = terminated
                 truncations[step] = truncated
-                rewards[step] = reward
-                # clipped here, not by a wrapper: the recorder scales the env's back
-                if args.norm_reward:
-                    rewards[step] = reward.clip(-args.norm_reward_clip, args.norm_reward_clip)
+                # clipped here, not by a wrapper: the recorder scales the env's own reward back
+                rewards[step] = reward.clip(-reward_clip, reward_clip)
                 run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
                 if args.bootstrap_truncation and truncated.any():
-                    last_obs = infos["final_obs"][truncated]
-                    last_obs = observation_map(lambda *parts: np.stack(parts), *last_obs)
+                    last_obs = stacked_observations(infos["final_obs"][truncated])
                     store_observation(final_obs, (step, truncated), last_obs)
             run.combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             with torch.no_grad():
-                b_obs = observation_map(
-                    lambda part: part.flatten(0, 1), observation_tensor(obs, device)
-                )
+                b_obs = observation_map(lambda x: x.flatten(0, 1), observation_tensor(obs, device))
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
                 b_noise = torch.as_tensor(noise, device=device).reshape(batch_size, -1)
                 b_actor_outs, b_values = agent(b_obs)
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
                 values = b_values.reshape(args.num_steps, args.num_envs).cpu().numpy()
-                next_value = agent.get_value(observation_tensor(as_stored(next_obs), device))
-                # Truncated episodes bootstrap from the value of their last observation; terminated
-                # ones never do.
+                next_value = agent.get_value(observation_tensor(stored_like(obs, next_obs), device))
+                # truncated (not terminated) episodes bootstrap from their last observation's value
                 final_values = np.zeros_like(rewards)
                 truncated_only = truncations & ~terminations
                 if args.bootstrap_truncation and truncated_only.any():
@@ -456,9 +447,7 @@ def train(args: Args) -> TrainResult:
                 )  # fmt: skip
                 b_advantages = torch.as_tensor(advantages, device=device).reshape(-1)
                 b_returns = b_advantages + b_values
-            # With a continuous policy, also the unclipped sample that the log-probabilities belong
-            # to.
-            sampled = {} if agent.discrete else {"actions": actions}
+            sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
             b_logprobs_by_step = b_logprobs.reshape(args.num_steps, -1)
             run.recorder.end_rollout(logprobs=b_logprobs_by_step, values=values, **sampled)
             rollout_seconds = time.time() - rollout_start
@@ -466,9 +455,8 @@ def train(args: Args) -> TrainResult:
             update_start = time.time()
             ratios = []
             for _epoch in range(args.update_epochs):
-                minibatches = torch.randperm(batch_size, device=device).view(
-                    args.num_minibatches, minibatch_size
-                )
+                b_inds = torch.randperm(batch_size, device=device)
+                minibatches = b_inds.view(args.num_minibatches, minibatch_size)
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
                 for i, mb_inds in enumerate(minibatches):
@@ -480,11 +468,7 @@ def train(args: Args) -> TrainResult:
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())
 
-                    mb_advantages, mb_returns, mb_values = (
-                        b_advantages[mb_inds],
-                        b_returns[mb_inds],
-                        b_values[mb_inds],
-                    )
+                    mb_advantages = b_advantages[mb_inds]
                     if norm_adv:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
@@ -494,6 +478,8 @@ def train(args: Args) -> TrainResult:
                     )
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
+                    mb_returns = b_returns[mb_inds]
+                    mb_values = b_values[mb_inds]
                     if args.clip_vloss:
                         v_loss_unclipped = (newvalue - mb_returns) ** 2
                         v_clipped = mb_values + torch.clamp(
@@ -522,24 +508,16 @@ def train(args: Args) -> TrainResult:
                     )
                     if approx_kl > args.target_kl:
                         break
-            check_finite(
-                agent.parameters(),
-                global_step,
-                policy_loss=pg_loss,
-                value_loss=v_loss,
-                entropy=entropy_loss,
-            )
-            # --norm-obs, never of an image through the CNN
-            if isinstance(agent.obs_norm, RunningNorm):
-                # After the update: the stored log-probs and values, GAE and the update used the
-                # same statistics. every rank's
-                agent.obs_norm.merge(*distributed.moments(agent.normalised_part(b_obs)))
+            losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
+            check_finite(agent.parameters(), global_step, **losses)
+            # After the update: the stored log-probs and values, GAE and the update used the same
+            # statistics.
+            agent.update_obs_norm(b_obs)
             update_seconds = time.time() - update_start
 
-            var_y = np.var(b_returns.cpu().numpy())
-            explained_var = (
-                np.nan if var_y == 0 else 1 - np.var((b_returns - b_values).cpu().numpy()) / var_y
-            )
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
             run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
@@ -549,15 +527,12 @@ def train(args: Args) -> TrainResult:
                 "losses/explained_variance": explained_var, "perf/rollout_seconds": rollout_seconds,
                 "perf/update_seconds": update_seconds,
             })  # fmt: skip
-            saving.iteration_done(iteration)
-            stop = run.stop_requested()  # Ctrl-C on any rank: every rank stops after this iteration
-            if stop:
+            if run.iteration_done(iteration, global_step, next_obs):  # a checkpoint if due; Ctrl-C
                 break
-        saving.run_ended(iteration, stop)
-        run.recorder.save()
+        run.end(iteration)
     evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
     eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
-    return run.finish(agent, global_step, eval_returns, saving.path)
+    return run.finish(agent, global_step, eval_returns)
 
 
 def compute_gae(

@@ -124,15 +124,17 @@ class Run:
 
     def __init__(
         self,
-        args: Any,
-        checkpoint: dict | None,
-        make_env: Callable[..., Callable],
-        num_iterations: int,
-        batch_size: int,
         script: str,
         checkpoint_format: int,
+        args: Any,
+        checkpoint: dict | None,
+        saved: dict[str, Any],
+        make_env: Callable[..., Callable],
+        batch_size: int,
     ):
         self.args, self.script, self.checkpoint_format = args, script, checkpoint_format
+        self.saved = saved
+        num_iterations = args.total_timesteps // batch_size
         start = start_run(args, checkpoint, num_iterations, batch_size)
         self.path, self.writer, self.global_step = start.path, start.writer, start.global_step
         self.iterations_done = start.iterations_done
@@ -148,6 +150,9 @@ class Run:
         total_steps = num_iterations * batch_size
         self.log = TrainingLog(self.writer, args, start.video_folder, total_steps, self.global_step)
         self.interrupt = GracefulInterrupt()
+        self.saving = checkpoints.CheckpointSchedule(self._write, args, self.iterations_done)
+        self.stopped = False
+        self._loop_state: tuple[int, Any, dict[str, Any]] = (self.global_step, self.next_obs, {})
 
     def step(self, env_obs, sent_action, reward, terminated, truncated, infos, global_step) -> None:
         """After each `envs.step`: the transition to the recorder, finished episodes to the log."""
@@ -176,6 +181,27 @@ class Run:
             folder, self.script, self.checkpoint_format, self.args, global_step, **state
         )
 
+    def iteration_done(
+        self, iteration: int, global_step: int, next_obs: np.ndarray | dict, **carried: np.ndarray
+    ) -> bool:
+        """After each iteration, with where the loop stands: a checkpoint of `saved` if one is due
+        (--checkpoint-every; see `save`), then whether to stop: Ctrl-C on any rank stops every rank
+        after the same iteration."""
+        self._loop_state = (global_step, next_obs, carried)
+        self.saving.iteration_done(iteration)
+        self.stopped = self.stop_requested()
+        return self.stopped
+
+    def end(self, iteration: int) -> None:
+        """After the loop: the last checkpoint (--save-model, or Ctrl-C with --checkpoint-every), and
+        the trajectory recording's last steps."""
+        self.saving.run_ended(iteration, self.stopped)
+        self.recorder.save()
+
+    def _write(self, iteration: int) -> Path:
+        global_step, next_obs, carried = self._loop_state
+        return self.save(iteration, global_step, next_obs, self.saved, **carried)
+
     def stop_requested(self) -> bool:
         """Whether Ctrl-C asked the run to stop, on any rank: all stop after the same iteration."""
         self.interrupt.requested = distributed.any_rank(self.interrupt.requested)
@@ -197,11 +223,13 @@ class Run:
         agent: torch.nn.Module,
         global_step: int,
         eval_returns: list[float],
-        checkpoint: Path | None,
+        checkpoint: Path | None = None,
     ) -> TrainResult:
-        """Close the log (and the wandb run) and return what `train()` returns."""
+        """Close the log (and the wandb run) and return what `train()` returns; the last checkpoint is
+        the one `end` or `iteration_done` wrote, if not given."""
         self.log.finish()
         episodes = self.log.episodes
+        checkpoint = checkpoint or self.saving.path
         return TrainResult(
             agent,
             global_step,
