@@ -1,17 +1,33 @@
-"""The results of a benchmark: its rows and their numbers (for results.md and results.json alike), the tables, and
-the figures, made from runs read back by `benchmark.events`."""
+"""The results of a benchmark: its rows and their numbers (for results.md and results.json alike), the tables, the
+figures and results.md, made from runs read back by `benchmark.events`; ``plot`` makes them from any run folders."""
 
 from __future__ import annotations
 
 import math
+import os
+import platform
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
+import tyro
 
-from benchmark.events import LAST_EPISODES, RunSummary, safe_name, trailing_mean
+from benchmark.cases import REFERENCE_MARGIN, SPEED_THRESHOLD
+from benchmark.events import (
+    LAST_EPISODES,
+    RunSummary,
+    find_run_dirs,
+    safe_name,
+    summarise_run,
+    trailing_mean,
+)
+from benchmark.registry import REPO
 from benchmark.statistics import (
     MIN_SEEDS_FOR_IQM,
     iqm,
@@ -597,3 +613,146 @@ def plot_aggregate(values: Sequence[Aggregate], path: Path) -> Path:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def draw(rows: list[Row], raw_bars: list[tuple[str, list[float]]], out: Path) -> list[Path]:
+    bars = [
+        (f"{plain_name(row)}\n{row.env_id}", [run.sps for run in row.runs if run.sps is not None])
+        for row in rows
+    ]
+    figures = [*plot_learning_curves(rows, out), plot_sps([*bars, *raw_bars], out / "sps.png")]
+    values = aggregates(rows)
+    if values:
+        figures.append(plot_aggregate(values, out / "aggregate_iqm.png"))
+    return figures
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = []
+    for package in ("torch", "gymnasium", "numpy", "stable-baselines3"):
+        try:
+            versions.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}; {', '.join(versions)}"
+    )
+
+
+def git_revision(output: Path) -> str:
+    """The commit the code runs at, "(uncommitted changes)" added if a tracked file outside `output` has changed."""
+    # A benchmark rewrites its own output folder (tracked where its results are committed, as under docs/benchmark/):
+    # that is no change to the code that ran.
+    outside_output = (
+        ["--", ".", f":(exclude){output.relative_to(REPO)}"] if output.is_relative_to(REPO) else []
+    )
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", *outside_output],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return "unknown"
+    return (head.stdout.strip() or "unknown") + (
+        " (uncommitted changes)" if dirty.stdout.strip() else ""
+    )
+
+
+def report(
+    title: str, header_lines: list[str], tables: list[str], figures: list[Path], out: Path
+) -> None:
+    lines = [f"# {title}", "", *header_lines, "", *tables, "", "## Figures", ""]
+    lines += [f"![{figure.stem}]({figure.name})" for figure in figures]
+    (out / "results.md").write_text("\n".join(lines).rstrip() + "\n")
+
+
+AGAINST_REFERENCE = [
+    f"A case passes when its mean evaluation over seeds reaches the reference's less {REFERENCE_MARGIN:.0%} of the "
+    "task's range (maximum less the random policy's return). Share of range: (eval - random) / (max - random). Speed "
+    f"threshold: the random return plus {SPEED_THRESHOLD:.0%} of the way to the reference's evaluation, reached by "
+    "the mean of the last 100 training episodes (or a case's own window); steps and seconds of training to it are "
+    "medians over seeds (n/a: the median seed never reached it). Seconds of stored reference runs were measured in "
+    "another session: compare SPS in one run.",
+]
+
+
+HOW_MEASURED = [
+    "How the numbers are measured:",
+    "- Everything is read from the runs' TensorBoard events with TensorBoard's own readers, keeping every record; "
+    "a resumed run's records after its checkpoint are dropped, as TensorBoard drops them. The last-100 training "
+    "return is the mean of the last 100 `charts/episodic_return` records (every episode of every env; a case can set "
+    "another window, marked in the table); the eval return is the mean of `eval/episodic_return` (deterministic "
+    "policy after training). ± is the sample standard deviation across seeds (ddof=1); one seed shows none.",
+    "- IQM (5 seeds or more): the interquartile mean across seeds, `scipy.stats.trim_mean(x, 0.25)`, with a 95% "
+    "percentile bootstrap interval (50,000 resamples, `scipy.stats.bootstrap`): rliable's definitions (Agarwal et "
+    "al., NeurIPS 2021). The aggregate figure takes the IQM over the runs of every case with a positive threshold, "
+    "each return divided by its case's threshold, resampling the runs of each case on their own (stratified).",
+    "- Steps to threshold: per seed, the first step at which the mean of the last 100 episodes (or the case's window: "
+    "a full one) "
+    "reaches the case's threshold; the median over seeds, a seed that never reaches it counting as beyond the budget. "
+    "Beside it, the median seconds of training to that step: from the run's first event (start-up included) to the "
+    "episode's record, the gaps between a run's sessions left out.",
+    "- SPS: per session of a run (a resumed run has two or more), steps between the first and the last `charts/SPS` "
+    "record over the wall time between them, summed over sessions: start-up, the first iteration, the final "
+    "evaluation and the time between a crash and its resume are left out. Peak RSS: the largest `system/rss_mb` "
+    "record, the process's resident memory when it was logged (scripts and baselines alike).",
+    "- Raw env: the script's own vector env stack, with the case's flags, under random actions and no agent: an "
+    "upper bound on any agent's SPS. Baselines run with settings derived from the script's (benchmark/registry.py); "
+    "a baseline two cases share runs once.",
+]
+
+
+@dataclass
+class Plot:
+    """Draw the learning curves and the SPS chart, and write the table, for run folders made by any script here."""
+
+    run_dirs: Annotated[tuple[str, ...], tyro.conf.Positional]
+    """run folders, or folders holding them (searched recursively for TensorBoard event files)"""
+    out: str = "benchmark-plots"
+    """output folder for results.md and the PNG files"""
+
+
+def plot(args: Plot) -> int:
+    run_dirs = find_run_dirs(args.run_dirs)
+    if not run_dirs:
+        print(f"error: no TensorBoard event files under {' '.join(args.run_dirs)}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    groups: dict[tuple[str, str], list[RunSummary]] = defaultdict(list)
+    for summary in map(summarise_run, run_dirs):
+        groups[summary.script, summary.env_id].append(summary)
+    rows = [
+        Row(
+            label,
+            env_id,
+            f"{label}__{safe_name(env_id)}",
+            runs=sorted(runs, key=lambda run: (run.seed is None, run.seed or 0)),
+        )
+        for (label, env_id), runs in sorted(groups.items())
+    ]
+    figures = draw(rows, [], out)
+    numbers = [row_numbers(row) for row in rows]
+    header_lines = [f"- runs: {len(run_dirs)} run folders under {' '.join(args.run_dirs)}"]
+    report(
+        "Runs",
+        header_lines,
+        ["## Results", "", *results_table(numbers), "", *HOW_MEASURED],
+        figures,
+        out,
+    )
+    print(f"wrote {out / 'results.md'} and {len(figures)} figures", flush=True)
+    return 0

@@ -17,10 +17,18 @@ import pytest
 from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import ScalarEvent
 
-import benchmark.__main__ as harness
-from benchmark import answers_by_step, cases, ddpg_floor, ddpg_speed, recurrent_floor, tracking_cost
+from benchmark import (
+    answers_by_step,
+    cases,
+    ddpg_floor,
+    ddpg_speed,
+    recurrent_floor,
+    run_report,
+    tracking_cost,
+)
 from benchmark.baselines import build_sb3_model, make_sb3_envs
 from benchmark.events import RunSummary, find_run_dirs, summarise_run
+from benchmark.jobs import Job, Run, cases_to_run, make_jobs, portable, run_jobs
 from benchmark.registry import (
     HARNESS_SET,
     REFERENCES,
@@ -32,11 +40,14 @@ from benchmark.registry import (
 from benchmark.report import (
     Row,
     SpeedNumbers,
+    aggregates,
+    git_revision,
     results_table,
     row_numbers,
     speed_numbers,
     speed_table,
 )
+from benchmark.run_report import against_reference, rows_of, speed_rows
 from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
 from common.envs import env_spaces, resolve_env_id
 from common.seeding import available_cores
@@ -315,8 +326,8 @@ def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
             "ppo_fc", "CartPole-v1", 1024, flags=("--no-numpy-rollout",)
         ),  # the same baseline settings
     )
-    args = harness.Run(baselines=True, seeds=(1, 2))
-    jobs, plans = harness.make_jobs(args, list(table), (1, 2), tmp_path)
+    args = Run(baselines=True, seeds=(1, 2))
+    jobs, plans = make_jobs(args, list(table), (1, 2), tmp_path)
     ids = [job.id for job in jobs]
     assert len(ids) == len(set(ids))
     assert len({job.run_dir for job in jobs}) == len(jobs)
@@ -329,17 +340,15 @@ def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
     assert (
         raw[0] == raw[1] and raw[2] != raw[0]
     )  # 4 envs and 2 envs are measured apart; steps do not matter
-    rows = harness.rows_of(jobs, plans)
+    rows = rows_of(jobs, plans)
     assert len(rows) == 4 + 3 and len({row.key for row in rows}) == len(rows)
 
 
 def test_a_suite_s_baseline_seeds_are_its_own_unless_seeds_are_given(tmp_path):
     suite = cases.SUITES["ddpg-mujoco"]
     for given, baseline_seeds in ((None, suite.baseline_seeds), ((3,), (3,))):
-        args = harness.Run(suite="ddpg-mujoco", baselines=True, seeds=given)
-        jobs, _ = harness.make_jobs(
-            args, cases.suite_cases("ddpg-mujoco"), given or suite.seeds, tmp_path
-        )
+        args = Run(suite="ddpg-mujoco", baselines=True, seeds=given)
+        jobs, _ = make_jobs(args, cases.suite_cases("ddpg-mujoco"), given or suite.seeds, tmp_path)
         for env_id in ("HalfCheetah-v5", "Hopper-v5"):
             assert (
                 tuple(job.seed for job in jobs if job.kind == "sb3" and job.env_id == env_id)
@@ -352,7 +361,7 @@ def test_a_suite_s_baseline_seeds_are_its_own_unless_seeds_are_given(tmp_path):
 
 def test_a_case_s_window_reaches_its_jobs_and_is_marked_in_the_table(tmp_path):
     case = cases.Case("ddpg", "Pendulum-v1", 1000, threshold=-200.0, window=10)
-    jobs, _ = harness.make_jobs(harness.Run(), [case], (1,), tmp_path)
+    jobs, _ = make_jobs(Run(), [case], (1,), tmp_path)
     assert [job.window for job in jobs] == [10]
     summary = RunSummary("r", "ddpg", "Pendulum-v1", 1, steps=1000, window=10)
     summary.episode_returns, summary.episode_steps = (
@@ -370,7 +379,7 @@ def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tm
     case = cases.Case(
         "ppo_lstm", "CartPole-v1", 1024, flags=("--num-envs", "2"), compare_with="ppo_fc"
     )
-    jobs, [plan] = harness.make_jobs(harness.Run(), [case], (1, 2), tmp_path)
+    jobs, [plan] = make_jobs(Run(), [case], (1, 2), tmp_path)
     assert [job.label for job in jobs] == ["ppo_lstm"] * 2 + ["ppo_fc"] * 2
     fc_command = jobs[2].command
     assert (
@@ -384,10 +393,10 @@ def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tm
     assert plan.reference.key != case.key
     for job, sps in zip(jobs, (600.0, 800.0, 1000.0, 1000.0), strict=True):
         job.summary = summary(job.seed, [1.0], sps)
-    rows = harness.rows_of(jobs, plans=[plan])
+    rows = rows_of(jobs, plans=[plan])
     assert [(row.label, row.judged) for row in rows] == [("ppo_lstm", True), ("ppo_fc", False)]
     numbers = {row.key: row_numbers(row) for row in rows}
-    [speed] = harness.speed_rows(jobs, [plan], numbers)
+    [speed] = speed_rows(jobs, [plan], numbers)
     assert speed.reference == "ppo_fc" and speed.script_over_reference == pytest.approx(0.7)
     assert speed.baseline is None and speed.script_over_baseline is None
     # Runs taken from a --reuse-runs store ran in another session: no ratio with them on either side.
@@ -398,7 +407,7 @@ def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tm
                 if job.label == stored_label
                 else None
             )
-        assert harness.speed_rows(jobs, [plan], numbers) == [], stored_label
+        assert speed_rows(jobs, [plan], numbers) == [], stored_label
 
 
 def test_a_case_under_torchrun_starts_its_processes_and_has_a_key_of_its_own(tmp_path):
@@ -410,16 +419,14 @@ def test_a_case_under_torchrun_starts_its_processes_and_has_a_key_of_its_own(tmp
     assert (
         two.key == one.key + "__np2" and "2 processes" in two.name and "processes" not in one.name
     )
-    jobs, plans = harness.make_jobs(harness.Run(baselines=True), [one, two], (1,), tmp_path)
+    jobs, plans = make_jobs(Run(baselines=True), [one, two], (1,), tmp_path)
     [plain, torchrun] = [job for job in jobs if job.kind == "script"]
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     assert (
         torchrun.command[: 1 + len(launcher)] == [sys.executable, *launcher] and torchrun.nproc == 2
     )
     assert plain.command[1] == str(REPO / "ppo_fc.py") and plain.nproc == 1
-    assert harness.portable(torchrun.command)[len(launcher) :] == harness.portable(
-        plain.command
-    )  # the same flags
+    assert portable(torchrun.command)[len(launcher) :] == portable(plain.command)  # the same flags
     others = [job for job in jobs if job.kind != "script"]
     assert {job.kind for job in others} == {"sb3", "raw-env"} and len(
         others
@@ -429,13 +436,13 @@ def test_a_case_under_torchrun_starts_its_processes_and_has_a_key_of_its_own(tmp
     )
     for job in jobs:
         job.summary = summary(job.seed, [1.0], 100.0)
-    rows = harness.rows_of(jobs, plans)
+    rows = rows_of(jobs, plans)
     assert [(row.label, row.nproc) for row in rows] == [
         ("ppo_fc", 1),
         ("sb3_ppo", 1),
         ("ppo_fc", 2),
     ]
-    assert [case.nproc for case in harness.cases_to_run(harness.Run(nproc=3))[0]] == [3]
+    assert [case.nproc for case in cases_to_run(Run(nproc=3))[0]] == [3]
 
 
 def test_the_distributed_suites_run_ppo_fc_in_one_and_two_processes_with_the_same_per_rank_or_global_batch():
@@ -485,19 +492,17 @@ def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_pr
         job.output = {"sps": 1.0}
         return job
 
-    monkeypatch.setattr(harness, "run_job", run_job)
+    monkeypatch.setattr("benchmark.jobs.run_job", run_job)
     for workers in (1, 2, 3):
         jobs = []
         for number, nproc in enumerate((1, 2, 1, 1, 2, 1)):
-            job = harness.Job("raw-env", f"job{number}", "g", "l", "E", 1, [], tmp_path)
+            job = Job("raw-env", f"job{number}", "g", "l", "E", 1, [], tmp_path)
             job.nproc = nproc
             jobs.append(job)
         started.clear()
         peaks.clear()
         shares.clear()
-        scheduler = threading.Thread(
-            target=harness.run_jobs, args=(jobs, workers, tmp_path), daemon=True
-        )
+        scheduler = threading.Thread(target=run_jobs, args=(jobs, workers, tmp_path), daemon=True)
         scheduler.start()
         scheduler.join(timeout=10)
         assert not scheduler.is_alive(), (
@@ -597,9 +602,7 @@ def test_an_eval_threshold_judges_the_deterministic_evaluation():
     runs[1].eval_returns = [480.0]
     assert row_numbers(row).verdict == "PASS"  # a training return of 10 does not matter
     assert "judged on the eval return ≥ 475" in results_table([row_numbers(row)])[-1]
-    assert (
-        harness.aggregates([row]) == []
-    )  # the aggregate is of training returns against their thresholds
+    assert aggregates([row]) == []  # the aggregate is of training returns against their thresholds
 
 
 def test_a_reached_threshold_judges_every_seed_within_the_budget():
@@ -662,7 +665,7 @@ def test_a_two_process_case_runs_under_torchrun_end_to_end(tmp_path, monkeypatch
     case = cases.Case("ppo_fc", "Probe1-v0", 3072, threshold=0.5, nproc=2)
     monkeypatch.setitem(cases.SUITES, "distributed", cases.Suite((case,), (1,), eval_episodes=0))
     assert (
-        harness.run(harness.Run(suite="distributed", out=str(tmp_path / "out"))) == 0
+        run_report.run(Run(suite="distributed", out=str(tmp_path / "out"))) == 0
     )  # 1 worker: it runs alone
     record = json.loads((tmp_path / "out" / "results.json").read_text())
     [row] = record["rows"]
@@ -683,7 +686,7 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
         cases.Case("ppo_fc", "Probe3-v0", 1024, threshold=0.0, flags=("--num-minibatches", "7")),
     )
     monkeypatch.setattr(cases, "CASES", table)
-    args = harness.Run(
+    args = Run(
         envs=("Probe1-v0", "Probe2-v0", "Probe3-v0"),
         seeds=(1, 2),
         total_timesteps=1024,
@@ -692,7 +695,7 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
         workers=2,
         out=str(tmp_path / "out"),
     )
-    assert harness.run(args) == 1
+    assert run_report.run(args) == 1
     printed = capsys.readouterr().out
     assert (
         printed.count(" (ppo_fc): ") == 6 and "FAILED" in printed
@@ -797,15 +800,15 @@ def test_bad_input_is_one_error_line(argv, message, tmp_path):
 
 
 def test_every_suite_can_be_named_on_the_command_line():
-    named, _ = typing.get_args(typing.get_type_hints(harness.Run)["suite"])  # Literal[...] | None
+    named, _ = typing.get_args(typing.get_type_hints(Run)["suite"])  # Literal[...] | None
     assert set(typing.get_args(named)) == set(cases.SUITES)
 
 
 def test_script_flags_reach_every_case_of_their_script_and_the_cases_others_are_judged_against():
-    suite = harness.suite_cases("popgym-easy")
-    added = harness.cases_to_run(
-        harness.Run(suite="popgym-easy", script_flags=("ppo_lstm=--learning-rate 5e-4",))
-    )[0]
+    suite = cases.suite_cases("popgym-easy")
+    added = cases_to_run(Run(suite="popgym-easy", script_flags=("ppo_lstm=--learning-rate 5e-4",)))[
+        0
+    ]
     assert len(added) == len(suite)
     for before, after in zip(suite, added, strict=True):
         if before.script == "ppo_lstm":
@@ -814,13 +817,13 @@ def test_script_flags_reach_every_case_of_their_script_and_the_cases_others_are_
             assert after.flags == before.flags and after.reference.case in added
             assert after.reference.case.flags[-2:] == ("--learning-rate", "5e-4")
     both = ("ppo_transformer=--learning-rate 1e-3", "ppo_transformer=--n-layers 3")
-    (case,) = harness.cases_to_run(harness.Run(scripts=("ppo_transformer",), script_flags=both))[0]
+    (case,) = cases_to_run(Run(scripts=("ppo_transformer",), script_flags=both))[0]
     assert case.flags == ("--learning-rate", "1e-3", "--n-layers", "3")
 
 
 def test_a_suite_honours_seeds():
-    assert harness.cases_to_run(harness.Run(suite="quick", seeds=(7, 8, 9)))[1] == (7, 8, 9)
-    assert harness.cases_to_run(harness.Run(suite="quick"))[1] == cases.SUITES["quick"][1]
+    assert cases_to_run(Run(suite="quick", seeds=(7, 8, 9)))[1] == (7, 8, 9)
+    assert cases_to_run(Run(suite="quick"))[1] == cases.SUITES["quick"][1]
 
 
 @pytest.mark.parametrize(
@@ -1028,7 +1031,7 @@ def reference_case(env_id="E", steps=1200, seeds=(1, 2), task_max=1.0):
 
 
 def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_range(tmp_path):
-    jobs, [plan] = harness.make_jobs(harness.Run(), [reference_case("Probe1-v0")], (1, 2), tmp_path)
+    jobs, [plan] = make_jobs(Run(), [reference_case("Probe1-v0")], (1, 2), tmp_path)
     reference_jobs = [job for job in jobs if job.group == plan.reference_group]
     assert [job.seed for job in reference_jobs] == [1, 2] and all(
         job.kind == "sb3" for job in reference_jobs
@@ -1055,14 +1058,14 @@ def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_ra
     for job in jobs:
         if job.summary is not None:
             job.summary.eval_returns = evals.get((job.label, job.seed), [])
-    rows = harness.rows_of(jobs, [plan])
+    rows = rows_of(jobs, [plan])
     script_row = next(row for row in rows if row.label == "ppo_lstm")
     assert script_row.threshold == pytest.approx(0.95 - 0.05 * 1.5)
     numbers = {row.key: row_numbers(row) for row in rows}
     assert (
         numbers[script_row.key].verdict == "PASS"
     )  # one seed under the bound: the mean over seeds is judged
-    line = harness.against_reference(plan, jobs, rows, numbers)
+    line = against_reference(plan, jobs, rows, numbers)
     assert line.reference_eval == pytest.approx(0.95) and line.bound == pytest.approx(0.875)
     assert line.script_score == pytest.approx(1.4 / 1.5) and line.reference_score == pytest.approx(
         1.45 / 1.5
@@ -1076,20 +1079,20 @@ def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_ra
     for job in jobs:  # the speed table divides the script's SPS by the reference's
         if job.summary is not None:
             job.summary.sps = 250.0 if job.label == REFERENCE_NAME else 1000.0
-    [speed] = harness.speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows})
+    [speed] = speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows})
     assert speed.baseline == REFERENCE_NAME and speed.script_over_baseline == pytest.approx(4.0)
     for job in (
         reference_jobs
     ):  # taken from the store: its SPS was measured in another session, not beside these
         job.stored = {"date": "2026-11-24T00:00:00+00:00", "git": "0000000"}
-    assert harness.speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows}) == []
+    assert speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows}) == []
     evals["ppo_lstm", 1] = [0.7]  # mean 0.85
     for job in jobs:
         if job.summary is not None:
             job.summary.eval_returns = evals.get((job.label, job.seed), [])
-    assert row_numbers(harness.rows_of(jobs, [plan])[0]).verdict == "FAIL"
+    assert row_numbers(rows_of(jobs, [plan])[0]).verdict == "FAIL"
     random_job.output = {}  # not measured: no bound, no verdict
-    assert harness.rows_of(jobs, [plan])[0].threshold is None
+    assert rows_of(jobs, [plan])[0].threshold is None
 
 
 def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
@@ -1098,18 +1101,18 @@ def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
     case = cases.memory_case("Probe1-v0", 1024, 1.0, cases.ReferenceRuns(REFERENCE_NAME, (1,)))
     monkeypatch.setitem(cases.SUITES, "memory", cases.Suite((case,), (1,), eval_episodes=2))
     store = tmp_path / "store"
-    first = harness.Run(
+    first = Run(
         suite="memory", reuse_baselines=str(store), only_baselines=True, out=str(tmp_path / "first")
     )
-    assert harness.run(first) == 0
+    assert run_report.run(first) == 0
     assert not list((tmp_path / "first" / "runs").glob("ppo_lstm*"))  # the references alone
     [stored] = store.glob("*.json")
     assert stored.name.startswith(f"{REFERENCE_NAME}__Probe1-v0__1024__") and stored.name.endswith(
         "__1.json"
     )
-    second = harness.Run(suite="memory", reuse_baselines=str(store), out=str(tmp_path / "second"))
+    second = Run(suite="memory", reuse_baselines=str(store), out=str(tmp_path / "second"))
     capsys.readouterr()
-    assert harness.run(second) == 0
+    assert run_report.run(second) == 0
     printed = capsys.readouterr().out
     assert f"[stored] {stored.stem} ({REFERENCE_NAME})" in printed
     assert not list((tmp_path / "second" / "runs").glob(f"{REFERENCE_NAME}*"))  # not run again
@@ -1134,10 +1137,10 @@ def test_stored_reference_runs_are_reused_and_marked_with_their_date_and_commit(
         and reused["sps_mean"] == first_reference["sps_mean"]
     )
     # Made with 2 evaluation episodes, which the job id does not name: not reused for a benchmark that asks for 3.
-    third = harness.Run(
+    third = Run(
         suite="memory", reuse_baselines=str(store), eval_episodes=3, out=str(tmp_path / "third")
     )
-    assert harness.run(third) == 2
+    assert run_report.run(third) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: ") and stored.name in line and not (tmp_path / "third").exists()
 
@@ -1147,20 +1150,18 @@ def test_stored_script_runs_are_reused_whichever_checkout_made_them(tmp_path, mo
     monkeypatch.setitem(cases.SUITES, "quick", cases.Suite((case,), (1,), eval_episodes=2))
     store = tmp_path / "store"
     assert (
-        harness.run(harness.Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "first")))
-        == 0
+        run_report.run(Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "first"))) == 0
     )
     [stored] = store.glob("*.json")
     assert stored.name == f"{case.key}__1.json"
     record = json.loads(stored.read_text())  # as if made in another checkout of the repository
     record["made"]["command"] = record["made"]["command"].replace(
-        str(harness.REPO), "/elsewhere/onefile-rl"
+        str(REPO), "/elsewhere/onefile-rl"
     )
     stored.write_text(json.dumps(record))
     capsys.readouterr()
     assert (
-        harness.run(harness.Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "second")))
-        == 0
+        run_report.run(Run(suite="quick", reuse_runs=str(store), out=str(tmp_path / "second"))) == 0
     )
     assert f"[stored] {stored.stem} (ppo_fc)" in capsys.readouterr().out
     assert not (tmp_path / "second" / "runs").exists()  # not run again
@@ -1176,13 +1177,11 @@ def test_stored_baseline_runs_are_reused_with_the_scripts(tmp_path, monkeypatch,
     case = cases.Case("ppo_fc", "Probe1-v0", 1024, flags=("--num-envs", "1", "--num-steps", "256"))
     monkeypatch.setitem(cases.SUITES, "quick", cases.Suite((case,), (1,), eval_episodes=2))
     store = tmp_path / "store"
-    run = harness.Run(
-        suite="quick", reuse_runs=str(store), baselines=True, out=str(tmp_path / "first")
-    )
-    assert harness.run(run) == 0
+    run = Run(suite="quick", reuse_runs=str(store), baselines=True, out=str(tmp_path / "first"))
+    assert run_report.run(run) == 0
     [baseline] = store.glob("sb3_ppo__*.json")
     capsys.readouterr()
-    assert harness.run(replace(run, out=str(tmp_path / "second"))) == 0
+    assert run_report.run(replace(run, out=str(tmp_path / "second"))) == 0
     assert f"[stored] {baseline.stem} (sb3_ppo)" in capsys.readouterr().out
     assert not (
         tmp_path / "second" / "runs"
@@ -1204,14 +1203,14 @@ def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(
     git("init", "--quiet")
     git("add", ".")
     git("commit", "--quiet", "-m", "one")
-    monkeypatch.setattr(harness, "REPO", tmp_path)
+    monkeypatch.setattr("benchmark.report.REPO", tmp_path)
     (output / "results.md").write_text("new\n")  # the benchmark rewriting its own committed output
     (tmp_path / "notes.txt").write_text("untracked\n")
-    clean = harness.git_revision(output)
+    clean = git_revision(output)
     assert clean and "uncommitted" not in clean and clean != "unknown"
     (tmp_path / "script.py").write_text("x = 2\n")
-    assert harness.git_revision(output) == clean + " (uncommitted changes)"
-    assert harness.git_revision(tmp_path.parent / "elsewhere") == clean + " (uncommitted changes)"
+    assert git_revision(output) == clean + " (uncommitted changes)"
+    assert git_revision(tmp_path.parent / "elsewhere") == clean + " (uncommitted changes)"
 
 
 def test_a_stored_file_that_is_not_a_run_is_one_error_line_before_anything_runs(
@@ -1220,12 +1219,12 @@ def test_a_stored_file_that_is_not_a_run_is_one_error_line_before_anything_runs(
     case = cases.memory_case("Probe1-v0", 1024, 1.0, cases.ReferenceRuns(REFERENCE_NAME, (1,)))
     monkeypatch.setitem(cases.SUITES, "memory", cases.Suite((case,), (1,), eval_episodes=2))
     store = tmp_path / "store"
-    jobs, _ = harness.make_jobs(harness.Run(suite="memory"), [case], (1,), tmp_path)
+    jobs, _ = make_jobs(Run(suite="memory"), [case], (1,), tmp_path)
     [reference_job] = [job for job in jobs if job.label == REFERENCE_NAME]
     store.mkdir()
     (store / f"{reference_job.id}.json").write_text('{"format": 1, "job_id": "cut sho')
     out = tmp_path / "out"
-    assert harness.run(harness.Run(suite="memory", reuse_baselines=str(store), out=str(out))) == 2
+    assert run_report.run(Run(suite="memory", reuse_baselines=str(store), out=str(out))) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: ") and reference_job.id in line and not out.exists()
 
@@ -1347,9 +1346,7 @@ def test_the_memory_speed_suite_runs_the_old_defaults_beside_the_new_against_one
     tmp_path,
 ):
     suite = cases.SUITES["memory-speed"]
-    jobs, _ = harness.make_jobs(
-        harness.Run(suite="memory-speed"), list(suite.cases), suite.seeds, tmp_path
-    )
+    jobs, _ = make_jobs(Run(suite="memory-speed"), list(suite.cases), suite.seeds, tmp_path)
     by_kind = {kind: [job for job in jobs if job.kind == kind] for kind in ("script", "sb3")}
     assert (
         len(by_kind["script"]) == 2 * len(by_kind["sb3"]) == 4
@@ -1437,7 +1434,7 @@ def test_the_breadth_suite_holds_every_popgym_easy_task_for_both_memory_scripts(
     assert sorted(cases.POPGYM_EASY_IDS) == registered and len(registered) == 14
     suite = cases.SUITES["popgym-easy"]
     assert suite.seeds == (1, 2)
-    listed = harness.suite_cases("popgym-easy")
+    listed = cases.suite_cases("popgym-easy")
     expected = [
         (script, env_id) for env_id in registered for script in ("ppo_lstm", "ppo_transformer")
     ]
@@ -1465,8 +1462,8 @@ def test_the_breadth_suite_holds_every_popgym_easy_task_for_both_memory_scripts(
 def test_the_lstm_suites_without_norm_adv_are_ppo_lstms_cases_with_only_that_flag_added(
     suite, of_suite
 ):
-    defaults = [case for case in harness.suite_cases(of_suite) if case.script == "ppo_lstm"]
-    without = harness.suite_cases(suite)
+    defaults = [case for case in cases.suite_cases(of_suite) if case.script == "ppo_lstm"]
+    without = cases.suite_cases(suite)
     assert [replace(case, flags=(*case.flags, "--no-norm-adv")) for case in defaults] == list(
         without
     )
@@ -1475,7 +1472,7 @@ def test_the_lstm_suites_without_norm_adv_are_ppo_lstms_cases_with_only_that_fla
 
 def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_task(tmp_path):
     lstm_case, transformer_case = cases.breadth_cases("Probe1-v0", 1200)
-    jobs, plans = harness.make_jobs(harness.Run(), [lstm_case, transformer_case], (1, 2), tmp_path)
+    jobs, plans = make_jobs(Run(), [lstm_case, transformer_case], (1, 2), tmp_path)
     assert (
         len([job for job in jobs if job.kind == "random-policy"]) == 1
     )  # one measurement for the two cases
@@ -1490,7 +1487,7 @@ def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_ta
             if job.kind == "script":
                 job.summary = summary(job.seed, [0.0] * 120)
                 job.summary.eval_returns = [evals[job.label][job.seed - 1]]
-        rows = harness.rows_of(jobs, plans)
+        rows = rows_of(jobs, plans)
         assert [row.label for row in rows] == ["ppo_lstm", "ppo_transformer"] and all(
             row.judged for row in rows
         )
@@ -1503,9 +1500,9 @@ def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_ta
     assert judged([0.4, 0.6], [0.3, 0.5])[1] == (pytest.approx(0.425), "FAIL")
     # ppo_lstm did not learn it (mean -0.3): no verdict for the transformer, a FAIL for ppo_lstm.
     assert judged([-0.3, -0.3], [0.9, 0.9]) == [(pytest.approx(-0.2), "FAIL"), (None, "-")]
-    rows = harness.rows_of(jobs, plans)
+    rows = rows_of(jobs, plans)
     numbers = {row.key: row_numbers(row) for row in rows}
-    line = harness.against_reference(plans[1], jobs, rows, numbers)
+    line = against_reference(plans[1], jobs, rows, numbers)
     assert line.reference.startswith(
         "ppo_lstm in this run"
     ) and line.reference_eval == pytest.approx(-0.3)
