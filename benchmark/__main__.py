@@ -1,5 +1,5 @@
-"""The command line of the benchmark harness: ``python -m benchmark run|plot|tune|tune-report ...``, each
-subcommand's flags parsed by tyro and handed to its function."""
+"""The command line of the benchmark harness: ``python -m benchmark run|plot|tune|tune-report ...``,
+each subcommand's flags parsed by tyro and handed to its function."""
 
 from __future__ import annotations
 

@@ -1,15 +1,17 @@
-"""Where an agent's answers on a popgym card game go wrong, by the step within the episode:
-``python -m benchmark.answers_by_step PATH [PATH ...] [--steps 0 5 10 ...] [--count-recall] [--by-answer]``, each the
-trajectories of an evaluation (``--eval-checkpoint CHECKPOINT --save-trajectories PATH``, a folder) of any script.
+"""Where an agent's answers on a popgym card game go wrong, by the step within the episode: ``python
+-m benchmark.answers_by_step PATH [PATH ...] [--steps 0 5 10 ...] [--count-recall] [--by-answer]``,
+each the trajectories of an evaluation (``--eval-checkpoint CHECKPOINT --save-trajectories PATH``, a
+folder) of any script.
 
-The card games (RepeatFirst, CountRecall, ...) pay a positive reward for a right answer and a negative one for a wrong
-one, so the share of right answers at a step is the share of positive rewards there. With ``--count-recall`` the
-table also gives how far the answers are from the right count on CountRecallEasy: each step deals a card and asks how
-many cards of a queried colour have been dealt so far (this one included). That count is rebuilt from the
-observations (their first four entries: the dealt colour and the queried colour, one-hot) and checked against the
-rewards. With ``--by-answer`` it also gives, for each action, its share of the answers on the scored steps (those
-with a reward) and the share of those answers that were right: an agent that never gives one answer shows it there.
-"""
+The card games (RepeatFirst, CountRecall, ...) pay a positive reward for a right answer and a
+negative one for a wrong one, so the share of right answers at a step is the share of positive
+rewards there. With ``--count-recall`` the table also gives how far the answers are from the right
+count on CountRecallEasy: each step deals a card and asks how many cards of a queried colour have
+been dealt so far (this one included). That count is rebuilt from the observations (their first four
+entries: the dealt colour and the queried colour, one-hot) and checked against the rewards. With
+``--by-answer`` it also gives, for each action, its share of the answers on the scored steps (those
+with a reward) and the share of those answers that were right: an agent that never gives one answer
+shows it there."""
 
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from common.trajectories import TrajectoryFileError, load_trajectories, split_ep
 
 
 def true_counts(observations: np.ndarray) -> np.ndarray:
-    """CountRecallEasy's right answer at each step of one episode: how many of the cards dealt so far have the queried
-    colour."""
+    """CountRecallEasy's right answer at each step of one episode: how many of the cards dealt so
+    far have the queried colour."""
     dealt, queried = observations[:, 0:2].argmax(1), observations[:, 2:4].argmax(1)
     dealt_so_far = np.cumsum(np.eye(2)[dealt], axis=0)
     return dealt_so_far[np.arange(len(queried)), queried]
@@ -35,8 +37,8 @@ def true_counts(observations: np.ndarray) -> np.ndarray:
 def answers_by_step(
     data: dict[str, np.ndarray], count_recall: bool = False
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """The share of right answers at each step of the finished episodes (up to the shortest one's length), and with
-    `count_recall` the mean absolute error of the count there."""
+    """The share of right answers at each step of the finished episodes (up to the shortest one's
+    length), and with `count_recall` the mean absolute error of the count there."""
     episodes = [episode for episode in split_episodes(data) if episode.finished]
     if not episodes:
         raise TrajectoryFileError("it holds no finished episode")
@@ -58,9 +60,9 @@ def answers_by_step(
 
 
 def answers_by_action(data: dict[str, np.ndarray]) -> dict[int, tuple[float, float | None]]:
-    """For each action of a discrete agent (its env's, where the file's args name one that can be made): its share of
-    the answers on the scored steps (a non-zero reward), and the share of them that were right (None for an action
-    never given)."""
+    """For each action of a discrete agent (its env's, where the file's args name one that can be
+    made): its share of the answers on the scored steps (a non-zero reward), and the share of them
+    that were right (None for an action never given)."""
     scored = data["/rewards"] != 0
     actions, right = data["/actions"][scored].astype(int), data["/rewards"][scored] > 0
     try:

@@ -51,8 +51,8 @@ def report(out: Path, section: str, **results: object) -> None:
 
 
 def our_run(command: tuple[str, ...], steps: int, *flags: str) -> dict[str, float]:
-    """SPS of one run of our script `command` (its file and flags) on the GPU, and its median rollout and update
-    seconds per iteration (the first iteration left out)."""
+    """SPS of one run of our script `command` (its file and flags) on the GPU, and its median
+    rollout and update seconds per iteration (the first iteration left out)."""
     script, *settings = command
     sessions = script_sessions(
         script, ["--env-id", ENV_ID, "--total-timesteps", str(steps), *settings, "--cuda", *flags]
@@ -96,7 +96,8 @@ def transformer(options: argparse.Namespace) -> None:
 
 
 def checkpoints_on_cpu(options: argparse.Namespace) -> None:
-    """Section 3: each script trains two iterations on the GPU and saves; a process that sees no GPU evaluates it."""
+    """Section 3: each script trains two iterations on the GPU and saves; a process that sees no GPU
+    evaluates it."""
     for command in (OURS["ppo_fc"], OURS["ppo_lstm"], TRANSFORMER):
         script, *settings = command
         with tempfile.TemporaryDirectory() as run_dir:
@@ -123,7 +124,8 @@ def checkpoints_on_cpu(options: argparse.Namespace) -> None:
 
 
 def seconds_per_call(step: Callable[[], object], device: torch.device) -> float:
-    """The median seconds of 50 calls of `step`, after 10 warm-up calls, the GPU synchronised around each."""
+    """The median seconds of 50 calls of `step`, after 10 warm-up calls, the GPU synchronised around
+    each."""
     synchronize = (
         (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     )
@@ -133,9 +135,10 @@ def seconds_per_call(step: Callable[[], object], device: torch.device) -> float:
 def in_cuda_graph(
     step: Callable[[], object], device: torch.device
 ) -> tuple[Callable[[], None], object]:
-    """`step` captured once in a CUDA graph, after warm-up calls on a side stream (as torch's docs and LeanRL's
-    CudaGraphModule do): the graph's replay, and the output of the captured call, which each replay overwrites. The
-    inputs of `step` must stay at fixed addresses, and its optimizer be capturable."""
+    """`step` captured once in a CUDA graph, after warm-up calls on a side stream (as torch's docs
+    and LeanRL's CudaGraphModule do): the graph's replay, and the output of the captured call, which
+    each replay overwrites. The inputs of `step` must stay at fixed addresses, and its optimizer be
+    capturable."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -159,7 +162,8 @@ UPDATE_VARIANTS = (
 
 
 def update_and_act(options: argparse.Namespace) -> None:
-    """Section 4: each variant in a process of its own, since a CUDA error spoils the rest of a process."""
+    """Section 4: each variant in a process of its own, since a CUDA error spoils the rest of a
+    process."""
     for variant in UPDATE_VARIANTS:
         command = [
             sys.executable,

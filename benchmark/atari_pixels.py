@@ -1,8 +1,8 @@
 """How far gymnasium's AtariPreprocessing frames are from CleanRL's, on the same emulator steps.
 
-gymnasium takes ALE's greyscale of each frame and the max of the last two; CleanRL (MaxAndSkipEnv, then WarpFrame)
-takes the max of the last two RGB frames and converts it with OpenCV. Both resize to 84x84 with INTER_AREA.
-Run: ``python -m benchmark.atari_pixels`` (needs the ``[atari]`` extra)."""
+gymnasium takes ALE's greyscale of each frame and the max of the last two; CleanRL (MaxAndSkipEnv,
+then WarpFrame) takes the max of the last two RGB frames and converts it with OpenCV. Both resize to
+84x84 with INTER_AREA. Run: ``python -m benchmark.atari_pixels`` (needs the ``[atari]`` extra)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import numpy as np
 
 
 def differences(game: str, steps: int, seed: int = 1) -> np.ndarray:
-    """Absolute differences of the two 84x84 frames at each of `steps` agent steps of random play (skip 4)."""
+    """Absolute differences of the two 84x84 frames at each of `steps` agent steps of random play
+    (skip 4)."""
     env = gym.make(game)
     env.reset(seed=seed)
     ale, rng, found = env.unwrapped.ale, np.random.default_rng(seed), []

@@ -1,10 +1,12 @@
-"""SPS on an Atari game: ppo_fc.py and ppo_lstm.py beside Stable-Baselines3's PPO (CnnPolicy) and sb3-contrib's
-RecurrentPPO (CnnLstmPolicy) on SB3's AtariWrapper, with CleanRL's Atari settings, and beside CleanRL's own
-ppo_atari.py and ppo_atari_lstm.py where a folder with them is given (``--cleanrl DIR``: DIR/run.py SCRIPT FLAGS in
-DIR/.venv, gymnasium 0.29 as CleanRL pins it; see the docs page).
+"""SPS on an Atari game: ppo_fc.py and ppo_lstm.py beside Stable-Baselines3's PPO (CnnPolicy) and
+sb3-contrib's RecurrentPPO (CnnLstmPolicy) on SB3's AtariWrapper, with CleanRL's Atari settings, and
+beside CleanRL's own ppo_atari.py and ppo_atari_lstm.py where a folder with them is given
+(``--cleanrl DIR``: DIR/run.py SCRIPT FLAGS in DIR/.venv, gymnasium 0.29 as CleanRL pins it; see the
+docs page).
 
-Run: ``python -m benchmark.atari_speed [--steps N] [--repeats R]``, alone on the machine. Each run is a process of its
-own, the runs alternate (ABC ABC ...), and the SPS leaves out each run's first iteration (start-up)."""
+Run: ``python -m benchmark.atari_speed [--steps N] [--repeats R]``, alone on the machine. Each run
+is a process of its own, the runs alternate (ABC ABC ...), and the SPS leaves out each run's first
+iteration (start-up)."""
 
 from __future__ import annotations
 
@@ -86,7 +88,8 @@ def script_sessions(command: str, flags: list[str] | tuple[str, ...]) -> list[Se
 
 
 def median_after_first(sessions: list[Session], tag: str) -> float:
-    """The median of a per-iteration record (`perf/update_seconds`, say), its first iteration (start-up) left out."""
+    """The median of a per-iteration record (`perf/update_seconds`, say), its first iteration
+    (start-up) left out."""
     return statistics.median(event.value for event in merged_scalars(sessions)[tag][1:])
 
 
@@ -117,8 +120,8 @@ def cleanrl_sps(
     pythonpath: str = "",
     cuda: bool = False,
 ) -> float:
-    """SPS of CleanRL's `script` in `folder` (its run.py launcher), under `python` (default: the folder's .venv) with
-    `pythonpath` first on its path."""
+    """SPS of CleanRL's `script` in `folder` (its run.py launcher), under `python` (default: the
+    folder's .venv) with `pythonpath` first on its path."""
     with tempfile.TemporaryDirectory() as run_dir:
         launcher = [
             python or str(folder / ".venv/bin/python"),

@@ -36,13 +36,12 @@ from common.seeding import threads_for
 
 @dataclass
 class RawEnvArgs:
-    """Steps per second of a script's vector env stack (`common.envs.training_envs` of its `make_env`) with random
-    actions and no agent.
+    """Steps per second of a script's vector env stack (`common.envs.training_envs` of its
+    `make_env`) with random actions and no agent.
 
-    A step of the vector env counts as `num_envs` steps, as `global_step` does in the scripts. Each of `repeats`
-    measurements runs `steps` steps (after a short warm-up), `envs.action_space.sample()` included; the median is
-    reported.
-    """
+    A step of the vector env counts as `num_envs` steps, as `global_step` does in the scripts. Each
+    of `repeats` measurements runs `steps` steps (after a short warm-up),
+    `envs.action_space.sample()` included; the median is reported."""
 
     script: str = "ppo_fc"
     """the script whose env stack is measured"""
@@ -91,8 +90,9 @@ def raw_env(args: RawEnvArgs) -> None:
 
 @dataclass
 class RandomPolicyArgs:
-    """The mean return of the uniformly random policy (`action_space.sample()`) on an env, as the scripts make it:
-    the bottom of the task's range in the memory suite's table. Prints one JSON object as the last line of stdout."""
+    """The mean return of the uniformly random policy (`action_space.sample()`) on an env, as the
+    scripts make it: the bottom of the task's range in the memory suite's table. Prints one JSON
+    object as the last line of stdout."""
 
     env_id: str = "CartPole-v1"
     """the gymnasium env id"""
@@ -103,7 +103,8 @@ class RandomPolicyArgs:
 
 
 def random_policy_returns(env_id: str, episodes: int, seed: int = 1) -> list[float]:
-    """The return of each of `episodes` episodes of the random policy on `env_id` (see `RandomPolicyArgs`)."""
+    """The return of each of `episodes` episodes of the random policy on `env_id` (see
+    `RandomPolicyArgs`)."""
     env = flat_env(env_id)
     env.action_space.seed(seed)
     returns = []
@@ -156,7 +157,8 @@ class Sb3Args:
 
 
 def sb3(args: Sb3Args) -> None:
-    """Train, log every episode as our scripts do, evaluate deterministically, and print the run folder as JSON."""
+    """Train, log every episode as our scripts do, evaluate deterministically, and print the run
+    folder as JSON."""
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.vec_env import VecNormalize
@@ -177,7 +179,8 @@ def sb3(args: Sb3Args) -> None:
     threads_for(settings["torch_threads"], model.policy)
 
     class Logger(BaseCallback):
-        """Every finished episode (Monitor's raw return), and SPS and resident memory about every 512 steps."""
+        """Every finished episode (Monitor's raw return), and SPS and resident memory about every
+        512 steps."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -222,8 +225,9 @@ def sb3(args: Sb3Args) -> None:
 
 
 def flat_env(env_id: str) -> gym.Env:
-    """The env of `env_id` as the scripts see it: any installed package's id (popgym, MiniGrid), with the
-    observation flattened to a vector (`common.envs`). SB3's own `make_vec_env(env_id)` knows neither."""
+    """The env of `env_id` as the scripts see it: any installed package's id (popgym, MiniGrid),
+    with the observation flattened to a vector (`common.envs`). SB3's own `make_vec_env(env_id)`
+    knows neither."""
     return flat_observations(gym.make(resolve_env_id(env_id)))
 
 
@@ -241,8 +245,9 @@ def sb3_vec_env(env_id: str, num_envs: int, seed: int, async_envs: bool = False)
 def sb3_atari_env(
     env_id: str, num_envs: int, seed: int, frame_stack: int, async_envs: bool = False
 ) -> Any:
-    """SB3's Atari envs (`make_atari_env`: Monitor, then AtariWrapper) with `frame_stack` frames (VecFrameStack),
-    made as the scripts make the id (the `-v5` ids with frameskip=1: AtariWrapper skips 4)."""
+    """SB3's Atari envs (`make_atari_env`: Monitor, then AtariWrapper) with `frame_stack` frames
+    (VecFrameStack), made as the scripts make the id (the `-v5` ids with frameskip=1: AtariWrapper
+    skips 4)."""
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
 
@@ -257,8 +262,9 @@ def sb3_atari_env(
 def make_sb3_envs(
     env_id: str, settings: dict[str, Any], seed: int, num_envs: int | None = None
 ) -> Any:
-    """The SB3 vector env of `settings` (`num_envs` of them, default the settings'): `sb3_atari_env` for an Atari
-    game, else `sb3_vec_env`; in VecNormalize when observations or rewards are normalised."""
+    """The SB3 vector env of `settings` (`num_envs` of them, default the settings'): `sb3_atari_env`
+    for an Atari game, else `sb3_vec_env`; in VecNormalize when observations or rewards are
+    normalised."""
     from stable_baselines3.common.vec_env import VecNormalize
 
     num_envs, async_envs = num_envs or settings["num_envs"], settings.get("async_envs", False)
@@ -292,7 +298,8 @@ def build_sb3_model(algo: str, settings: dict[str, Any], envs: Any, seed: int) -
         from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 
         action_space = envs.action_space
-        # SB3 adds the noise to the action scaled to [-1, 1], so its scale is in half-ranges already, as the script's.
+        # SB3 adds the noise to the action scaled to [-1, 1], so its scale is in half-ranges
+        # already, as the script's.
         noise_std = np.full(action_space.shape, settings["exploration_noise"])
         policy_kwargs = {
             "net_arch": hidden,
@@ -323,7 +330,8 @@ def build_sb3_model(algo: str, settings: dict[str, Any], envs: Any, seed: int) -
 
 
 def evaluate_sb3(model: Any, train_envs: Any, args: Sb3Args) -> list[float]:
-    """Returns of `args.eval_episodes` deterministic episodes in one new env (normalisation statistics frozen)."""
+    """Returns of `args.eval_episodes` deterministic episodes in one new env (normalisation
+    statistics frozen)."""
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import VecNormalize
 

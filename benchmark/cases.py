@@ -1,8 +1,7 @@
 """The standard benchmark cases of every script, and the named suites built from them.
 
-A later script adds its rows to `CASES` and its entry to `benchmark.registry.SCRIPTS`; the harness, the tables and
-the plots need nothing else.
-"""
+A later script adds its rows to `CASES` and its entry to `benchmark.registry.SCRIPTS`; the harness,
+the tables and the plots need nothing else."""
 
 from __future__ import annotations
 
@@ -29,7 +28,8 @@ class Published:
 
 @dataclass(frozen=True)
 class ReferenceRuns:
-    """Runs of a fixed-settings baseline (`benchmark.registry.REFERENCES`) on the case's env and steps."""
+    """Runs of a fixed-settings baseline (`benchmark.registry.REFERENCES`) on the case's env and
+    steps."""
 
     name: str
     seeds: tuple[int, ...]
@@ -37,8 +37,9 @@ class ReferenceRuns:
 
 @dataclass(frozen=True)
 class Learned:
-    """What counts as having learnt a task: a mean evaluation that reaches the random policy's return plus this
-    share of the task's range. A case judged against it passes there, with no margin."""
+    """What counts as having learnt a task: a mean evaluation that reaches the random policy's
+    return plus this share of the task's range. A case judged against it passes there, with no
+    margin."""
 
     share: float
 
@@ -49,9 +50,9 @@ class Learned:
 
 @dataclass(frozen=True)
 class SameRun:
-    """Another case of the same benchmark, one of this project's scripts, run beside the case (a suite lists both):
-    the case is judged against its mean evaluation, with `REFERENCE_MARGIN`, where that case learnt the task
-    (`learned`); where it did not, the case gets no verdict."""
+    """Another case of the same benchmark, one of this project's scripts, run beside the case (a
+    suite lists both): the case is judged against its mean evaluation, with `REFERENCE_MARGIN`,
+    where that case learnt the task (`learned`); where it did not, the case gets no verdict."""
 
     case: Case
     learned: Learned
@@ -63,8 +64,9 @@ class SameRun:
 
 @dataclass(frozen=True)
 class Case:
-    """One (script, env, steps, flags): how long to train, which flags differ from the script's defaults, and when
-    it passes. Everything else (the number of envs, the baseline's settings) is derived from the script's `Args`."""
+    """One (script, env, steps, flags): how long to train, which flags differ from the script's
+    defaults, and when it passes. Everything else (the number of envs, the baseline's settings) is
+    derived from the script's `Args`."""
 
     script: str
     """the script's file stem, e.g. ppo_fc"""
@@ -97,8 +99,9 @@ class Case:
 
     @property
     def key(self) -> str:
-        """The case's identity in folders, logs and tables: script, env, steps, a hash of the flags, and the number
-        of processes when more than one (one process adds nothing: stored runs and tables name the older keys)."""
+        """The case's identity in folders, logs and tables: script, env, steps, a hash of the flags,
+        and the number of processes when more than one (one process adds nothing: stored runs and
+        tables name the older keys)."""
         key = f"{self.script}__{safe_name(self.env_id)}__{self.total_timesteps}__{settings_hash(self.flags)}"
         return key + (f"__np{self.nproc}" if self.nproc > 1 else "")
 
@@ -111,7 +114,8 @@ class Case:
         )
 
 
-# The issue asks for 475 "within 500k steps": reached by then, the end's last-100 return shown beside it.
+# The issue asks for 475 "within 500k steps": reached by then, the end's last-100 return shown
+# beside it.
 CARTPOLE_NOVEL_500K = Case(
     "ppo_lstm",
     "CartPoleNoVel-v1",
@@ -121,31 +125,34 @@ CARTPOLE_NOVEL_500K = Case(
     compare_with="ppo_fc",
 )
 
-# Continuous actions: the one set of flags for every continuous task (docs/ppo_lstm.md), as CleanRL keeps
-# ppo_continuous_action's settings apart from ppo's. Long rollouts of few envs cut into 32-step chunks, a short horizon
-# and a critic with its own LSTM.
+# Continuous actions: the one set of flags for every continuous task (docs/ppo_lstm.md), as CleanRL
+# keeps ppo_continuous_action's settings apart from ppo's. Long rollouts of few envs cut into
+# 32-step chunks, a short horizon and a critic with its own LSTM.
 CONTINUOUS_FLAGS: tuple[str, ...] = (
     "--num-envs", "4", "--num-steps", "1024", "--bptt-len", "32", "--num-minibatches", "32", "--gamma", "0.9",
     "--learning-rate", "1e-3", "--no-shared-core",
 )  # fmt: skip
 
-# The RL Zoo's tuned DDPG evaluates at -152 ± 94 after 20k steps; the issue asks for -200 with the defaults. 20k steps
-# hold 100 Pendulum episodes of 200 steps, the random ones included: the training return is the last 10's.
+# The RL Zoo's tuned DDPG evaluates at -152 ± 94 after 20k steps; the issue asks for -200 with the
+# defaults. 20k steps hold 100 Pendulum episodes of 200 steps, the random ones included: the
+# training return is the last 10's.
 DDPG_PENDULUM = Case("ddpg", "Pendulum-v1", 20_000, threshold=-200.0, window=10)
-# Wall-clock to solve: steps and seconds until the last-10 mean first reaches -200, beside the SB3 baseline.
+# Wall-clock to solve: steps and seconds until the last-10 mean first reaches -200, beside the SB3
+# baseline.
 DDPG_PENDULUM_TO_SOLVE = Case(
     "ddpg", "Pendulum-v1", 50_000, threshold=-200.0, judged_on="reached", window=10
 )
-# MuJoCo: the issue asks for 3,000 at 100k on HalfCheetah-v5 (CleanRL's DDPG: 10,374 ± 157 on HalfCheetah-v4 and
-# 1,576 ± 819 on Hopper-v4, at 1M); Hopper-v5 has no threshold, its returns are reported beside the baseline's.
+# MuJoCo: the issue asks for 3,000 at 100k on HalfCheetah-v5 (CleanRL's DDPG: 10,374 ± 157 on
+# HalfCheetah-v4 and 1,576 ± 819 on Hopper-v4, at 1M); Hopper-v5 has no threshold, its returns are
+# reported beside the baseline's.
 DDPG_MUJOCO: tuple[Case, ...] = (
     Case("ddpg", "HalfCheetah-v5", 100_000, threshold=3000.0, judged_on="eval"),
     Case("ddpg", "Hopper-v5", 100_000),
 )
 
-# Thresholds sit under what the reference implementations reach (CleanRL publishes 490.04 ± 6.12 for ppo.py on
-# CartPole-v1 at 500k steps), so that a PASS means the algorithm works, not that a seed was lucky. The 100k-step row
-# is the quick suite's check that learning happens at all.
+# Thresholds sit under what the reference implementations reach (CleanRL publishes 490.04 ± 6.12 for
+# ppo.py on CartPole-v1 at 500k steps), so that a PASS means the algorithm works, not that a seed
+# was lucky. The 100k-step row is the quick suite's check that learning happens at all.
 PPO_FC_CARTPOLE_500K = Case("ppo_fc", "CartPole-v1", 500_000, threshold=490.0)
 PPO_FC_CARTPOLE_100K = Case("ppo_fc", "CartPole-v1", 100_000, threshold=150.0)
 LSTM_CARTPOLE_500K = Case(
@@ -156,10 +163,10 @@ CASES: tuple[Case, ...] = (
     PPO_FC_CARTPOLE_100K,
     LSTM_CARTPOLE_500K,
     CARTPOLE_NOVEL_500K,
-    # Sample efficiency: RecurrentPPO with the RL Zoo's settings evaluates at 498 ± 7 after 100k steps. These are
-    # the Zoo's (8 envs of 32 steps, one minibatch, 20 epochs, GAE 0.98, gamma 0.999, no entropy bonus, lr 1e-3,
-    # a 64-unit LSTM and one of its own for the critic, normalisation), its clip range falling linearly from 0.2
-    # taken as 0.1.
+    # Sample efficiency: RecurrentPPO with the RL Zoo's settings evaluates at 498 ± 7 after 100k
+    # steps. These are the Zoo's (8 envs of 32 steps, one minibatch, 20 epochs, GAE 0.98, gamma
+    # 0.999, no entropy bonus, lr 1e-3, a 64-unit LSTM and one of its own for the critic,
+    # normalisation), its clip range falling linearly from 0.2 taken as 0.1.
     Case(
         "ppo_lstm", "CartPoleNoVel-v1", 100_000, threshold=475.0, judged_on="eval",
         flags=(
@@ -167,12 +174,14 @@ CASES: tuple[Case, ...] = (
             "--gamma", "0.999", "--learning-rate", "1e-3", "--rnn-hidden-size", "64", "--no-shared-core",
         ),
     ),
-    # RecurrentPPO's published figure, as issue 11 quotes it, is -218 ± 140: a PASS beats it on every seed.
+    # RecurrentPPO's published figure, as issue 11 quotes it, is -218 ± 140: a PASS beats it on
+    # every seed.
     Case("ppo_lstm", "PendulumNoVel-v1", 500_000, threshold=-218.0, flags=CONTINUOUS_FLAGS),
     DDPG_PENDULUM,
     DDPG_PENDULUM_TO_SOLVE,
     *DDPG_MUJOCO,
-    # ppo_transformer.py: the issue's bars with the defaults, its SPS against ppo_fc.py's with the same rollout.
+    # ppo_transformer.py: the issue's bars with the defaults, its SPS against ppo_fc.py's with the
+    # same rollout.
     Case("ppo_transformer", "CartPole-v1", 500_000, threshold=490.0, compare_with="ppo_fc"),
     Case("ppo_transformer", "CartPoleNoVel-v1", 500_000, threshold=475.0, judged_on="reached"),
 )  # fmt: skip
@@ -184,14 +193,16 @@ BPTT_VARIANTS: tuple[Case, ...] = tuple(
     for length in (32, 8)
 )
 
-# ddpg.py's --num-envs: each vector step brings num_envs transitions and as many updates (docs/ddpg.md).
+# ddpg.py's --num-envs: each vector step brings num_envs transitions and as many updates
+# (docs/ddpg.md).
 DDPG_NUM_ENVS_VARIANTS: tuple[Case, ...] = tuple(
     replace(DDPG_PENDULUM, flags=("--num-envs", str(num_envs))) for num_envs in (4, 8)
 )
 
-# The memory suite: tasks no default was tuned on, each judged on its deterministic evaluation against a reference
-# (`REFERENCE_MARGIN`). No case has flags of its own: discrete actions run with the script's defaults, continuous
-# actions with CONTINUOUS_FLAGS, the same for both continuous tasks.
+# The memory suite: tasks no default was tuned on, each judged on its deterministic evaluation
+# against a reference (`REFERENCE_MARGIN`). No case has flags of its own: discrete actions run with
+# the script's defaults, continuous actions with CONTINUOUS_FLAGS, the same for both continuous
+# tasks.
 RECURRENT_PPO_RUNS = ReferenceRuns("sb3_recurrent_ppo_reference", seeds=(1, 2))
 
 
@@ -202,8 +213,9 @@ def memory_case(env_id: str, total_timesteps: int, task_max: float, reference: P
     )  # fmt: skip
 
 
-# Maxima: CartPole pays 1 a step for at most 500 steps; Pendulum's reward is at most 0; popgym scales every task's
-# episode return into [-1, 1] (its pendulum's into [0, 1]); MiniGrid pays at most 1, at the goal.
+# Maxima: CartPole pays 1 a step for at most 500 steps; Pendulum's reward is at most 0; popgym
+# scales every task's episode return into [-1, 1] (its pendulum's into [0, 1]); MiniGrid pays at
+# most 1, at the goal.
 MEMORY_CASES: tuple[Case, ...] = (
     memory_case(
         "CartPoleNoVel-v1",
@@ -227,8 +239,8 @@ MEMORY_CASES: tuple[Case, ...] = (
     ),
 )
 
-# ppo_transformer.py's continuous set (docs/ppo_transformer.md): ppo_lstm's rollout shape and horizon; its
-# minibatches are whole env rollouts, one env each.
+# ppo_transformer.py's continuous set (docs/ppo_transformer.md): ppo_lstm's rollout shape and
+# horizon; its minibatches are whole env rollouts, one env each.
 TRANSFORMER_CONTINUOUS_FLAGS: tuple[str, ...] = (
     "--num-envs", "4", "--num-steps", "1024", "--num-minibatches", "4", "--gamma", "0.9",
 )  # fmt: skip
@@ -253,12 +265,13 @@ TRANSFORMER_MEMORY_CASES_WITHOUT_PREVIOUS: tuple[Case, ...] = tuple(
     for case in TRANSFORMER_MEMORY_CASES
 )
 
-# The memory-length study (docs/ppo_transformer.md): RepeatCue-v0 (probe_envs) shows a cue at its first step and
-# pays for repeating it at each of 128 steps, so its last steps need the cue 127 steps back, beyond
-# ppo_transformer's default receptive field L(K-1) = 62. Without --prev-action-reward the transformer can only see the
-# cue within that field; with it, repeating the last rewarded action carries the cue along; a window of 128 (field
-# 254) reaches the whole episode. ppo_lstm has no such input. A run passes when its evaluation shows the cue
-# remembered to the end (0.9 or more; a memory that stops at step m scores about (m + 1) / 128).
+# The memory-length study (docs/ppo_transformer.md): RepeatCue-v0 (probe_envs) shows a cue at its
+# first step and pays for repeating it at each of 128 steps, so its last steps need the cue 127
+# steps back, beyond ppo_transformer's default receptive field L(K-1) = 62. Without
+# --prev-action-reward the transformer can only see the cue within that field; with it, repeating
+# the last rewarded action carries the cue along; a window of 128 (field 254) reaches the whole
+# episode. ppo_lstm has no such input. A run passes when its evaluation shows the cue remembered to
+# the end (0.9 or more; a memory that stops at step m scores about (m + 1) / 128).
 MEMORY_LENGTH_ENV = "RepeatCue-v0"
 MEMORY_LENGTH_CASES: tuple[Case, ...] = tuple(
     Case(script, MEMORY_LENGTH_ENV, 300_000, threshold=0.9, flags=flags, judged_on="eval")
@@ -270,9 +283,9 @@ MEMORY_LENGTH_CASES: tuple[Case, ...] = tuple(
     )
 )
 
-# The SPS ratio of ppo_lstm's defaults to the reference, from one short run of both on two popgym tasks: the memory
-# suite's seconds of stored reference runs come from another session. The defaults before the memory suite run beside
-# them, for the new defaults' cost in SPS. Run with --workers 1.
+# The SPS ratio of ppo_lstm's defaults to the reference, from one short run of both on two popgym
+# tasks: the memory suite's seconds of stored reference runs come from another session. The defaults
+# before the memory suite run beside them, for the new defaults' cost in SPS. Run with --workers 1.
 DEFAULTS_BEFORE_MEMORY_SUITE: tuple[str, ...] = (
     "--update-epochs", "4", "--num-minibatches", "4", "--learning-rate", "2.5e-4",
 )  # fmt: skip
@@ -283,10 +296,11 @@ MEMORY_SPEED_CASES: tuple[Case, ...] = tuple(
 )
 
 
-# The breadth suite (docs/ppo_lstm.md, docs/ppo_transformer.md): every popgym Easy task, ppo_lstm and
-# ppo_transformer side by side with their defaults (continuous tasks: each script's continuous set). ppo_lstm learns a
-# task when it evaluates above random play plus 20% of the range; wherever it does, the transformer must come within
-# REFERENCE_MARGIN of the range of it. popgym scales every return into [-1, 1] (its pendulums' into [0, 1]).
+# The breadth suite (docs/ppo_lstm.md, docs/ppo_transformer.md): every popgym Easy task, ppo_lstm
+# and ppo_transformer side by side with their defaults (continuous tasks: each script's continuous
+# set). ppo_lstm learns a task when it evaluates above random play plus 20% of the range; wherever
+# it does, the transformer must come within REFERENCE_MARGIN of the range of it. popgym scales every
+# return into [-1, 1] (its pendulums' into [0, 1]).
 POPGYM_EASY_TASKS: tuple[str, ...] = (
     "Autoencode", "Battleship", "Concentration", "CountRecall", "HigherLower", "MineSweeper", "MultiarmedBandit",
     "NoisyPositionOnlyCartPole", "NoisyPositionOnlyPendulum", "PositionOnlyCartPole", "PositionOnlyPendulum",
@@ -300,7 +314,8 @@ LSTM_LEARNED = Learned(0.2)
 
 
 def breadth_cases(env_id: str, total_timesteps: int = 300_000) -> tuple[Case, Case]:
-    """ppo_lstm's case on `env_id` (judged on having learnt it) and ppo_transformer's, judged against it."""
+    """ppo_lstm's case on `env_id` (judged on having learnt it) and ppo_transformer's, judged
+    against it."""
 
     def case(script: str, reference: Learned | SameRun) -> Case:
         flags = CONTINUOUS_FLAGS_OF[script] if env_id in POPGYM_CONTINUOUS else ()
@@ -323,16 +338,18 @@ BREADTH_CASES: tuple[Case, ...] = tuple(
 )
 
 
-# ppo_lstm's advantage normalisation on the mission's own command (CartPole-v1, 500k): 490 or more on 8 of 8 seeds
-# with the defaults, and without --norm-adv (the transformer's default), alone: ppo_fc's SPS is not asked for.
+# ppo_lstm's advantage normalisation on the mission's own command (CartPole-v1, 500k): 490 or more
+# on 8 of 8 seeds with the defaults, and without --norm-adv (the transformer's default), alone:
+# ppo_fc's SPS is not asked for.
 LSTM_CARTPOLE_NORM_ADV: tuple[Case, ...] = tuple(
     replace(LSTM_CARTPOLE_500K, flags=flags, compare_with=None)
     for flags in ((), ("--no-norm-adv",))
 )
 
 
-# ppo_lstm without --norm-adv on the two suites (the defaults' verdicts are their own suites'): the memory suite
-# against its references, and the breadth suite's ppo_lstm cases, each judged on having learnt its task.
+# ppo_lstm without --norm-adv on the two suites (the defaults' verdicts are their own suites'): the
+# memory suite against its references, and the breadth suite's ppo_lstm cases, each judged on having
+# learnt its task.
 LSTM_MEMORY_WITHOUT_NORM_ADV: tuple[Case, ...] = tuple(
     replace(case, flags=(*case.flags, "--no-norm-adv")) for case in MEMORY_CASES
 )
@@ -343,9 +360,10 @@ LSTM_BREADTH_WITHOUT_NORM_ADV: tuple[Case, ...] = tuple(
 )
 
 
-# Data parallelism under torchrun (docs/distributed.md): a case in one process, in two with the same settings per rank
-# (twice the envs, so twice the global batch), and in two with the same global batch (half the envs each: ppo_fc's
-# default is 4). The one-process variant is the case itself, its key that of its row.
+# Data parallelism under torchrun (docs/distributed.md): a case in one process, in two with the same
+# settings per rank (twice the envs, so twice the global batch), and in two with the same global
+# batch (half the envs each: ppo_fc's default is 4). The one-process variant is the case itself, its
+# key that of its row.
 def distributed_variants(case: Case) -> tuple[Case, ...]:
     return (
         case,
@@ -354,17 +372,20 @@ def distributed_variants(case: Case) -> tuple[Case, ...]:
     )
 
 
-# The issue's comparison of learning, every variant judged on the 500k row's threshold (490 on training).
+# The issue's comparison of learning, every variant judged on the 500k row's threshold (490 on
+# training).
 DISTRIBUTED_CASES: tuple[Case, ...] = distributed_variants(PPO_FC_CARTPOLE_500K)
-# SPS only, in shorter runs: a discrete task with a cheap env, and a continuous one with a costlier (MuJoCo) env.
+# SPS only, in shorter runs: a discrete task with a cheap env, and a continuous one with a costlier
+# (MuJoCo) env.
 DISTRIBUTED_SPEED_CASES: tuple[Case, ...] = (
     *distributed_variants(PPO_FC_CARTPOLE_100K),
     *distributed_variants(Case("ppo_fc", "Hopper-v5", 100_000)),
 )
 
-# Atari: CleanRL's Atari settings (ppo_atari.py's and ppo_atari_lstm.py's; 8 envs of 128 steps, learning rate 2.5e-4,
-# clip 0.1), each beside its SB3 counterpart on SB3's AtariWrapper. 100k agent steps (400k frames) is the Atari 100k
-# budget; at CleanRL's 10M a run takes about 9 hours on this 2-core machine (docs/ppo_fc.md "Images and Atari").
+# Atari: CleanRL's Atari settings (ppo_atari.py's and ppo_atari_lstm.py's; 8 envs of 128 steps,
+# learning rate 2.5e-4, clip 0.1), each beside its SB3 counterpart on SB3's AtariWrapper. 100k agent
+# steps (400k frames) is the Atari 100k budget; at CleanRL's 10M a run takes about 9 hours on this
+# 2-core machine (docs/ppo_fc.md "Images and Atari").
 ATARI_GAMES = ("BreakoutNoFrameskip-v4", "SpaceInvadersNoFrameskip-v4")
 ATARI_FLAGS = {
     "ppo_fc": ("--num-envs", "8", "--clip-coef", "0.1"),
@@ -378,24 +399,24 @@ ATARI_CASES: tuple[Case, ...] = tuple(
     for game in ATARI_GAMES
     for script, flags in ATARI_FLAGS.items()
 )
-# ppo_transformer.py with ppo_atari_lstm.py's settings (its own --no-norm-adv and --target-kl 0.02 set back to
-# CleanRL's), beside ppo_lstm.py with the same, on Breakout.
+# ppo_transformer.py with ppo_atari_lstm.py's settings (its own --no-norm-adv and --target-kl 0.02
+# set back to CleanRL's), beside ppo_lstm.py with the same, on Breakout.
 TRANSFORMER_ATARI = Case(
     "ppo_transformer", ATARI_GAMES[0], 100_000, flags=(*ATARI_FLAGS["ppo_lstm"], "--norm-adv", "--target-kl", "None"),
     compare_with="ppo_lstm",
 )  # fmt: skip
 
 REFERENCE_MARGIN = 0.05
-"""a "reference" case passes when its mean evaluation reaches the reference's less this share of the task's range
-(maximum less the random policy's return)"""
+"""a "reference" case passes when its mean evaluation reaches the reference's less this share of the
+task's range (maximum less the random policy's return)"""
 SPEED_THRESHOLD = 0.8
-"""the speed comparison's threshold: the random return plus this share of the way to the reference's evaluation, on
-the last-100 training mean"""
+"""the speed comparison's threshold: the random return plus this share of the way to the reference's
+evaluation, on the last-100 training mean"""
 
 
 class Suite(NamedTuple):
-    """A named set of cases (script, env id, steps: a row of CASES; or a Case itself) and the seeds to run each with.
-    Five seeds or more give the IQM and its confidence interval."""
+    """A named set of cases (script, env id, steps: a row of CASES; or a Case itself) and the seeds
+    to run each with. Five seeds or more give the IQM and its confidence interval."""
 
     cases: tuple[tuple[str, str, int] | Case, ...]
     seeds: tuple[int, ...]
@@ -418,23 +439,27 @@ SUITES: dict[str, Suite] = {
         ),
         (1, 2, 3),
     ),
-    # ppo_lstm's --bptt-len lengths (whole rollouts, 32, 8) in the README; run with --workers 1 for their SPS.
+    # ppo_lstm's --bptt-len lengths (whole rollouts, 32, 8) in the README; run with --workers 1 for
+    # their SPS.
     "bptt": Suite((("ppo_lstm", "CartPoleNoVel-v1", 500_000), *BPTT_VARIANTS), (1, 2, 3)),
-    # ppo_fc.py and ppo_lstm.py on two Atari games, beside SB3 with --baselines (docs/ppo_fc.md, docs/ppo_lstm.md);
-    # whole games are too long to evaluate deterministically (a policy that never fires plays on): training returns
+    # ppo_fc.py and ppo_lstm.py on two Atari games, beside SB3 with --baselines (docs/ppo_fc.md,
+    # docs/ppo_lstm.md); whole games are too long to evaluate deterministically (a policy that never
+    # fires plays on): training returns
     "atari": Suite(ATARI_CASES, (1, 2, 3), eval_episodes=0),
     "atari-transformer": Suite((TRANSFORMER_ATARI,), (1, 2, 3), eval_episodes=0),
     "ddpg": Suite((DDPG_PENDULUM,), (1, 2, 3)),  # ddpg.py on Pendulum-v1 (docs/ddpg.md)
-    # with --baselines: ddpg.py's wall-clock to solve Pendulum-v1 against SB3's TD3 as DDPG, in the same run
-    # ddpg.py with 1, 4 and 8 envs on Pendulum-v1; run with --workers 1 for their SPS.
+    # with --baselines: ddpg.py's wall-clock to solve Pendulum-v1 against SB3's TD3 as DDPG, in the
+    # same run ddpg.py with 1, 4 and 8 envs on Pendulum-v1; run with --workers 1 for their SPS.
     "ddpg-envs": Suite((DDPG_PENDULUM, *DDPG_NUM_ENVS_VARIANTS), (1, 2, 3)),
     "ddpg-time": Suite((DDPG_PENDULUM_TO_SOLVE,), (1, 2, 3)),
-    # with --baselines: 2 seeds of ddpg.py and 1 of the baseline on each MuJoCo task (the [mujoco] extra)
+    # with --baselines: 2 seeds of ddpg.py and 1 of the baseline on each MuJoCo task (the [mujoco]
+    # extra)
     "ddpg-mujoco": Suite(DDPG_MUJOCO, (1, 2), baseline_seeds=(1,)),
     # ppo_lstm's defaults on memory tasks, against sb3-contrib's RecurrentPPO (docs/ppo_lstm.md).
     "memory": Suite(MEMORY_CASES, (1, 2, 3), eval_episodes=20),
     "memory-speed": Suite(MEMORY_SPEED_CASES, (1,), eval_episodes=0),
-    # ppo_transformer.py's defaults on the memory suite's tasks, against the same references (docs/ppo_transformer.md)
+    # ppo_transformer.py's defaults on the memory suite's tasks, against the same references
+    # (docs/ppo_transformer.md)
     "memory-transformer": Suite(TRANSFORMER_MEMORY_CASES, (1, 2, 3), eval_episodes=20),
     "memory-transformer-no-par": Suite(
         TRANSFORMER_MEMORY_CASES_WITHOUT_PREVIOUS, (1, 2, 3), eval_episodes=20
@@ -447,7 +472,8 @@ SUITES: dict[str, Suite] = {
         ),
         (1, 2, 3),
     ),
-    # a cue beyond ppo_transformer.py's receptive field, with and without --prev-action-reward, beside ppo_lstm.py
+    # a cue beyond ppo_transformer.py's receptive field, with and without --prev-action-reward,
+    # beside ppo_lstm.py
     "memory-length": Suite(MEMORY_LENGTH_CASES, (1, 2), eval_episodes=20),
     # ppo_lstm.py on CartPole-v1 at 500k with and without --norm-adv, 8 seeds (docs/ppo_lstm.md)
     "lstm-norm-adv": Suite(LSTM_CARTPOLE_NORM_ADV, tuple(range(1, 9)), eval_episodes=10),
@@ -456,7 +482,8 @@ SUITES: dict[str, Suite] = {
     "popgym-easy-lstm-no-norm-adv": Suite(LSTM_BREADTH_WITHOUT_NORM_ADV, (1, 2), eval_episodes=20),
     # every popgym Easy task, ppo_lstm.py and ppo_transformer.py side by side (the breadth suite)
     "popgym-easy": Suite(BREADTH_CASES, (1, 2), eval_episodes=20),
-    # ppo_fc.py in one and two processes under torchrun (docs/distributed.md); run with --workers 1 for their SPS.
+    # ppo_fc.py in one and two processes under torchrun (docs/distributed.md); run with --workers 1
+    # for their SPS.
     "distributed": Suite(DISTRIBUTED_CASES, (1, 2, 3)),
     "distributed-speed": Suite(DISTRIBUTED_SPEED_CASES, (1,), eval_episodes=0),
 }
@@ -466,11 +493,11 @@ DEFAULT_TIMESTEPS = 100_000
 
 
 def find_case(script: str, env_id: str, total_timesteps: int | None = None) -> Case:
-    """The row of CASES for `script` on `env_id` with `total_timesteps` steps (the longest row when not given).
+    """The row of CASES for `script` on `env_id` with `total_timesteps` steps (the longest row when
+    not given).
 
-    Another length keeps the row's flags and comparison but has no threshold (one set for 500k steps means nothing at
-    50k); a pair with no row runs with the script's defaults and no threshold.
-    """
+    Another length keeps the row's flags and comparison but has no threshold (one set for 500k steps
+    means nothing at 50k); a pair with no row runs with the script's defaults and no threshold."""
     rows = sorted(
         (case for case in CASES if case.script == script and case.env_id == env_id),
         key=lambda case: case.total_timesteps,

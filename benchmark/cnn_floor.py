@@ -1,12 +1,13 @@
-"""The least time ppo_fc.py's or ppo_lstm.py's update can take with a CNN, against what it takes, in one run:
-``python -m benchmark.cnn_floor [--script ppo_lstm] [FLAGS OF THE SCRIPT]`` (default: BreakoutNoFrameskip-v4 with
-CleanRL's Atari settings for the script, `benchmark.atari_speed.OURS`).
+"""The least time ppo_fc.py's or ppo_lstm.py's update can take with a CNN, against what it takes, in
+one run: ``python -m benchmark.cnn_floor [--script ppo_lstm] [FLAGS OF THE SCRIPT]`` (default:
+BreakoutNoFrameskip-v4 with CleanRL's Atari settings for the script, `benchmark.atari_speed.OURS`).
 
-The floor is the network's arithmetic alone: the script's own agent (built as the script builds it, with its default
-threads) forward and backward over one minibatch of random uint8 frames (for ppo_lstm, whole training sequences with
-no episode start inside, so nothing is padded), with the loss's outputs and Adam's step, times the minibatches of an
-iteration. The script then trains with the flags, and its `perf/update_seconds` (the median over its iterations after
-the first) is set against the floor. Run it alone on the machine."""
+The floor is the network's arithmetic alone: the script's own agent (built as the script builds it,
+with its default threads) forward and backward over one minibatch of random uint8 frames (for
+ppo_lstm, whole training sequences with no episode start inside, so nothing is padded), with the
+loss's outputs and Adam's step, times the minibatches of an iteration. The script then trains with
+the flags, and its `perf/update_seconds` (the median over its iterations after the first) is set
+against the floor. Run it alone on the machine."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from common.envs import env_spaces, resolve_env_id
 def update_floor_seconds(
     script_name: str, flags: list[str], repeats: int = 20
 ) -> tuple[float, int]:
-    """Seconds of an iteration's update that the network's arithmetic takes, and the threads it ran on."""
+    """Seconds of an iteration's update that the network's arithmetic takes, and the threads it ran
+    on."""
     script, args, agent = floor_agent(script_name, flags)
     observation_space, _, _ = env_spaces(script.make_env(resolve_env_id(args.env_id)))
     recurrent = script_name == "ppo_lstm"

@@ -1,14 +1,14 @@
-"""The least time ddpg.py's updates can take per env transition, at the script's settings:
-``python -m benchmark.ddpg_floor [FLAGS OF ddpg.py]``.
+"""The least time ddpg.py's updates can take per env transition, at the script's settings: ``python
+-m benchmark.ddpg_floor [FLAGS OF ddpg.py]``.
 
-With one update per transition, DDPG's speed is bound by the update's arithmetic. This times the script's own networks
-(built as the script builds them) and Adam optimizers on a random batch, with no env and no replay buffer: the critic's
-update (the targets' forward passes, the critic's forward and backward, its step) every update, and the actor's (its
-forward and the critic's, backward, its step, both targets' move) every `--policy-frequency` updates. Everything else a
-run does (env steps, actions, sampling the buffer, logging) only adds to it, so a run cannot go faster after
-`--learning-starts`. The two updates below are written as ddpg.py's `train()` writes them: an edit of the update
-there must be made here too for the floor to stay its floor.
-"""
+With one update per transition, DDPG's speed is bound by the update's arithmetic. This times the
+script's own networks (built as the script builds them) and Adam optimizers on a random batch, with
+no env and no replay buffer: the critic's update (the targets' forward passes, the critic's forward
+and backward, its step) every update, and the actor's (its forward and the critic's, backward, its
+step, both targets' move) every `--policy-frequency` updates. Everything else a run does (env steps,
+actions, sampling the buffer, logging) only adds to it, so a run cannot go faster after
+`--learning-starts`. The two updates below are written as ddpg.py's `train()` writes them: an edit
+of the update there must be made here too for the floor to stay its floor."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from common.cli import exit_status
 
 
 def update_floor_seconds(flags: list[str], repeats: int = 200) -> tuple[float, float]:
-    """Seconds of the critic's update and of the actor's (with the targets' move), each the median of `repeats`, for
-    ddpg.py run with `flags`."""
+    """Seconds of the critic's update and of the actor's (with the targets' move), each the median
+    of `repeats`, for ddpg.py run with `flags`."""
     script, args, agent = floor_agent("ddpg", flags)
     # as ddpg.py's
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate, fused=True)

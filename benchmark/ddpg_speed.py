@@ -1,12 +1,13 @@
-"""ddpg.py's speed against its floor, measured in one run: ``python -m benchmark.ddpg_speed [FLAGS OF ddpg.py]``.
+"""ddpg.py's speed against its floor, measured in one run: ``python -m benchmark.ddpg_speed [FLAGS
+OF ddpg.py]``.
 
-It times the floor (`benchmark.ddpg_floor`), trains ddpg.py with the flags (20k steps unless --total-timesteps is
-given; no evaluation, no checkpoint), times the floor again, and reads the run's SPS back from its events: over the
-whole run, and after --learning-starts, where each transition brings its updates. The time per transition after it,
-less the floor, is then split into what the run does besides the updates, each timed alone on the script's own
-objects: the env step, the actor's action with its noise, adding to the replay buffer and sampling from it; what is
-left over is logging and the rest of the loop. Run it on an otherwise idle machine.
-"""
+It times the floor (`benchmark.ddpg_floor`), trains ddpg.py with the flags (20k steps unless
+--total-timesteps is given; no evaluation, no checkpoint), times the floor again, and reads the
+run's SPS back from its events: over the whole run, and after --learning-starts, where each
+transition brings its updates. The time per transition after it, less the floor, is then split into
+what the run does besides the updates, each timed alone on the script's own objects: the env step,
+the actor's action with its noise, adding to the replay buffer and sampling from it; what is left
+over is logging and the rest of the loop. Run it on an otherwise idle machine."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def sps_after(sessions: list, step: int) -> float:
 
 
 def loop_seconds(flags: list[str]) -> dict[str, float]:
-    """Seconds per transition of each part of the loop besides the updates, each the median of REPEATS calls with
-    the script's own objects: its envs, actor, noise and replay buffer (filled with random transitions)."""
+    """Seconds per transition of each part of the loop besides the updates, each the median of
+    REPEATS calls with the script's own objects: its envs, actor, noise and replay buffer (filled
+    with random transitions)."""
     script, args, agent = floor_agent("ddpg", flags)
     envs, _ = training_envs(script.make_env, args, "", None)
     observations, _ = envs.reset(seed=args.seed)
@@ -96,7 +98,8 @@ def floor_seconds(flags: list[str]) -> float:
 
 
 def train_sessions(flags: list[str]) -> list:
-    """The sessions of a ddpg.py run with `flags`, no evaluation and no checkpoint, in a folder deleted after."""
+    """The sessions of a ddpg.py run with `flags`, no evaluation and no checkpoint, in a folder
+    deleted after."""
     with tempfile.TemporaryDirectory() as run_dir:
         command = [
             sys.executable,

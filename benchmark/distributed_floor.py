@@ -38,8 +38,8 @@ from common.cli import exit_status
 def time_all_reduces(
     rank: int, world_size: int, port: int, size: int, calls: int, results: mp.Queue
 ) -> None:
-    """In each of `world_size` processes: `calls` all-reduces of `size` float32 after 50 that warm up; rank 0 puts
-    the seconds of each in `results`."""
+    """In each of `world_size` processes: `calls` all-reduces of `size` float32 after 50 that warm
+    up; rank 0 puts the seconds of each in `results`."""
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
@@ -79,8 +79,8 @@ def all_reduce_seconds(size: int, calls: int, world_size: int = 2) -> np.ndarray
 
 
 def run_script(flags: list[str], nproc: int, total_timesteps: int, out: Path) -> dict[str, float]:
-    """Run ppo_fc.py with `flags` in `nproc` processes; its mean seconds per iteration of each perf key (the first
-    iteration left out: start-up) and its SPS."""
+    """Run ppo_fc.py with `flags` in `nproc` processes; its mean seconds per iteration of each perf
+    key (the first iteration left out: start-up) and its SPS."""
     base = [
         "ppo_fc.py",
         *flags,

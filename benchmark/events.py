@@ -1,12 +1,12 @@
 """Reading runs back from their TensorBoard events.
 
-Any run folder written by a script of this project (or by the Stable-Baselines3 baselines of benchmark.baselines)
-works. A folder holds one events file per session: the run's first SummaryWriter, then one more for each `--resume`,
-made with `purge_step` so that its file begins with a SessionLog START event at the first step it logs. Each file is
-read with TensorBoard's own `LegacyEventFileLoader` (the one `EventAccumulator` uses), keeping every record; the
-records of an earlier session at or past a later session's purge step are dropped (as `EventAccumulator` drops them),
-so each step counts once.
-"""
+Any run folder written by a script of this project (or by the Stable-Baselines3 baselines of
+benchmark.baselines) works. A folder holds one events file per session: the run's first
+SummaryWriter, then one more for each `--resume`, made with `purge_step` so that its file begins
+with a SessionLog START event at the first step it logs. Each file is read with TensorBoard's own
+`LegacyEventFileLoader` (the one `EventAccumulator` uses), keeping every record; the records of an
+earlier session at or past a later session's purge step are dropped (as `EventAccumulator` drops
+them), so each step counts once."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ SPS_TAG = "charts/SPS"
 EVAL_TAG = "eval/episodic_return"
 RSS_TAG = "system/rss_mb"
 LAST_EPISODES = 100
-"""the training return of a run is the mean over its last this many episodes, and a threshold is reached by it (a
-case can set another window: `RunSummary.window`)"""
+"""the training return of a run is the mean over its last this many episodes, and a threshold is
+reached by it (a case can set another window: `RunSummary.window`)"""
 
 
 @dataclass
@@ -51,7 +51,8 @@ class Session:
 
 
 def read_session(events_file: str | Path) -> Session | None:
-    """Every scalar record of one events file, its first event's wall time and its purge step; None if it is empty."""
+    """Every scalar record of one events file, its first event's wall time and its purge step; None
+    if it is empty."""
     start, purge_step = None, None
     scalars: dict[str, list[ScalarEvent]] = {}
     for event in event_file_loader.LegacyEventFileLoader(str(events_file)).Load():
@@ -68,8 +69,8 @@ def read_session(events_file: str | Path) -> Session | None:
 
 
 def load_sessions(run_dir: str | Path) -> list[Session]:
-    """The sessions of a run folder (or of one events file) in the order they started, each keeping only the records
-    below the purge steps of the sessions after it."""
+    """The sessions of a run folder (or of one events file) in the order they started, each keeping
+    only the records below the purge steps of the sessions after it."""
     path = Path(run_dir)
     files = (
         [path]
@@ -100,15 +101,16 @@ def merged_scalars(sessions: list[Session]) -> dict[str, list[ScalarEvent]]:
 
 
 def load_events(run_dir: str | Path) -> tuple[dict[str, list[ScalarEvent]], float | None]:
-    """Every kept scalar record of a run folder, by tag, session after session and in the order written (nothing
-    sampled away), and the wall time of the folder's first event (when its first writer was made, near the start)."""
+    """Every kept scalar record of a run folder, by tag, session after session and in the order
+    written (nothing sampled away), and the wall time of the folder's first event (when its first
+    writer was made, near the start)."""
     sessions = load_sessions(run_dir)
     return merged_scalars(sessions), sessions[0].start if sessions else None
 
 
 def training_seconds(sessions: list[Session], tag: str) -> np.ndarray:
-    """Seconds of training at each kept record of `tag`: from the first session's first event on, each gap from a
-    session's last kept record to the next session's first event left out."""
+    """Seconds of training at each kept record of `tag`: from the first session's first event on,
+    each gap from a session's last kept record to the next session's first event left out."""
     seconds: list[float] = []
     elapsed = 0.0  # the training time of the sessions before this one
     for session in sessions:
@@ -120,13 +122,14 @@ def training_seconds(sessions: list[Session], tag: str) -> np.ndarray:
 
 
 def steps_per_second(sessions: list[Session]) -> float | None:
-    """Env steps per second over the sessions' kept charts/SPS records: the sum over sessions of the steps from a
-    session's first record to its last, over the sum of the wall time between them; None if no session has two
-    records apart in time."""
+    """Env steps per second over the sessions' kept charts/SPS records: the sum over sessions of the
+    steps from a session's first record to its last, over the sum of the wall time between them;
+    None if no session has two records apart in time."""
     steps, seconds = 0, 0.0
     for session in sessions:
         records = session.scalars.get(SPS_TAG, [])
-        # The first record comes after start-up and the session's first iteration, which are thus left out.
+        # The first record comes after start-up and the session's first iteration, which are thus
+        # left out.
         if len(records) >= 2 and records[-1].wall_time > records[0].wall_time:
             steps += records[-1].step - records[0].step
             seconds += records[-1].wall_time - records[0].wall_time
@@ -134,7 +137,8 @@ def steps_per_second(sessions: list[Session]) -> float | None:
 
 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
-    """The run folders (folders holding an events file) at or under `paths`, evaluation-only runs left out."""
+    """The run folders (folders holding an events file) at or under `paths`, evaluation-only runs
+    left out."""
     found: set[Path] = set()
     for path in map(Path, paths):
         for events_file in [path] if path.is_file() else path.rglob("events.out.tfevents.*"):
@@ -147,8 +151,8 @@ RUN_NAME = re.compile(r"^(?P<env>.+?)__(?P<exp>.+)__(?P<seed>-?\d+)__(?P<time>\d
 
 
 def parse_run_name(name: str) -> tuple[str, str, int | None]:
-    """(env id as written in the name, exp name, seed) from `{env_id}__{exp_name}__{seed}__{unix time}`; a folder
-    named otherwise is its own exp name, with env "?" and no seed."""
+    """(env id as written in the name, exp name, seed) from `{env_id}__{exp_name}__{seed}__{unix
+    time}`; a folder named otherwise is its own exp name, with env "?" and no seed."""
     match = RUN_NAME.match(name)
     if match is None:
         return "?", name, None
@@ -156,7 +160,8 @@ def parse_run_name(name: str) -> tuple[str, str, int | None]:
 
 
 def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
-    """At each position, the mean of the last `window` values (of all of them, while fewer have come)."""
+    """At each position, the mean of the last `window` values (of all of them, while fewer have
+    come)."""
     sums = np.cumsum(values, dtype=np.float64)
     sums[window:] -= sums[:-window].copy()
     return sums / np.minimum(np.arange(1, len(values) + 1), window)
@@ -203,13 +208,14 @@ class RunSummary:
         return float(np.mean(self.eval_returns)) if self.eval_returns else None
 
     def steps_to_reach(self, threshold: float) -> int | None:
-        """The first global step at which at least `window` episodes have ended and the mean of the last `window`
-        reaches `threshold`; None if that never happens."""
+        """The first global step at which at least `window` episodes have ended and the mean of the
+        last `window` reaches `threshold`; None if that never happens."""
         episode = self._episode_reaching(threshold)
         return None if episode is None else int(self.episode_steps[episode])
 
     def seconds_to_reach(self, threshold: float) -> float | None:
-        """The seconds of training (`episode_seconds`) at the step of `steps_to_reach`; None if never."""
+        """The seconds of training (`episode_seconds`) at the step of `steps_to_reach`; None if
+        never."""
         episode = self._episode_reaching(threshold)
         return None if episode is None else float(self.episode_seconds[episode])
 

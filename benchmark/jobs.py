@@ -1,5 +1,6 @@
-"""Running a benchmark's jobs: a `run`'s cases planned into jobs (a script's run, a baseline's, a raw-env or
-random-policy measurement), run as processes ``--workers`` at a time, and runs taken from or kept in a store."""
+"""Running a benchmark's jobs: a `run`'s cases planned into jobs (a script's run, a baseline's, a
+raw-env or random-policy measurement), run as processes ``--workers`` at a time, and runs taken from
+or kept in a store."""
 
 from __future__ import annotations
 
@@ -86,8 +87,8 @@ class Run:
         ]
         | None
     ) = None
-    """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs, --total-timesteps
-    and --nproc"""
+    """a named set of cases and seeds from benchmark/cases.py, instead of --scripts, --envs,
+    --total-timesteps and --nproc"""
     nproc: int | None = None
     """processes under torchrun for every script run (default 1: plain python; a suite sets its cases' own)"""
     script_flags: tuple[str, ...] = ()
@@ -172,8 +173,9 @@ def cases_to_run(args: Run) -> tuple[list[Case], tuple[int, ...]]:
 
 
 def with_script_flags(cases: list[Case], script_flags: tuple[str, ...]) -> list[Case]:
-    """`cases` with the flags of each `SCRIPT=FLAGS` entry added to that script's cases (and to a case another is
-    judged against in the same run); a malformed entry or a script no case runs is a UsageError."""
+    """`cases` with the flags of each `SCRIPT=FLAGS` entry added to that script's cases (and to a
+    case another is judged against in the same run); a malformed entry or a script no case runs is a
+    UsageError."""
     added: dict[str, tuple[str, ...]] = {}
     for entry in script_flags:
         script, equals, flags = entry.partition("=")
@@ -202,7 +204,8 @@ def eval_episodes(args: Run) -> int:
 
 
 def baseline_seeds(args: Run, seeds: tuple[int, ...]) -> tuple[int, ...]:
-    """The seeds of the Stable-Baselines3 baselines: the suite's own where it has them and --seeds is not given."""
+    """The seeds of the Stable-Baselines3 baselines: the suite's own where it has them and --seeds
+    is not given."""
     suite_seeds = SUITES[args.suite].baseline_seeds if args.suite is not None else None
     return seeds if args.seeds is not None or suite_seeds is None else suite_seeds
 
@@ -256,8 +259,9 @@ def check(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> None:
 def make_jobs(
     args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path
 ) -> tuple[list[Job], list[CasePlan]]:
-    """Every job of the benchmark, once each: a baseline that several cases share (the same settings, env and steps)
-    runs once, and so does a raw-env measurement (the same script, env and flags)."""
+    """Every job of the benchmark, once each: a baseline that several cases share (the same
+    settings, env and steps) runs once, and so does a raw-env measurement (the same script, env and
+    flags)."""
     jobs: dict[str, Job] = {}
     plans = []
 
@@ -270,9 +274,8 @@ def make_jobs(
         job = Job(
             kind, job_id, group, label, case.env_id, seed, command, run_dir, window=case.window
         )
-        job.nproc = (
-            case.nproc if kind == "script" else 1
-        )  # baselines and measurements run in one process
+        # baselines and measurements run in one process
+        job.nproc = case.nproc if kind == "script" else 1
         jobs.setdefault(job_id, job)
 
     baselines_module = [sys.executable, "-m", "benchmark.baselines"]
@@ -284,7 +287,8 @@ def make_jobs(
         scripts = [case]
         if case.compare_with is not None:
             flags = same_settings_flags(case.script, case.flags, case.compare_with)
-            # under as many processes: the ratio of SPS is of the scripts, not of their numbers of processes
+            # under as many processes: the ratio of SPS is of the scripts, not of their numbers of
+            # processes
             plan.reference = Case(
                 case.compare_with, case.env_id, case.total_timesteps, flags=flags, nproc=case.nproc
             )
@@ -347,9 +351,9 @@ def make_jobs(
 
 
 def run_job(job: Job, logs: Path, threads: int | None = None) -> Job:
-    """Run the job's process, with `threads` as each of its processes' share of the cores (OMP_NUM_THREADS, which the
-    scripts' default --torch-threads reads, where not set already); record how it ended, then what it printed (raw
-    env) or the run it made (the rest)."""
+    """Run the job's process, with `threads` as each of its processes' share of the cores
+    (OMP_NUM_THREADS, which the scripts' default --torch-threads reads, where not set already);
+    record how it ended, then what it printed (raw env) or the run it made (the rest)."""
     job.revision, start = git_revision(logs.parent), time.perf_counter()
     environment = {"OMP_NUM_THREADS": str(threads)} if threads else {}
     environment = {**environment, **os.environ}
@@ -379,8 +383,8 @@ def run_job(job: Job, logs: Path, threads: int | None = None) -> Job:
 
 
 def portable(command: list[str]) -> list[str]:
-    """A job's command less the interpreter, the run folder and the checkout's folder of a script, which differ
-    between machines and benchmarks."""
+    """A job's command less the interpreter, the run folder and the checkout's folder of a script,
+    which differ between machines and benchmarks."""
     at = command.index("--run-dir") if "--run-dir" in command else len(command)
     return [
         Path(part).name if part.endswith(".py") else part
@@ -390,8 +394,8 @@ def portable(command: list[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Stores:
-    """Where finished runs are kept between benchmarks (benchmark/stored.py): the references' (--reuse-baselines)
-    and the scripts' with their SB3 baselines' (--reuse-runs)."""
+    """Where finished runs are kept between benchmarks (benchmark/stored.py): the references'
+    (--reuse-baselines) and the scripts' with their SB3 baselines' (--reuse-runs)."""
 
     references: Path | None = None
     scripts: Path | None = None
@@ -404,8 +408,8 @@ class Stores:
 
 
 def take_stored(jobs: list[Job], stores: Stores) -> list[Job]:
-    """The jobs still to run: a job whose run is in its store takes it from there (UsageError: a stored file that
-    cannot be read, or that another command made)."""
+    """The jobs still to run: a job whose run is in its store takes it from there (UsageError: a
+    stored file that cannot be read, or that another command made)."""
     to_run = []
     for job in jobs:
         store = stores.of(job)
@@ -413,7 +417,8 @@ def take_stored(jobs: list[Job], stores: Stores) -> list[Job]:
         if kept is None:
             to_run.append(job)
             continue
-        # The job id names the settings, not every flag (the evaluation episodes): the whole command must match.
+        # The job id names the settings, not every flag (the evaluation episodes): the whole command
+        # must match.
         stored_command = shlex.split(kept[1].get("command", ""))
         if portable(stored_command) != portable(job.command):
             message = "was made by another command than this benchmark's (its made.command): delete it to run it again"
@@ -427,22 +432,24 @@ def take_stored(jobs: list[Job], stores: Stores) -> list[Job]:
 
 
 def workers_taken(job: Job, workers: int) -> int:
-    """The workers a job takes: one per process, so that `workers` bounds the processes at a time; a job of more
-    processes than `workers` takes them all (it runs alone)."""
+    """The workers a job takes: one per process, so that `workers` bounds the processes at a time; a
+    job of more processes than `workers` takes them all (it runs alone)."""
     return min(job.nproc, workers)
 
 
 def run_jobs(jobs: list[Job], workers: int, logs: Path, stores: Stores = Stores()) -> None:
-    """Run the jobs, `workers` processes at a time (every seed's first: a partial benchmark then covers every case),
-    printing a line as each ends. Jobs start in that order, each once enough workers are free for its processes. A
-    run that has a store in `stores` is stored there as it ends."""
+    """Run the jobs, `workers` processes at a time (every seed's first: a partial benchmark then
+    covers every case), printing a line as each ends. Jobs start in that order, each once enough
+    workers are free for its processes. A run that has a store in `stores` is stored there as it
+    ends."""
     waiting = sorted(jobs, key=lambda job: -1 if job.seed is None else job.seed)
     running: dict[Future[Job], int] = {}
     threads = max(1, available_cores() // workers)  # a process's share: no core runs two threads
     done = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         while waiting or running:
-            # In order, none skipping ahead: single processes started past a torchrun job could keep it waiting.
+            # In order, none skipping ahead: single processes started past a torchrun job could keep
+            # it waiting.
             while waiting and sum(running.values()) + workers_taken(waiting[0], workers) <= workers:
                 job = waiting.pop(0)
                 running[pool.submit(run_job, job, logs, threads)] = workers_taken(job, workers)

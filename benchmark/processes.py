@@ -1,4 +1,5 @@
-"""Child processes of the harness: the end of what a failed one printed, and runs that can be stopped whole."""
+"""Child processes of the harness: the end of what a failed one printed, and runs that can be
+stopped whole."""
 
 from __future__ import annotations
 
@@ -22,19 +23,22 @@ def stderr_tail(stderr: str) -> str:
 
 PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
-"""looked up here, in the parent: a child forked from a threaded process must not load libraries before exec"""
+"""looked up here, in the parent: a child forked from a threaded process must not load libraries
+before exec"""
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the thread that started it ends (a killed harness leaves no run)."""
+    """In the child, before exec: SIGTERM when the thread that started it ends (a killed harness
+    leaves no run)."""
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def start_stoppable(
     command: list[str], cwd: Path, log_stem: Path, environment: dict[str, str]
 ) -> subprocess.Popen:
-    """Start `command` in a process group of its own, its output to `log_stem`.stdout and .stderr: a terminal's
-    Ctrl-C does not reach it (the harness stops it, see `stop`), and on Linux it is sent SIGTERM if the harness dies."""
+    """Start `command` in a process group of its own, its output to `log_stem`.stdout and .stderr: a
+    terminal's Ctrl-C does not reach it (the harness stops it, see `stop`), and on Linux it is sent
+    SIGTERM if the harness dies."""
     with open(f"{log_stem}.stdout", "w") as stdout, open(f"{log_stem}.stderr", "w") as stderr:
         return subprocess.Popen(
             command,
@@ -48,8 +52,9 @@ def start_stoppable(
 
 
 def stop(processes: list[subprocess.Popen]) -> None:
-    """End `processes` and every process they started (env workers): SIGTERM to each one's group, then SIGKILL to
-    what is left of them after `STOP_GRACE_SECONDS`. They are waited for, so none is left behind."""
+    """End `processes` and every process they started (env workers): SIGTERM to each one's group,
+    then SIGKILL to what is left of them after `STOP_GRACE_SECONDS`. They are waited for, so none is
+    left behind."""
     for process in processes:
         signal_group(process, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_SECONDS

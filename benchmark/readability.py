@@ -1,9 +1,10 @@
-"""How each script reads, in the numbers issue 40 sets goals for: ``python -m benchmark.readability``.
+"""How each script reads, in the numbers issue 40 sets goals for: ``python -m
+benchmark.readability``.
 
-Per script: lines, characters, lines over 100 characters, the length of `train()` and the line it starts at, and
-where `env_id` comes among the fields of `Args`. Prints a markdown table (issue 40's goals: `train()` at most
-170 lines, at most 15 lines over 100 characters, no script longer in characters than before).
-"""
+Per script: lines, characters, lines over 100 characters, the length of `train()` and the line it
+starts at, and where `env_id` comes among the fields of `Args`. Prints a markdown table (issue 40's
+goals: `train()` at most 170 lines, at most 15 lines over 100 characters, no script longer in
+characters than before)."""
 
 from __future__ import annotations
 

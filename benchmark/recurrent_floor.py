@@ -1,12 +1,12 @@
 """The least time a recurrent script's update can spend in its cell, at the script's settings:
 ``python -m benchmark.recurrent_floor [FLAGS OF ppo_lstm.py]``.
 
-It times the script's own agent (built as the script builds it) forward and backward over one minibatch of whole
-training sequences with no episode start inside them, so nothing is padded, and multiplies by the minibatches of an
-iteration. Episode starts only add to this (a piece per episode, padded to the longest), and so
-does everything else an update does, so an iteration cannot take less; with the env stack's time under random
-actions (the harness's raw-env row) it bounds the script's SPS from above.
-"""
+It times the script's own agent (built as the script builds it) forward and backward over one
+minibatch of whole training sequences with no episode start inside them, so nothing is padded, and
+multiplies by the minibatches of an iteration. Episode starts only add to this (a piece per episode,
+padded to the longest), and so does everything else an update does, so an iteration cannot take
+less; with the env stack's time under random actions (the harness's raw-env row) it bounds the
+script's SPS from above."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def median_seconds(
     warmup: int = 5,
     synchronize: Callable[[], object] = lambda: None,
 ) -> float:
-    """The median time of `repeats` calls of `step`, after `warmup` that set up oneDNN's (or cuDNN's) kernels, with
-    `synchronize` (a GPU's) before and after each timed call."""
+    """The median time of `repeats` calls of `step`, after `warmup` that set up oneDNN's (or
+    cuDNN's) kernels, with `synchronize` (a GPU's) before and after each timed call."""
     times = []
     for _ in range(repeats + warmup):
         synchronize()
@@ -49,8 +49,9 @@ def median_seconds(
 
 
 def floor_agent(name: str, flags: list[str]) -> tuple[ModuleType, Any, torch.nn.Module]:
-    """Script `name`, its `Args` for `flags` (checked as the script checks them) and its agent on the CPU, built as
-    the script builds it, with the script's seed and torch threads set: what every floor times."""
+    """Script `name`, its `Args` for `flags` (checked as the script checks them) and its agent on
+    the CPU, built as the script builds it, with the script's seed and torch threads set: what every
+    floor times."""
     script, args = load_script(name), resolve_args(name, flags)
     script.check_args(args)
     torch.manual_seed(args.seed)
@@ -61,8 +62,8 @@ def floor_agent(name: str, flags: list[str]) -> tuple[ModuleType, Any, torch.nn.
 
 
 def random_observations(space: Any, *leading: int) -> Any:
-    """Random observations of `space` with the `leading` axes, as the agents take them: uint8 images of random
-    pixels, normal float32 vectors (each part of an image and a vector)."""
+    """Random observations of `space` with the `leading` axes, as the agents take them: uint8 images
+    of random pixels, normal float32 vectors (each part of an image and a vector)."""
     generator = np.random.default_rng(0)
     fill = lambda part: (  # noqa: E731
         generator.integers(0, 256, part.shape, dtype=np.uint8)
@@ -73,8 +74,9 @@ def random_observations(space: Any, *leading: int) -> Any:
 
 
 def cell_floor_seconds(flags: list[str], repeats: int = 50) -> tuple[float, int]:
-    """Seconds per iteration of the update's passes through the agent without padding (from the median of `repeats`
-    minibatches), and the steps an iteration collects, for ppo_lstm.py run with `flags`."""
+    """Seconds per iteration of the update's passes through the agent without padding (from the
+    median of `repeats` minibatches), and the steps an iteration collects, for ppo_lstm.py run with
+    `flags`."""
     script, args, agent = floor_agent("ppo_lstm", flags)
     sequence_len = args.bptt_len or args.num_steps
     sequences = args.num_envs * args.num_steps // sequence_len // args.num_minibatches

@@ -1,11 +1,11 @@
-"""The scripts the harness runs: each one's Stable-Baselines3 counterpart, how the script's settings become that
-counterpart's, and the script's own env stack for the raw-env measurement.
+"""The scripts the harness runs: each one's Stable-Baselines3 counterpart, how the script's settings
+become that counterpart's, and the script's own env stack for the raw-env measurement.
 
-A case's settings are never typed twice: `resolve_args` parses the case's flags with the script's own `Args` (its
-defaults included), and the baseline's settings, the number of envs and the raw env stack all come from the result.
-A new script adds one `Script` to `SCRIPTS`; `tests/test_benchmark.py` then checks that every field of its `Args` is
-either given to the baseline (and read back from the built SB3 model) or listed in `unmatched` with the reason.
-"""
+A case's settings are never typed twice: `resolve_args` parses the case's flags with the script's
+own `Args` (its defaults included), and the baseline's settings, the number of envs and the raw env
+stack all come from the result. A new script adds one `Script` to `SCRIPTS`;
+`tests/test_benchmark.py` then checks that every field of its `Args` is either given to the baseline
+(and read back from the built SB3 model) or listed in `unmatched` with the reason."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ class Script:
     sb3_algo: str
     """its Stable-Baselines3 counterpart (`benchmark.baselines sb3 --algo`)"""
     sb3_settings: Callable[[Any], dict[str, Any]]
-    """the script's parsed `Args` -> the counterpart's settings (`benchmark.baselines sb3 --settings`, JSON)"""
+    """the script's parsed `Args` -> the counterpart's settings (`benchmark.baselines sb3
+    --settings`, JSON)"""
     vector_env: Callable[[ModuleType, Any], Any]
     """(the script's module, its parsed `Args`) -> the vector env stack it trains on"""
     unmatched: dict[str, str]
@@ -46,7 +47,8 @@ class Script:
 
 
 def shared_sb3_settings(args: Any) -> dict[str, Any]:
-    """The settings every script gives its counterpart: envs, threads, two hidden layers, the learning-rate decay."""
+    """The settings every script gives its counterpart: envs, threads, two hidden layers, the
+    learning-rate decay."""
     return {
         "num_envs": args.num_envs,
         "async_envs": args.async_envs,
@@ -77,7 +79,8 @@ SHARED_UNMATCHED = {
 
 
 def ppo_sb3_settings(args: Any) -> dict[str, Any]:
-    """An MLP PPO script's settings as SB3 PPO's: the same envs, rollout, losses, network and learning-rate decay."""
+    """An MLP PPO script's settings as SB3 PPO's: the same envs, rollout, losses, network and
+    learning-rate decay."""
     return {
         **shared_sb3_settings(args),
         "norm_obs": args.norm_obs,
@@ -103,8 +106,9 @@ def ppo_sb3_settings(args: Any) -> dict[str, Any]:
 
 
 def atari_sb3_settings(args: Any, frame_stack: int) -> dict[str, Any]:
-    """For an Atari game: SB3's AtariWrapper with the script's `frame_stack` (its make_env's), and SB3's Nature CNN
-    with linear heads, as the script's CNN has (no hidden layers, no normalised pixels). Nothing for other envs."""
+    """For an Atari game: SB3's AtariWrapper with the script's `frame_stack` (its make_env's), and
+    SB3's Nature CNN with linear heads, as the script's CNN has (no hidden layers, no normalised
+    pixels). Nothing for other envs."""
     if not is_atari_id(resolve_env_id(args.env_id)):
         return {}
     return {"atari_frame_stack": frame_stack, "hidden_sizes": [], "norm_obs": False}
@@ -123,9 +127,10 @@ PPO_UNMATCHED = {
 
 
 def recurrent_ppo_sb3_settings(args: Any) -> dict[str, Any]:
-    """A recurrent PPO script's settings as sb3-contrib RecurrentPPO's: PPO's, with the recurrent cell's size, its
-    layers and whether the critic has its own, and linear heads on the cell's output as the script has. (With a shared
-    LSTM, RecurrentPPO stops the value loss's gradient at the LSTM; the script's shared core lets it through.)"""
+    """A recurrent PPO script's settings as sb3-contrib RecurrentPPO's: PPO's, with the recurrent
+    cell's size, its layers and whether the critic has its own, and linear heads on the cell's
+    output as the script has. (With a shared LSTM, RecurrentPPO stops the value loss's gradient at
+    the LSTM; the script's shared core lets it through.)"""
     settings = {**ppo_sb3_settings(args), **atari_sb3_settings(args, frame_stack=1)}
     settings["hidden_sizes"] = []  # no MLP between the cell and the heads
     settings["policy_kwargs"] = {
@@ -148,9 +153,9 @@ RECURRENT_PPO_UNMATCHED = {
 
 
 def transformer_ppo_sb3_settings(args: Any) -> dict[str, Any]:
-    """A transformer PPO script's settings as sb3-contrib RecurrentPPO's (SB3 has no transformer policy): PPO's, with
-    the memory suite reference's memory in place of the transformer (an LSTM of 128 units for the actor and one for the
-    critic, linear heads on them)."""
+    """A transformer PPO script's settings as sb3-contrib RecurrentPPO's (SB3 has no transformer
+    policy): PPO's, with the memory suite reference's memory in place of the transformer (an LSTM of
+    128 units for the actor and one for the critic, linear heads on them)."""
     settings = {**ppo_sb3_settings(args), **atari_sb3_settings(args, frame_stack=1)}
     settings["policy_kwargs"] = {
         "lstm_hidden_size": 128,
@@ -173,8 +178,9 @@ TRANSFORMER_PPO_UNMATCHED = {
 
 
 def ddpg_sb3_settings(args: Any) -> dict[str, Any]:
-    """A DDPG script's settings as SB3 TD3's with one critic, no target policy smoothing and the script's policy delay:
-    that is DDPG with a delayed actor, as CleanRL's and ddpg.py's (SB3's own DDPG updates the actor every step)."""
+    """A DDPG script's settings as SB3 TD3's with one critic, no target policy smoothing and the
+    script's policy delay: that is DDPG with a delayed actor, as CleanRL's and ddpg.py's (SB3's own
+    DDPG updates the actor every step)."""
     return {
         **shared_sb3_settings(args),
         "activation": "relu",
@@ -234,8 +240,9 @@ SCRIPTS: dict[str, Script] = {
 
 @dataclass(frozen=True)
 class Reference:
-    """A baseline with settings of its own, fixed, not derived from a script's: the same configuration on every task
-    it is run on, so that a script's defaults are measured against something they cannot move."""
+    """A baseline with settings of its own, fixed, not derived from a script's: the same
+    configuration on every task it is run on, so that a script's defaults are measured against
+    something they cannot move."""
 
     name: str
     """its label in the tables and its runs' exp name"""
@@ -245,11 +252,12 @@ class Reference:
     """its settings (`benchmark.baselines sb3 --settings`, JSON)"""
 
 
-# sb3-contrib's RecurrentPPO with its own defaults (n_steps 128, batch 128, 10 epochs, lr 3e-4 held constant, clip
-# 0.2, GAE 0.95, gamma 0.99, no entropy bonus, an LSTM for the actor and one for the critic, each followed by its 64-64
-# tanh MLP, no normalisation), written out so that a change of sb3-contrib's defaults does not move it; two
-# departures: 8 envs (its default is 1) and 128-unit LSTMs (its default of 256 ran at 145 SPS on this machine's CPU,
-# too slow for the memory suite's budget).
+# sb3-contrib's RecurrentPPO with its own defaults (n_steps 128, batch 128, 10 epochs, lr 3e-4 held
+# constant, clip 0.2, GAE 0.95, gamma 0.99, no entropy bonus, an LSTM for the actor and one for the
+# critic, each followed by its 64-64 tanh MLP, no normalisation), written out so that a change of
+# sb3-contrib's defaults does not move it; two departures: 8 envs (its default is 1) and 128-unit
+# LSTMs (its default of 256 ran at 145 SPS on this machine's CPU, too slow for the memory suite's
+# budget).
 RECURRENT_PPO_REFERENCE = Reference(
     name="sb3_recurrent_ppo_reference",
     sb3_algo="recurrent_ppo",
@@ -290,8 +298,8 @@ REFERENCES: dict[str, Reference] = {RECURRENT_PPO_REFERENCE.name: RECURRENT_PPO_
 
 
 def launcher(nproc: int) -> list[str]:
-    """How a script is started with `nproc` processes: plain python, or torchrun on this machine alone (as
-    docs/distributed.md starts the scripts)."""
+    """How a script is started with `nproc` processes: plain python, or torchrun on this machine
+    alone (as docs/distributed.md starts the scripts)."""
     torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     return [sys.executable, *(torchrun if nproc > 1 else [])]
 
@@ -304,8 +312,8 @@ def load_script(name: str) -> ModuleType:
 
 
 def resolve_args(name: str, flags: tuple[str, ...] | list[str]) -> Any:
-    """The script's complete `Args` for a command line of `flags`, parsed by the script's own `Args` with tyro; a bad
-    flag is a `UsageError` with tyro's message."""
+    """The script's complete `Args` for a command line of `flags`, parsed by the script's own `Args`
+    with tyro; a bad flag is a `UsageError` with tyro's message."""
     return parse_args(load_script(name).Args, list(flags))
 
 
@@ -316,9 +324,9 @@ HARNESS_SET = ("env_id", "total_timesteps", "seed", "eval_episodes", "run_dir", 
 def same_settings_flags(
     name: str, flags: tuple[str, ...] | list[str], other: str
 ) -> tuple[str, ...]:
-    """Flags for script `other` that give it every setting it shares with script `name` run with `flags` (the fields
-    of both `Args` with the same name), so that the two can be timed on equal terms; the result is parsed back and
-    checked, a mismatch being a `ValueError`."""
+    """Flags for script `other` that give it every setting it shares with script `name` run with
+    `flags` (the fields of both `Args` with the same name), so that the two can be timed on equal
+    terms; the result is parsed back and checked, a mismatch being a `ValueError`."""
     args, defaults = resolve_args(name, flags), resolve_args(other, [])
     shared = [field.name for field in dataclasses.fields(defaults) if hasattr(args, field.name)]
     derived: list[str] = []

@@ -1,5 +1,6 @@
-"""The results of a benchmark: its rows and their numbers (for results.md and results.json alike), the tables, the
-figures and results.md, made from runs read back by `benchmark.events`; ``plot`` makes them from any run folders."""
+"""The results of a benchmark: its rows and their numbers (for results.md and results.json alike),
+the tables, the figures and results.md, made from runs read back by `benchmark.events`; ``plot``
+makes them from any run folders."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ CURVE_POINTS = 200
 
 @dataclass
 class Row:
-    """One line of the results: the runs of one group of jobs (a case of a script, or its baseline), by seed."""
+    """One line of the results: the runs of one group of jobs (a case of a script, or its baseline),
+    by seed."""
 
     label: str
     """what made the runs: a script, `sb3_<algo>`, or a run folder's exp name"""
@@ -183,7 +185,8 @@ def row_numbers(row: Row) -> RowNumbers:
 
 @dataclass
 class SpeedNumbers:
-    """A script row's SPS against the raw speed of its env stack and against its baseline, measured in one run."""
+    """A script row's SPS against the raw speed of its env stack and against its baseline, measured
+    in one run."""
 
     label: str
     env_id: str
@@ -246,13 +249,14 @@ def fmt(value: float | None, digits: int = 1) -> str:
 
 
 def with_flags(label: str, flags: Sequence[str]) -> str:
-    """A row's name in a table: the script and the flags it ran with, which tell apart two rows of one script."""
+    """A row's name in a table: the script and the flags it ran with, which tell apart two rows of
+    one script."""
     return label + (f" `{' '.join(flags)}`" if flags else "")
 
 
 def plain_name(row: Row) -> str:
-    """A row's name in a figure: the script, its flags and its processes (when more than one), which tell apart two
-    rows of one script on one env."""
+    """A row's name in a figure: the script, its flags and its processes (when more than one), which
+    tell apart two rows of one script on one env."""
     flags = f" {' '.join(row.flags)}" if row.flags else ""
     return row.label + flags + (f", {row.nproc} processes" if row.nproc > 1 else "")
 
@@ -369,8 +373,9 @@ def speed_table(rows: Sequence[SpeedNumbers]) -> list[str]:
 
 @dataclass
 class AgainstReference:
-    """A case judged against a reference (`judged_on` "reference"): the task's range, the script's and the
-    reference's deterministic evaluations, the pass bound, and how soon each reaches a common speed threshold."""
+    """A case judged against a reference (`judged_on` "reference"): the task's range, the script's
+    and the reference's deterministic evaluations, the pass bound, and how soon each reaches a
+    common speed threshold."""
 
     env_id: str
     total_timesteps: int
@@ -409,8 +414,8 @@ def share_of_range(value: float | None, low: float | None, high: float) -> float
 def median_to_reach(
     runs: Sequence[RunSummary], threshold: float | None, seconds: bool
 ) -> float | None:
-    """The median over `runs` of the steps (or seconds of training) to `threshold`, a run that never reaches it
-    counting as beyond; None when the median run never reaches it."""
+    """The median over `runs` of the steps (or seconds of training) to `threshold`, a run that never
+    reaches it counting as beyond; None when the median run never reaches it."""
     if threshold is None or not runs:
         return None
     reach = [
@@ -455,7 +460,8 @@ def against_reference_table(rows: Sequence[AgainstReference]) -> list[str]:
 
 
 def _curve(runs: Sequence[RunSummary], x_of: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """The smoothed return of each run on a common x grid (up to where the shortest run ends), as (grid, curves)."""
+    """The smoothed return of each run on a common x grid (up to where the shortest run ends), as
+    (grid, curves)."""
     usable = [run for run in runs if len(run.episode_returns)]
     if not usable:
         return None
@@ -469,7 +475,8 @@ def _curve(runs: Sequence[RunSummary], x_of: str) -> tuple[np.ndarray, np.ndarra
 
 
 def _pyplot():
-    """matplotlib's pyplot, drawing to files only (imported here: reading runs does not need matplotlib)."""
+    """matplotlib's pyplot, drawing to files only (imported here: reading runs does not need
+    matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -479,8 +486,9 @@ def _pyplot():
 
 
 def plot_learning_curves(rows: Sequence[Row], out: Path) -> list[Path]:
-    """Per env, two figures with a line per row: the episodic return against env steps and against wall-clock time
-    (training time only); the line is the mean across seeds, the band spans the lowest to the highest seed."""
+    """Per env, two figures with a line per row: the episodic return against env steps and against
+    wall-clock time (training time only); the line is the mean across seeds, the band spans the
+    lowest to the highest seed."""
     plt = _pyplot()
     written = []
     by_env: dict[str, list[Row]] = defaultdict(list)
@@ -521,7 +529,8 @@ def plot_learning_curves(rows: Sequence[Row], out: Path) -> list[Path]:
 
 
 def plot_sps(bars: Sequence[tuple[str, list[float]]], path: Path) -> Path:
-    """A bar per (label, SPS of each seed): the mean, with the lowest and highest seed as the error bar."""
+    """A bar per (label, SPS of each seed): the mean, with the lowest and highest seed as the error
+    bar."""
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(max(5, 1.4 * len(bars) + 2), 4.5))
     means = [float(np.mean(values)) if values else 0.0 for _, values in bars]
@@ -556,9 +565,9 @@ def plot_sps(bars: Sequence[tuple[str, list[float]]], path: Path) -> Path:
 
 @dataclass
 class Aggregate:
-    """The IQM of one label's runs over all cases with a positive threshold, each run's last-100 return divided by
-    its case's threshold (1 = the threshold), with the stratified bootstrap interval when every case has 5 seeds or
-    more."""
+    """The IQM of one label's runs over all cases with a positive threshold, each run's last-100
+    return divided by its case's threshold (1 = the threshold), with the stratified bootstrap
+    interval when every case has 5 seeds or more."""
 
     label: str
     cases: int
@@ -571,9 +580,8 @@ class Aggregate:
 def aggregates(rows: Sequence[Row]) -> list[Aggregate]:
     by_label: dict[str, list[list[float]]] = defaultdict(list)
     for row in rows:
-        if (
-            row.threshold is None or row.threshold <= 0 or row.judged_on != "training"
-        ):  # a ratio to it would not
+        # a ratio to it would not
+        if row.threshold is None or row.threshold <= 0 or row.judged_on != "training":
             continue  # order returns, and an eval threshold is not one on the training return
         scores = [
             run.last_return / row.threshold for run in row.runs if run.last_return is not None
@@ -591,7 +599,8 @@ def aggregates(rows: Sequence[Row]) -> list[Aggregate]:
 
 
 def plot_aggregate(values: Sequence[Aggregate], path: Path) -> Path:
-    """One point per label: the IQM of the threshold-normalised returns, with its 95% interval where known."""
+    """One point per label: the IQM of the threshold-normalised returns, with its 95% interval where
+    known."""
     plt = _pyplot()
     figure, axes = plt.subplots(figsize=(7, 1.2 + 0.6 * len(values)))
     for position, value in enumerate(values):
@@ -648,9 +657,10 @@ def machine() -> str:
 
 
 def git_revision(output: Path) -> str:
-    """The commit the code runs at, "(uncommitted changes)" added if a tracked file outside `output` has changed."""
-    # A benchmark rewrites its own output folder (tracked where its results are committed, as under docs/benchmark/):
-    # that is no change to the code that ran.
+    """The commit the code runs at, "(uncommitted changes)" added if a tracked file outside `output`
+    has changed."""
+    # A benchmark rewrites its own output folder (tracked where its results are committed, as under
+    # docs/benchmark/): that is no change to the code that ran.
     outside_output = (
         ["--", ".", f":(exclude){output.relative_to(REPO)}"] if output.is_relative_to(REPO) else []
     )
@@ -717,7 +727,8 @@ HOW_MEASURED = [
 
 @dataclass
 class Plot:
-    """Draw the learning curves and the SPS chart, and write the table, for run folders made by any script here."""
+    """Draw the learning curves and the SPS chart, and write the table, for run folders made by any
+    script here."""
 
     run_dirs: Annotated[tuple[str, ...], tyro.conf.Positional]
     """run folders, or folders holding them (searched recursively for TensorBoard event files)"""

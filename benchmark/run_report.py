@@ -1,5 +1,6 @@
-"""The ``run`` subcommand: it plans and runs a benchmark's jobs (`benchmark.jobs`), then reports what they measured
-(a row per case and baseline, the verdicts against the reference, the speed ratios) in results.md and results.json."""
+"""The ``run`` subcommand: it plans and runs a benchmark's jobs (`benchmark.jobs`), then reports
+what they measured (a row per case and baseline, the verdicts against the reference, the speed
+ratios) in results.md and results.json."""
 
 from __future__ import annotations
 
@@ -75,9 +76,8 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                 1, (plan.reference.key, plan.reference.flags, plan.reference.nproc, False)
             )
         for group, flags, nproc, judged in groups:
-            if (
-                group is None or group in seen or not by_group[group]
-            ):  # none: --only-baselines left the script out
+            # none: --only-baselines left the script out
+            if group is None or group in seen or not by_group[group]:
                 continue
             seen.add(group)
             group_jobs = by_group[group]
@@ -108,9 +108,9 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
 
 
 def task_and_reference(plan: CasePlan, jobs: list[Job]) -> tuple[float | None, float | None]:
-    """The random policy's mean return on the case's env, and the reference's mean evaluation (the published one,
-    the return that counts as having learnt the task, or the mean over the reference's runs); None where not
-    measured."""
+    """The random policy's mean return on the case's env, and the reference's mean evaluation (the
+    published one, the return that counts as having learnt the task, or the mean over the
+    reference's runs); None where not measured."""
     random_job = next((job for job in jobs if job.id == plan.random_policy_job), None)
     random_return = random_job.output.get("mean") if random_job is not None else None
     reference, task_max = plan.case.reference, plan.case.task_max
@@ -136,8 +136,9 @@ def task_and_reference(plan: CasePlan, jobs: list[Job]) -> tuple[float | None, f
 def reference_bound(
     case: Case, random_return: float | None, reference_eval: float | None
 ) -> float | None:
-    """What a case's mean evaluation must reach: the reference's, less REFERENCE_MARGIN of the task's range; a
-    `Learned` reference's exactly; against a `SameRun` that did not learn the task, nothing (no verdict)."""
+    """What a case's mean evaluation must reach: the reference's, less REFERENCE_MARGIN of the
+    task's range; a `Learned` reference's exactly; against a `SameRun` that did not learn the task,
+    nothing (no verdict)."""
     if random_return is None or reference_eval is None or case.task_max is None:
         return None
     task_range = case.task_max - random_return
@@ -203,8 +204,9 @@ def against_reference(
 def speed_rows(
     jobs: list[Job], plans: list[CasePlan], numbers: dict[str, RowNumbers]
 ) -> list[SpeedNumbers]:
-    """The SPS ratios measured in this run: a run taken from a store ran in another, so it has none (a case whose own
-    runs were stored has no row; a reference or compared script whose runs were stored, no ratio)."""
+    """The SPS ratios measured in this run: a run taken from a store ran in another, so it has none
+    (a case whose own runs were stored has no row; a reference or compared script whose runs were
+    stored, no ratio)."""
     raw = {job.id: job.output.get("sps") for job in jobs if job.kind == "raw-env"}
     stored = {job.group for job in jobs if job.stored is not None}
     rows = []
@@ -228,12 +230,13 @@ def speed_rows(
 
 
 def run(args: Run) -> int:
-    """Start every job (a script's run, a baseline's run, a raw-env measurement) as its own process (a case's
-    ``nproc`` processes under torchrun), ``--workers`` processes at a time, each in a folder named by its job id; a
-    crashed run is reported and the others go on. With ``--baselines`` it also measures each script's env stack under
-    random actions and its Stable-Baselines3 counterpart, with settings derived from the script's own
-    (`benchmark.registry`). Then write ``results.md``, ``results.json`` (every number results.md shows) and PNG
-    figures to the output folder."""
+    """Start every job (a script's run, a baseline's run, a raw-env measurement) as its own process
+    (a case's ``nproc`` processes under torchrun), ``--workers`` processes at a time, each in a
+    folder named by its job id; a crashed run is reported and the others go on. With ``--baselines``
+    it also measures each script's env stack under random actions and its Stable-Baselines3
+    counterpart, with settings derived from the script's own (`benchmark.registry`). Then write
+    ``results.md``, ``results.json`` (every number results.md shows) and PNG figures to the output
+    folder."""
     try:
         cases, seeds = cases_to_run(args)
     except UsageError as exc:

@@ -17,13 +17,15 @@ import numpy as np
 from scipy import stats
 
 MIN_SEEDS_FOR_IQM = 5
-"""fewer seeds than this give no IQM: a quarter trimmed from each end of fewer runs leaves too little"""
+"""fewer seeds than this give no IQM: a quarter trimmed from each end of fewer runs leaves too
+little"""
 BOOTSTRAP_RESAMPLES = 50_000
 CONFIDENCE = 0.95
 
 
 def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """The mean and the sample standard deviation (ddof=1) of `values`; no spread for one value, nothing for none."""
+    """The mean and the sample standard deviation (ddof=1) of `values`; no spread for one value,
+    nothing for none."""
     if not values:
         return None, None
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else None
@@ -35,8 +37,9 @@ def iqm(values: Sequence[float] | np.ndarray) -> float:
 
 
 def iqm_interval(tasks: Sequence[Sequence[float]], seed: int = 0) -> tuple[float, float]:
-    """The 95% percentile bootstrap interval of the IQM of the runs of all `tasks` together (one sequence of run
-    scores per task), resampling the runs of each task on their own (rliable's stratified bootstrap)."""
+    """The 95% percentile bootstrap interval of the IQM of the runs of all `tasks` together (one
+    sequence of run scores per task), resampling the runs of each task on their own (rliable's
+    stratified bootstrap)."""
 
     def statistic(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
         return stats.trim_mean(np.concatenate(samples, axis=axis), 0.25, axis=axis)
@@ -59,8 +62,9 @@ def iqm_interval(tasks: Sequence[Sequence[float]], seed: int = 0) -> tuple[float
 
 
 def median_steps_to_threshold(steps: Sequence[int | None]) -> float | None:
-    """The median of each seed's steps to the threshold, None (never reached) counting as infinitely many: the
-    result is `math.inf` when the median seed never reached it, None when there are no seeds."""
+    """The median of each seed's steps to the threshold, None (never reached) counting as infinitely
+    many: the result is `math.inf` when the median seed never reached it, None when there are no
+    seeds."""
     if not steps:
         return None
     return float(np.median([math.inf if value is None else value for value in steps]))

@@ -1,11 +1,11 @@
 """Reference runs kept between benchmarks (`python -m benchmark run --reuse-baselines DIR`).
 
-The fixed-settings references of `benchmark.registry.REFERENCES` take hours on a CPU and do not depend on the scripts,
-so each finished run is written to DIR as one JSON file named by its job id (which holds the reference, env, steps,
-a hash of its settings and the seed): what the tables need of the run (`RunSummary`: every training episode's step,
-time and return, the evaluation returns, SPS), with when, where and how it was made. A later benchmark that asks for
-the same job reads it back instead of running it.
-"""
+The fixed-settings references of `benchmark.registry.REFERENCES` take hours on a CPU and do not
+depend on the scripts, so each finished run is written to DIR as one JSON file named by its job id
+(which holds the reference, env, steps, a hash of its settings and the seed): what the tables need
+of the run (`RunSummary`: every training episode's step, time and return, the evaluation returns,
+SPS), with when, where and how it was made. A later benchmark that asks for the same job reads it
+back instead of running it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def stored_path(folder: str | Path, job_id: str) -> Path:
 
 
 def store_run(folder: str | Path, job_id: str, summary: RunSummary, made: dict[str, Any]) -> Path:
-    """Write `summary` and `made` (date, commit, machine, command, wall seconds) for `job_id`, atomically."""
+    """Write `summary` and `made` (date, commit, machine, command, wall seconds) for `job_id`,
+    atomically."""
     record = {
         "format": FORMAT,
         "job_id": job_id,
@@ -57,8 +58,8 @@ def store_run(folder: str | Path, job_id: str, summary: RunSummary, made: dict[s
 
 
 def load_run(folder: str | Path, job_id: str) -> tuple[RunSummary, dict[str, Any]] | None:
-    """The stored run of `job_id` and how it was made, or None if `folder` has none (UsageError: a file there that
-    is not one)."""
+    """The stored run of `job_id` and how it was made, or None if `folder` has none (UsageError: a
+    file there that is not one)."""
     path = stored_path(folder, job_id)
     if not path.is_file():
         return None

@@ -1,8 +1,10 @@
-"""Each script's SPS at 1 and at 2 torch threads, by network: ``python -m benchmark.threads [--repeats N]``.
+"""Each script's SPS at 1 and at 2 torch threads, by network: ``python -m benchmark.threads
+[--repeats N]``.
 
-Every case runs as the user runs it, a subprocess of the script with `--torch-threads 1` and `--torch-threads 2`
-alternating (ABAB...), alone on the machine; the SPS is read from the run's events (the first iteration, with its
-start-up, left out). The default of --torch-threads is chosen from these ratios (docs/benchmark.md)."""
+Every case runs as the user runs it, a subprocess of the script with `--torch-threads 1` and
+`--torch-threads 2` alternating (ABAB...), alone on the machine; the SPS is read from the run's
+events (the first iteration, with its start-up, left out). The default of --torch-threads is chosen
+from these ratios (docs/benchmark.md)."""
 
 from __future__ import annotations
 

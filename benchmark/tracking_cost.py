@@ -1,11 +1,11 @@
-"""What `--track` costs: ``python -m benchmark.tracking_cost [--script ppo_fc.py] [--rounds 3] [--steps 100000]
-[--before DIR] [FLAGS OF THE SCRIPT]``.
+"""What `--track` costs: ``python -m benchmark.tracking_cost [--script ppo_fc.py] [--rounds 3]
+[--steps 100000] [--before DIR] [FLAGS OF THE SCRIPT]``.
 
-Runs the script without and with `--track` (wandb offline), in alternation, `--rounds` times each, and prints every
-run's SPS (its last `charts/SPS`, steps per second since training started) and the median of each arm. With
-`--before DIR`, a checkout of another commit (for example `git worktree add DIR c1eb9db`), its script without
-`--track` runs in the same alternation: the cost of the change without tracking, measured in the same run.
-"""
+Runs the script without and with `--track` (wandb offline), in alternation, `--rounds` times each,
+and prints every run's SPS (its last `charts/SPS`, steps per second since training started) and the
+median of each arm. With `--before DIR`, a checkout of another commit (for example `git worktree add
+DIR c1eb9db`), its script without `--track` runs in the same alternation: the cost of the change
+without tracking, measured in the same run."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """The least time ppo_transformer.py's update can spend in its network, at the script's settings:
 ``python -m benchmark.transformer_floor [FLAGS OF ppo_transformer.py]``.
 
-It times the script's own agent (built as the script builds it) forward and backward, with the optimizer's step, over
-one minibatch of whole training sequences (each env's rollout after its L(K-1)-step prefix, the dense window mask of a
-sequence without episode starts), and multiplies by the minibatches of an iteration. Everything else an update does
-only adds to this, so an iteration cannot take less; with the rollout's time it bounds the script's SPS from above.
-It also splits the pass into its matrix products and its attention (torch's profiler), to say where the time goes.
-"""
+It times the script's own agent (built as the script builds it) forward and backward, with the
+optimizer's step, over one minibatch of whole training sequences (each env's rollout after its
+L(K-1)-step prefix, the dense window mask of a sequence without episode starts), and multiplies by
+the minibatches of an iteration. Everything else an update does only adds to this, so an iteration
+cannot take less; with the rollout's time it bounds the script's SPS from above. It also splits the
+pass into its matrix products and its attention (torch's profiler), to say where the time goes."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from common.envs import env_spaces, resolve_env_id
 
 
 def update_floor(flags: list[str], repeats: int = 30) -> dict[str, float]:
-    """Seconds per iteration of the update's passes through the agent (from the median of `repeats` minibatches), the
-    steps an iteration collects, and the shares of matrix products and attention in them."""
+    """Seconds per iteration of the update's passes through the agent (from the median of `repeats`
+    minibatches), the steps an iteration collects, and the shares of matrix products and attention
+    in them."""
     script, args, agent = floor_agent("ppo_transformer", flags)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     observation_space, _, _ = env_spaces(script.env_maker(args)(resolve_env_id(args.env_id)))

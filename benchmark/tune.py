@@ -1,12 +1,13 @@
-"""Hyperparameter sweeps with Optuna: ``python -m benchmark tune SCRIPT ...`` and ``python -m benchmark tune-report``.
+"""Hyperparameter sweeps with Optuna: ``python -m benchmark tune SCRIPT ...`` and ``python -m
+benchmark tune-report``.
 
-A trial is one setting of the space's flags (`benchmark.tune_space`), run on every env and seed given, each run the
-script as a subprocess in a run folder of its own, all of a trial's runs at once. Its value is the mean over them of
-the normalised score, (return - random) / (target - random). While they run, the trial reports that mean, over the
-last 100 training episodes of each run, at each tenth of the steps; Optuna's pruner can stop it there. The study
-lives in Optuna's storage (a journal file, or a database URL), which any number of processes on any number of
-machines share: rerunning the command continues it. docs/tune.md is the guide.
-"""
+A trial is one setting of the space's flags (`benchmark.tune_space`), run on every env and seed
+given, each run the script as a subprocess in a run folder of its own, all of a trial's runs at
+once. Its value is the mean over them of the normalised score, (return - random) / (target -
+random). While they run, the trial reports that mean, over the last 100 training episodes of each
+run, at each tenth of the steps; Optuna's pruner can stop it there. The study lives in Optuna's
+storage (a journal file, or a database URL), which any number of processes on any number of machines
+share: rerunning the command continues it. docs/tune.md is the guide."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ POLL_SECONDS = 1.0
 EVENTS_EVERY_SECONDS = 5.0
 """how often a running trial reads its runs' events for its intermediate values"""
 STALE_HEARTBEATS = 3
-"""a running trial whose process missed this many heartbeats is failed by the next process that looks"""
+"""a running trial whose process missed this many heartbeats is failed by the next process that
+looks"""
 TUNE_FOLDER = Path("runs") / "tune"
 """where a study's journal (<study>.journal) and its trials' run folders (<study>/) go by default"""
 
@@ -61,7 +63,8 @@ def default_storage(study: str) -> str:
 
 @dataclass
 class Tune:
-    """Sweep a script's flags with Optuna, each trial judged on every env and seed given (docs/tune.md)."""
+    """Sweep a script's flags with Optuna, each trial judged on every env and seed given
+    (docs/tune.md)."""
 
     script: Annotated[str, tyro.conf.Positional]
     """the script to sweep (ppo_lstm.py or ppo_lstm)"""
@@ -137,12 +140,14 @@ class Plan:
     heartbeat_seconds: float
 
     def score(self, env_id: str, value: float) -> float:
-        """`value`, a return on `env_id`, as a share of the way from the random policy's return to the target."""
+        """`value`, a return on `env_id`, as a share of the way from the random policy's return to
+        the target."""
         random, target = self.bounds[env_id]
         return (value - random) / (target - random)
 
     def settings(self) -> dict[str, Any]:
-        """What makes two commands the same study: a rerun or another process must agree on all of it."""
+        """What makes two commands the same study: a rerun or another process must agree on all of
+        it."""
         return {
             "script": self.script,
             "env_ids": list(self.env_ids),
@@ -159,8 +164,8 @@ class Plan:
 def command_line(
     settings: dict[str, Any], env_id: str, flags: list[str], seed: int | None = None
 ) -> list[str]:
-    """The command of a run of a study (`Plan.settings`) on `env_id` with the space's `flags`: the trial's run with
-    its `seed`, or without one, the command the report prints."""
+    """The command of a run of a study (`Plan.settings`) on `env_id` with the space's `flags`: the
+    trial's run with its `seed`, or without one, the command the report prints."""
     command = [
         "python",
         f"{settings['script']}.py",
@@ -203,7 +208,8 @@ class Interrupted(Exception):
 
 
 def named_values(entries: tuple[str, ...], flag: str, env_ids: tuple[str, ...]) -> dict[str, float]:
-    """ENV=NUMBER entries of `flag` as a dict (UsageError: malformed, or an env the sweep does not run)."""
+    """ENV=NUMBER entries of `flag` as a dict (UsageError: malformed, or an env the sweep does not
+    run)."""
     values = {}
     for entry in entries:
         env_id, _, number = entry.rpartition("=")
@@ -217,8 +223,9 @@ def named_values(entries: tuple[str, ...], flag: str, env_ids: tuple[str, ...]) 
 
 
 def registry_target(env_id: str) -> float | None:
-    """The highest return of `env_id` as the registry knows it: a case's `task_max`, 1 for a popgym task (popgym
-    scales every return into [-1, 1], its pendulums' into [0, 1]), else the env's own reward threshold, if any."""
+    """The highest return of `env_id` as the registry knows it: a case's `task_max`, 1 for a popgym
+    task (popgym scales every return into [-1, 1], its pendulums' into [0, 1]), else the env's own
+    reward threshold, if any."""
     maxima = {
         case.task_max for name in SUITES for case in suite_cases(name) if case.env_id == env_id
     }
@@ -243,8 +250,8 @@ def env_targets(args: Tune) -> dict[str, float]:
 
 
 def env_bounds(args: Tune, stored: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
-    """Each env's (random, target) return: the random return from the command line, else the study's (a rerun),
-    else measured (UsageError: a range of zero)."""
+    """Each env's (random, target) return: the random return from the command line, else the study's
+    (a rerun), else measured (UsageError: a range of zero)."""
     from benchmark.baselines import random_policy_returns
 
     randoms = named_values(args.random, "--random", args.env_id)
@@ -292,8 +299,8 @@ def check_tune(args: Tune) -> None:
 
 
 def make_plan(args: Tune, out: Path) -> Plan:
-    """The plan of this command, every flag and space line checked against the script (UsageError); its `bounds`
-    come from `env_bounds`, once the study is open."""
+    """The plan of this command, every flag and space line checked against the script (UsageError);
+    its `bounds` come from `env_bounds`, once the study is open."""
     flags = tuple(shlex.split(args.flags))
     resolve_args(args.script, flags)
     set_by_sweep = sorted(
@@ -331,7 +338,8 @@ def make_plan(args: Tune, out: Path) -> Plan:
 
 
 def open_storage(location: str) -> Any:
-    """Optuna's storage at `location`: a database URL (RDB storage), else a journal file (made with its folder)."""
+    """Optuna's storage at `location`: a database URL (RDB storage), else a journal file (made with
+    its folder)."""
     import optuna
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
@@ -359,8 +367,8 @@ class TrialRun:
         return self.summary
 
     def training_score(self, plan: Plan, step: int) -> float:
-        """Its normalised mean of the last 100 training episodes ended by `step` (0, the random policy's score,
-        before its first episode)."""
+        """Its normalised mean of the last 100 training episodes ended by `step` (0, the random
+        policy's score, before its first episode)."""
         if self.summary is None:
             return 0.0
         returns = self.summary.episode_returns[self.summary.episode_steps <= step][-LAST_EPISODES:]
@@ -383,8 +391,8 @@ class TrialRun:
 
 
 def run_trial(trial: Any, plan: Plan, stopping: threading.Event) -> float:
-    """Run `trial`'s runs at once, reporting its intermediate values; its value (RunFailed, Interrupted, or
-    optuna.TrialPruned, each with every run stopped)."""
+    """Run `trial`'s runs at once, reporting its intermediate values; its value (RunFailed,
+    Interrupted, or optuna.TrialPruned, each with every run stopped)."""
     values = {param.field: param.suggest(trial) for param in plan.space}
     flags = [flag for param in plan.space for flag in param.flags(values[param.field])]
     folder = plan.out / f"trial-{trial.number:04d}"
@@ -420,8 +428,8 @@ def run_trial(trial: Any, plan: Plan, stopping: threading.Event) -> float:
 
 
 def watch_trial(trial: Any, plan: Plan, runs: list[TrialRun], stopping: threading.Event) -> None:
-    """Wait for `runs` to end, with a heartbeat, reporting the intermediate value at each tenth of the steps as soon
-    as every run has passed it (RunFailed, Interrupted, optuna.TrialPruned)."""
+    """Wait for `runs` to end, with a heartbeat, reporting the intermediate value at each tenth of
+    the steps as soon as every run has passed it (RunFailed, Interrupted, optuna.TrialPruned)."""
     import optuna
 
     reported, last_read, last_beat = 0, 0.0, time.time()
@@ -460,15 +468,15 @@ def watch_trial(trial: Any, plan: Plan, runs: list[TrialRun], stopping: threadin
 
 
 def fail_stale_trials(study: Any, storage: Any) -> None:
-    """Fail the study's running trials whose process stopped beating (killed, or its machine lost): their heartbeat
-    is older than `STALE_HEARTBEATS` of their own intervals. Optuna's heartbeat is the RDB storage's alone; this one
-    serves a journal too."""
+    """Fail the study's running trials whose process stopped beating (killed, or its machine lost):
+    their heartbeat is older than `STALE_HEARTBEATS` of their own intervals. Optuna's heartbeat is
+    the RDB storage's alone; this one serves a journal too."""
     from optuna.trial import TrialState
 
     now = time.time()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        # A trial whose process died before its first heartbeat is judged by its start (a naive local time: another
-        # machine's clock may be hours off), after a day.
+        # A trial whose process died before its first heartbeat is judged by its start (a naive
+        # local time: another machine's clock may be hours off), after a day.
         interval = trial.user_attrs.get("heartbeat_seconds", 86_400 / STALE_HEARTBEATS)
         last = trial.user_attrs.get(
             "heartbeat", trial.datetime_start.timestamp() if trial.datetime_start else now
@@ -491,7 +499,8 @@ def fail_stale_trials(study: Any, storage: Any) -> None:
 def work(
     study: Any, storage: Any, plan: Plan, trials_left: Iterator[int], stopping: threading.Event
 ) -> None:
-    """One worker: run trials while `trials_left` gives one and no stop is asked, telling the study how each ended."""
+    """One worker: run trials while `trials_left` gives one and no stop is asked, telling the study
+    how each ended."""
     import optuna
     from optuna.trial import TrialState
 
@@ -525,7 +534,8 @@ def work(
 
 
 def fail(study: Any, trial: Any, reason: str) -> None:
-    """Record `trial` as failed for `reason` (unless it has finished already: failed by another process as stale)."""
+    """Record `trial` as failed for `reason` (unless it has finished already: failed by another
+    process as stale)."""
     from optuna.trial import TrialState
 
     try:
@@ -540,7 +550,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 @contextmanager
 def stop_signals_set(stopping: threading.Event) -> Iterator[None]:
-    """Inside it, each of `STOP_SIGNALS` sets `stopping` (once, with a line on stderr), wherever the main thread is."""
+    """Inside it, each of `STOP_SIGNALS` sets `stopping` (once, with a line on stderr), wherever the
+    main thread is."""
 
     def stop(signum: int, frame: Any) -> None:
         if not stopping.is_set():
@@ -560,7 +571,8 @@ def stop_signals_set(stopping: threading.Event) -> Iterator[None]:
 
 
 def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, Plan]:
-    """The study (made if new), its storage and this command's plan, checked against the study's settings."""
+    """The study (made if new), its storage and this command's plan, checked against the study's
+    settings."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -592,7 +604,8 @@ def load_study(args: Tune, name: str, storage_location: str) -> tuple[Any, Any, 
     settings = plan.settings()
     if stored is None:
         study.set_user_attr("settings", settings)
-        # The first trial runs the script's defaults (and --flags), where the space holds them: the yardstick.
+        # The first trial runs the script's defaults (and --flags), where the space holds them: the
+        # yardstick.
         defaults = resolve_args(plan.script, plan.flags)
         values = {
             param.field: param.value_of(getattr(defaults, param.field)) for param in plan.space
@@ -674,8 +687,8 @@ def trial_table(trials: list[Any], params: list[str]) -> list[str]:
 
 
 def report(study: Any, out: Path, top: int = 10) -> None:
-    """Print the study's counts, best trial as the command lines that run it, and a table of its best `top`
-    trials; draw its plots into `out`."""
+    """Print the study's counts, best trial as the command lines that run it, and a table of its
+    best `top` trials; draw its plots into `out`."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -710,8 +723,8 @@ def report(study: Any, out: Path, top: int = 10) -> None:
 
 
 def draw(study: Any, complete: list[Any], out: Path) -> list[Path]:
-    """Optuna's optimisation history and parameter importances, and the best value against wall-clock hours from
-    the study's first trial, as PNG files in `out`."""
+    """Optuna's optimisation history and parameter importances, and the best value against
+    wall-clock hours from the study's first trial, as PNG files in `out`."""
     import matplotlib
 
     matplotlib.use("Agg")

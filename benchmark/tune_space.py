@@ -44,8 +44,9 @@ DEFAULT_SPACES: dict[str, tuple[str, ...]] = {
         "exploration-noise=float:0.05:0.5", "noise=choice:gaussian,ou", "hidden-size=choice:64,128,256,512",
     ),
 }  # fmt: skip
-"""each script's default space: PPO's learning rate, epochs, minibatches, clip, entropy and GAE lambda, and the
-script's own sizes (the cell and its BPTT length, the transformer's width, depth and window, DDPG's noise)"""
+"""each script's default space: PPO's learning rate, epochs, minibatches, clip, entropy and GAE
+lambda, and the script's own sizes (the cell and its BPTT length, the transformer's width, depth and
+window, DDPG's noise)"""
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ class Param:
         return [self.flag, str(value)]
 
     def value_of(self, setting: Any) -> Any:
-        """`setting`, a value of the field, as this parameter's value (a choice's text); None if outside the space."""
+        """`setting`, a value of the field, as this parameter's value (a choice's text); None if
+        outside the space."""
         if self.kind == "choice":
             text = str(setting).lower() if isinstance(setting, bool) else str(setting)
             return text if text in self.choices else None
@@ -98,7 +100,8 @@ class Param:
         return int(setting) if self.kind == "int" else float(setting)
 
     def ends(self) -> list[Any]:
-        """The values the script is asked about before a trial starts: a range's ends, or every choice."""
+        """The values the script is asked about before a trial starts: a range's ends, or every
+        choice."""
         if self.kind == "choice":
             return list(self.choices)
         return [int(self.low), int(self.high)] if self.kind == "int" else [self.low, self.high]
@@ -135,7 +138,8 @@ def parse_param(line: str, fields: set[str]) -> Param:
 
 
 def space_lines(lines: list[str], files: list[Path]) -> list[str]:
-    """The lines of a space given on the command line and in files (comments and blank lines left out)."""
+    """The lines of a space given on the command line and in files (comments and blank lines left
+    out)."""
     from_files = []
     for path in files:
         try:
@@ -147,8 +151,9 @@ def space_lines(lines: list[str], files: list[Path]) -> list[str]:
 
 
 def build_space(script: str, lines: list[str], base_flags: list[str]) -> list[Param]:
-    """The space of `script` from `lines` (its default space when none), checked against the script: the script
-    accepts each end of each range (each choice) with `base_flags`, as its own `check_args` would at start-up."""
+    """The space of `script` from `lines` (its default space when none), checked against the script:
+    the script accepts each end of each range (each choice) with `base_flags`, as its own
+    `check_args` would at start-up."""
     module = load_script(script)
     fields = {field.name for field in dataclasses.fields(module.Args)}
     params = [parse_param(line, fields) for line in (lines or DEFAULT_SPACES[script])]

@@ -1,11 +1,13 @@
-"""Atari games (ale-py's ids) preprocessed as CleanRL's Atari scripts do, so that their returns compare: no-op
-reset (up to 30), frame skip 4 with a max over the last two frames, episodic life, fire on reset, rewards clipped to
-their sign, 84x84 greyscale, a frame stack. gymnasium's wrappers do what they can (`AtariPreprocessing`,
-`ClipReward`, `FrameStackObservation`); what it lacks is here: a lost life that ends an episode but not the game, and
-the fire on reset. docs/ppo_fc.md "Images and Atari" says what each id gets.
+"""Atari games (ale-py's ids) preprocessed as CleanRL's Atari scripts do, so that their returns
+compare: no-op reset (up to 30), frame skip 4 with a max over the last two frames, episodic life,
+fire on reset, rewards clipped to their sign, 84x84 greyscale, a frame stack. gymnasium's wrappers
+do what they can (`AtariPreprocessing`, `ClipReward`, `FrameStackObservation`); what it lacks is
+here: a lost life that ends an episode but not the game, and the fire on reset. docs/ppo_fc.md
+"Images and Atari" says what each id gets.
 
-An episode is a game: the per-env `RecordEpisodeStatistics` inside the stack counts the game's raw score and its
-length in agent steps, and `GameStatistics` takes them for the vector env's episode statistics."""
+An episode is a game: the per-env `RecordEpisodeStatistics` inside the stack counts the game's raw
+score and its length in agent steps, and `GameStatistics` takes them for the vector env's episode
+statistics."""
 
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ def is_atari_id(env_id: str) -> bool:
 
 
 def make_kwargs(env_id: str) -> dict[str, Any]:
-    """What `gym.make(env_id)` needs besides the id: frameskip=1 for an ale-py id that skips frames by itself (the
-    `ALE/...-v5` ids skip 4), so that `AtariPreprocessing` skips them with its max over the last two frames."""
+    """What `gym.make(env_id)` needs besides the id: frameskip=1 for an ale-py id that skips frames
+    by itself (the `ALE/...-v5` ids skip 4), so that `AtariPreprocessing` skips them with its max
+    over the last two frames."""
     if is_atari_id(env_id) and _spec(env_id).kwargs.get("frameskip", 1) != 1:
         return {"frameskip": 1}
     return {}
@@ -47,8 +50,8 @@ def _spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
 
 def preprocessed(env: gym.Env, frame_stack: int) -> gym.Env:
-    """`env` preprocessed as CleanRL's Atari scripts do, with `frame_stack` frames in each observation (1: one 84x84
-    frame, no stack axis); any other env unchanged."""
+    """`env` preprocessed as CleanRL's Atari scripts do, with `frame_stack` frames in each
+    observation (1: one 84x84 frame, no stack axis); any other env unchanged."""
     if not is_atari(env):
         return env
     env = gym.wrappers.AtariPreprocessing(
@@ -66,8 +69,9 @@ def preprocessed(env: gym.Env, frame_stack: int) -> gym.Env:
 
 
 class RawGameStatistics(gym.wrappers.RecordEpisodeStatistics):
-    """gymnasium's episode statistics of the whole game, before rewards are clipped and lives end episodes; each
-    step's unclipped reward also goes into `info["raw_reward"]`, for trajectory files."""
+    """gymnasium's episode statistics of the whole game, before rewards are clipped and lives end
+    episodes; each step's unclipped reward also goes into `info["raw_reward"]`, for trajectory
+    files."""
 
     def step(self, action):
         obs, reward, terminated, truncated, info = super().step(action)
@@ -76,9 +80,10 @@ class RawGameStatistics(gym.wrappers.RecordEpisodeStatistics):
 
 
 class EpisodicLife(gym.Wrapper):
-    """A lost life ends the episode (terminated), as CleanRL's EpisodicLifeEnv does, but not the game: the reset
-    after it only takes a no-op step, and only a game's end resets the game. gymnasium's `terminal_on_life_loss`
-    would reset the whole game at every lost life. `info["game_over"]` says which an end is."""
+    """A lost life ends the episode (terminated), as CleanRL's EpisodicLifeEnv does, but not the
+    game: the reset after it only takes a no-op step, and only a game's end resets the game.
+    gymnasium's `terminal_on_life_loss` would reset the whole game at every lost life.
+    `info["game_over"]` says which an end is."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -87,7 +92,8 @@ class EpisodicLife(gym.Wrapper):
 
     @property
     def next_reset_continues(self) -> bool:
-        """Whether the next reset continues the game (after a lost life), rather than starting a new one."""
+        """Whether the next reset continues the game (after a lost life), rather than starting a new
+        one."""
         return not self.game_over
 
     @next_reset_continues.setter
@@ -117,8 +123,8 @@ class EpisodicLife(gym.Wrapper):
 
 
 class FireReset(gym.Wrapper):
-    """Presses FIRE, then the next action (UP in most games), after every reset, as CleanRL's FireResetEnv does: the
-    games that wait for it start."""
+    """Presses FIRE, then the next action (UP in most games), after every reset, as CleanRL's
+    FireResetEnv does: the games that wait for it start."""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self.env.reset(seed=seed, options=options)
@@ -130,8 +136,8 @@ class FireReset(gym.Wrapper):
 
 
 def reset_info(info: dict[str, Any]) -> dict[str, Any]:
-    """The info of a step taken inside a reset, without what belongs to the agent's steps: the reset's reward is
-    not the agent's, and its end not an episode's."""
+    """The info of a step taken inside a reset, without what belongs to the agent's steps: the
+    reset's reward is not the agent's, and its end not an episode's."""
     return {
         key: value
         for key, value in info.items()
@@ -140,9 +146,10 @@ def reset_info(info: dict[str, Any]) -> dict[str, Any]:
 
 
 class GameStatistics(gym.vector.VectorWrapper):
-    """A vector env's episode statistics as gymnasium's vector `RecordEpisodeStatistics` reports them
-    (`infos["episode"]` masked by `infos["_episode"]`), taken from the games' `RawGameStatistics`: an episode reported
-    is a whole game, its raw score and its length in agent steps."""
+    """A vector env's episode statistics as gymnasium's vector `RecordEpisodeStatistics` reports
+    them (`infos["episode"]` masked by `infos["_episode"]`), taken from the games'
+    `RawGameStatistics`: an episode reported is a whole game, its raw score and its length in agent
+    steps."""
 
     def step(self, actions):
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
@@ -159,8 +166,8 @@ class GameStatistics(gym.vector.VectorWrapper):
 
 
 def emulator_state(env: gym.Env) -> np.ndarray | None:
-    """The Atari emulator's state with its own generator (which draws the sticky actions), as bytes in a uint8 array;
-    None for an env that is not an Atari game."""
+    """The Atari emulator's state with its own generator (which draws the sticky actions), as bytes
+    in a uint8 array; None for an env that is not an Atari game."""
     if not is_atari(env):
         return None
     return np.frombuffer(

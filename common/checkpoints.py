@@ -1,9 +1,9 @@
-"""Checkpoint files: written atomically, read without unpickling, and turned back into a run's settings.
+"""Checkpoint files: written atomically, read without unpickling, and turned back into a run's
+settings.
 
-A checkpoint is a dict of tensors and plain Python values saved with ``torch.save``. It names the script that wrote
-it and its format, so a script refuses another script's checkpoint, or an older format of its own, with one clear
-line instead of a traceback.
-"""
+A checkpoint is a dict of tensors and plain Python values saved with ``torch.save``. It names the
+script that wrote it and its format, so a script refuses another script's checkpoint, or an older
+format of its own, with one clear line instead of a traceback."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from common.seeding import rng_state
 
 Config = TypeVar("Config")
 
-# The settings the command line decides with --resume and with --eval-checkpoint; the rest come from the checkpoint.
+# The settings the command line decides with --resume and with --eval-checkpoint; the rest come from
+# the checkpoint.
 RUN_TIME_FLAGS = (
     "resume",
     "cuda",
@@ -55,13 +56,13 @@ EVALUATION_FLAGS += ("track", "wandb_project_name", "wandb_entity")
 def save(
     folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int, **state
 ) -> Path:
-    """Write `state` with the script's name, the format, `args` (a dataclass), `global_step` and the generators'
-    states to `step_{global_step}.pt` and `latest.pt` in `folder`, each atomically (a temporary file in the same
-    folder, then a rename). Returns the path of `latest.pt`.
+    """Write `state` with the script's name, the format, `args` (a dataclass), `global_step` and the
+    generators' states to `step_{global_step}.pt` and `latest.pt` in `folder`, each atomically (a
+    temporary file in the same folder, then a rename). Returns the path of `latest.pt`.
 
-    Under torchrun every rank calls this: rank 0 writes, with every rank's generators, `state["episodes"]` (the
-    envs' places) and `state["trajectories"]` (its recording) under `ranks`, in rank order (see
-    `common.env_state.start`)."""
+    Under torchrun every rank calls this: rank 0 writes, with every rank's generators,
+    `state["episodes"]` (the envs' places) and `state["trajectories"]` (its recording) under
+    `ranks`, in rank order (see `common.env_state.start`)."""
     own = {
         "rng": rng_state(),
         "episodes": state.get("episodes"),
@@ -90,8 +91,9 @@ def save(
 def load(
     path: str | Path, script: str, checkpoint_format: int, required: Iterable[str] = ()
 ) -> dict:
-    """Read a checkpoint of `script` in `checkpoint_format` with `weights_only=True` (nothing is unpickled); a
-    missing, corrupt or foreign file, another format, or a missing key is a UsageError."""
+    """Read a checkpoint of `script` in `checkpoint_format` with `weights_only=True` (nothing is
+    unpickled); a missing, corrupt or foreign file, another format, or a missing key is a
+    UsageError."""
     if not Path(path).is_file():
         raise UsageError(f"checkpoint {str(path)!r} does not exist")
     try:
@@ -116,10 +118,12 @@ def load(
 
 
 def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) -> Config:
-    """The run settings a checkpoint holds, in the dataclass of `args`, with the `kept` fields of `args` on top.
+    """The run settings a checkpoint holds, in the dataclass of `args`, with the `kept` fields of
+    `args` on top.
 
-    With `strict` (a resumed run), any other field of `args` that differs both from its default and from the
-    checkpoint is a UsageError: the checkpoint decides it, and the flag would otherwise be ignored without a word."""
+    With `strict` (a resumed run), any other field of `args` that differs both from its default and
+    from the checkpoint is a UsageError: the checkpoint decides it, and the flag would otherwise be
+    ignored without a word."""
     kept = set(kept)
     defaults = type(args)()
     for field in dataclasses.fields(args) if strict else ():
@@ -151,8 +155,8 @@ def load_with_settings(
     kept: Iterable[str],
     strict: bool,
 ) -> tuple[Config, dict | None]:
-    """The checkpoint of `script` at `path` and its run's settings (see `settings`), checked by `check_args`; no
-    path: `args` and no checkpoint."""
+    """The checkpoint of `script` at `path` and its run's settings (see `settings`), checked by
+    `check_args`; no path: `args` and no checkpoint."""
     if path is None:
         return args, None
     checkpoint = load(path, script, checkpoint_format)
@@ -162,8 +166,9 @@ def load_with_settings(
 
 
 def restore(checkpoint: dict | None, saved: dict[str, Any]) -> None:
-    """Load each of `saved` (its key in the checkpoint -> a module or an optimizer) from `checkpoint`; nothing for a
-    new run (None). A missing key or a state that does not fit is a UsageError."""
+    """Load each of `saved` (its key in the checkpoint -> a module or an optimizer) from
+    `checkpoint`; nothing for a new run (None). A missing key or a state that does not fit is a
+    UsageError."""
     for key, thing in saved.items() if checkpoint is not None else ():
         if key not in checkpoint:
             raise UsageError(
@@ -188,7 +193,8 @@ def load_weights(module: torch.nn.Module, checkpoint: dict, env_id: str) -> None
 
 
 def resume_folder(path: str | Path) -> Path:
-    """The run folder of a checkpoint that `--resume` continues; it must lie in that folder's `checkpoints/`."""
+    """The run folder of a checkpoint that `--resume` continues; it must lie in that folder's
+    `checkpoints/`."""
     path = Path(path).resolve()
     if path.parent.name != "checkpoints":
         raise UsageError(
@@ -198,7 +204,8 @@ def resume_folder(path: str | Path) -> Path:
 
 
 def reward_normalizer_state(normalizer: Any) -> dict | None:
-    """The running statistics of gymnasium's NormalizeReward (None for no normalizer), as checkpoint values."""
+    """The running statistics of gymnasium's NormalizeReward (None for no normalizer), as checkpoint
+    values."""
     if normalizer is None:
         return None
     rms = normalizer.return_rms
@@ -220,9 +227,10 @@ def restore_reward_normalizer(normalizer: Any, state: dict) -> None:
 
 
 class CheckpointSchedule:
-    """When a run writes checkpoints: every `args.checkpoint_every` iterations (0: never on the way), and once more
-    when the run ends, with `args.save_model` or if it was stopped by Ctrl-C with `args.checkpoint_every` set, unless
-    that iteration is saved already. `write(iteration)` writes one and returns its path."""
+    """When a run writes checkpoints: every `args.checkpoint_every` iterations (0: never on the
+    way), and once more when the run ends, with `args.save_model` or if it was stopped by Ctrl-C
+    with `args.checkpoint_every` set, unless that iteration is saved already. `write(iteration)`
+    writes one and returns its path."""
 
     def __init__(self, write: Callable[[int], Path], args: Any, iterations_done: int):
         self.write, self.every, self.at_end = write, args.checkpoint_every, args.save_model

@@ -1,4 +1,5 @@
-"""The command line every script shares: tyro parsing with one-line errors, notices, and exit statuses."""
+"""The command line every script shares: tyro parsing with one-line errors, notices, and exit
+statuses."""
 
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ def one_line(message: str) -> str:
 
 
 def parse_args(config: type[Config], argv: Sequence[str] | None = None) -> Config:
-    """Parse `argv` (default: the command line) into `config` with tyro; a parse error is a UsageError whose
-    message is tyro's own, hints included, on one line. `--help` prints tyro's help and exits as usual."""
+    """Parse `argv` (default: the command line) into `config` with tyro; a parse error is a
+    UsageError whose message is tyro's own, hints included, on one line. `--help` prints tyro's help
+    and exits as usual."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         return tyro.cli(config, args=argv)
@@ -93,8 +95,9 @@ def check_ranges(
 
 
 def notice(message: str, every_rank: bool = False) -> None:
-    """Print `notice: message` on stderr once per process, and only in the main process (not in env workers); under
-    torchrun only on rank 0, unless the notice is about this rank's own state (`every_rank`)."""
+    """Print `notice: message` on stderr once per process, and only in the main process (not in env
+    workers); under torchrun only on rank 0, unless the notice is about this rank's own state
+    (`every_rank`)."""
     if message in _printed_notices or multiprocessing.parent_process() is not None:
         return
     if distributed.rank() and not every_rank:
@@ -107,8 +110,8 @@ def notice(message: str, every_rank: bool = False) -> None:
 
 
 def exit_status(run: Callable[[], object]) -> int:
-    """Call `run` and turn the project's errors into one `error:` line and an exit status: 2 for bad input, 1 for
-    a run stopped by a check, 130 for Ctrl-C, 0 otherwise."""
+    """Call `run` and turn the project's errors into one `error:` line and an exit status: 2 for bad
+    input, 1 for a run stopped by a check, 130 for Ctrl-C, 0 otherwise."""
     try:
         run()
     except UsageError as exc:

@@ -23,8 +23,8 @@ import numpy as np
 
 
 def join_keys(key1: str, key2: str, sep: str = "/") -> str:
-    """Join two unix-style keys with exactly one separator between them: ``join_keys('/agent1', 'artifacts')`` gives
-    ``'/agent1/artifacts'``."""
+    """Join two unix-style keys with exactly one separator between them: ``join_keys('/agent1',
+    'artifacts')`` gives ``'/agent1/artifacts'``."""
     return key1.rstrip(sep) + sep + key2.lstrip(sep)
 
 
@@ -32,9 +32,9 @@ def flatten_dict(dic: Mapping, sep: str = "/", prefix: str = "") -> dict[str, An
     """Flatten a nested dict into one level whose keys are paths: ``{"a": 1, "b": {"c": 1}}`` gives
     ``{"/a": 1, "/b/c": 1}``.
 
-    Keys are converted with ``str``. An empty nested dict is kept as a leaf so that :func:`unflatten_dict` restores
-    it. A key that contains ``sep`` raises ``ValueError``, since the flattening could not be undone.
-    """
+    Keys are converted with ``str``. An empty nested dict is kept as a leaf so that
+    :func:`unflatten_dict` restores it. A key that contains ``sep`` raises ``ValueError``, since the
+    flattening could not be undone."""
     flat: dict[str, Any] = {}
     for key, value in dic.items():
         key = str(key)
@@ -53,8 +53,8 @@ def flatten_dict(dic: Mapping, sep: str = "/", prefix: str = "") -> dict[str, An
 def unflatten_dict(dic: Mapping[str, Any], sep: str = "/") -> dict[str, Any]:
     """Undo :func:`flatten_dict`: ``{"/a": 1, "/b/c": 1}`` gives ``{"a": 1, "b": {"c": 1}}``.
 
-    The leading separator is optional. A path that is both a leaf and a prefix of another path raises ``ValueError``.
-    """
+    The leading separator is optional. A path that is both a leaf and a prefix of another path
+    raises ``ValueError``."""
     nested: dict[str, Any] = {}
     for path, value in dic.items():
         *parents, leaf = path.strip(sep).split(sep)
@@ -145,7 +145,8 @@ def list_of_dicts_to_flattened_dict_of_lists(
 
 
 def _to_array(key: str, values: Any) -> np.ndarray:
-    """``values`` as one array; ``None`` entries become NaN. Ragged values raise ``ValueError`` naming the key."""
+    """``values`` as one array; ``None`` entries become NaN. Ragged values raise ``ValueError``
+    naming the key."""
     try:
         array = np.asarray(values)
     except ValueError as exc:
@@ -208,11 +209,12 @@ def extract_keywise(dic: Mapping[str, Mapping], key: Any) -> dict[str, Any]:
 
 
 def describe(batch: Mapping[str, Any]) -> str:
-    """A table of every key's shape, dtype, NaN and inf counts, mean and std; a nested dict is flattened first.
+    """A table of every key's shape, dtype, NaN and inf counts, mean and std; a nested dict is
+    flattened first.
 
-    Digideep's shape, NaN and statistics debugging units in one call: print it to inspect a rollout or a minibatch.
-    Tensors are accepted (anything ``np.asarray`` takes); non-numeric values show ``-`` for the statistics.
-    """
+    Digideep's shape, NaN and statistics debugging units in one call: print it to inspect a rollout
+    or a minibatch. Tensors are accepted (anything ``np.asarray`` takes); non-numeric values show
+    ``-`` for the statistics."""
     rows = [("key", "shape", "dtype", "nan", "inf", "mean", "std")]
     nested = any(isinstance(value, Mapping) for value in batch.values())
     for key, value in (flatten_dict(batch) if nested else batch).items():

@@ -1,12 +1,13 @@
-"""Data parallelism under torchrun: the process group, this process's rank, and the reductions the PPO scripts call.
+"""Data parallelism under torchrun: the process group, this process's rank, and the reductions the
+PPO scripts call.
 
-Started with plain `python` (no `WORLD_SIZE`, or 1) every function here is the single-process identity and no process
-group exists. Under `torchrun`, `setup` joins the group; `RANK` is the global rank (several machines), `LOCAL_RANK`
-picks the GPU. Rank 0 alone writes the run's folder, logs and checkpoints (see docs/distributed.md).
+Started with plain `python` (no `WORLD_SIZE`, or 1) every function here is the single-process
+identity and no process group exists. Under `torchrun`, `setup` joins the group; `RANK` is the
+global rank (several machines), `LOCAL_RANK` picks the GPU. Rank 0 alone writes the run's folder,
+logs and checkpoints (see docs/distributed.md).
 
-Each collective here is called by every rank, in the same order: whatever decides whether to call one must be the
-same on every rank (the parameters, after averaged gradients, are).
-"""
+Each collective here is called by every rank, in the same order: whatever decides whether to call
+one must be the same on every rank (the parameters, after averaged gradients, are)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from torch import Tensor
 from common.errors import UsageError
 
 TIMEOUT = timedelta(minutes=10)
-"""How long a collective waits for the other ranks before failing (a rank stuck in a long checkpoint write or eval
-must not be cut off; a dead rank is noticed at once, by its closed connection)."""
+"""How long a collective waits for the other ranks before failing (a rank stuck in a long checkpoint
+write or eval must not be cut off; a dead rank is noticed at once, by its closed connection)."""
 
 collective_seconds = 0.0
 """Seconds this process spent in collectives since the last `take_collective_seconds` (logged as
@@ -66,8 +67,9 @@ def launched_size() -> int:
 
 
 def setup(backend: str | None, cuda: bool) -> None:
-    """Join torchrun's process group when it started more than one process: `backend`, or nccl when this process
-    trains on a GPU and gloo otherwise. Does nothing for a single process, or if the group exists already."""
+    """Join torchrun's process group when it started more than one process: `backend`, or nccl when
+    this process trains on a GPU and gloo otherwise. Does nothing for a single process, or if the
+    group exists already."""
     if launched_size() <= 1 or dist.is_initialized():
         return
     missing = [
@@ -96,10 +98,11 @@ def setup(backend: str | None, cuda: bool) -> None:
 
 
 def leave(status: int) -> None:
-    """At the end of a run that every rank ended alike (done, or stopped by Ctrl-C): wait for every rank, leave the
-    group, and end the process with `status`, its exit handlers run but not the C++ teardown after them. A two-rank
-    gloo run left without destroying its group aborted at exit in 17 of 40 runs here, and the scripts' runs still in 2
-    of 148 after destroying it; everything is written by then."""
+    """At the end of a run that every rank ended alike (done, or stopped by Ctrl-C): wait for every
+    rank, leave the group, and end the process with `status`, its exit handlers run but not the C++
+    teardown after them. A two-rank gloo run left without destroying its group aborted at exit in 17
+    of 40 runs here, and the scripts' runs still in 2 of 148 after destroying it; everything is
+    written by then."""
     if not dist.is_initialized():
         return
     dist.barrier()
@@ -111,15 +114,17 @@ def leave(status: int) -> None:
 
 
 def rank_seed(seed: int) -> int:
-    """The seed of this rank's generators: `seed` itself on rank 0 (and for one process), and on rank r a seed drawn
-    from (seed, r), so that rank 1 of --seed 1 does not repeat rank 0 of --seed 2."""
+    """The seed of this rank's generators: `seed` itself on rank 0 (and for one process), and on
+    rank r a seed drawn from (seed, r), so that rank 1 of --seed 1 does not repeat rank 0 of --seed
+    2."""
     if rank() == 0:
         return seed
     return int(np.random.SeedSequence([seed, rank()]).generate_state(1)[0])
 
 
 def single_process(what: str) -> None:
-    """Refuse `what` (a script or a mode without data parallelism) under torchrun with more than one process."""
+    """Refuse `what` (a script or a mode without data parallelism) under torchrun with more than one
+    process."""
     if launched_size() > 1:
         raise UsageError(
             f"{what} runs in one process: start it with python, or torchrun --nproc-per-node 1"
@@ -136,7 +141,8 @@ def _timed() -> Iterator[None]:
 
 
 def _timed_all_reduce(tensor: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
-    """`tensor` all-reduced in place (a CPU tensor goes through this rank's GPU under nccl, which takes no other)."""
+    """`tensor` all-reduced in place (a CPU tensor goes through this rank's GPU under nccl, which
+    takes no other)."""
     with _timed():
         on_backend = (
             tensor.cuda() if dist.get_backend() == "nccl" and not tensor.is_cuda else tensor
@@ -155,8 +161,9 @@ def take_collective_seconds() -> float:
 
 
 def average_gradients(parameters: Iterable[Tensor]) -> None:
-    """Replace each gradient by its mean over the ranks, in one all-reduce of a flat buffer: each rank's loss is a
-    mean over its share of the minibatch, so this is the gradient of the global minibatch's loss."""
+    """Replace each gradient by its mean over the ranks, in one all-reduce of a flat buffer: each
+    rank's loss is a mean over its share of the minibatch, so this is the gradient of the global
+    minibatch's loss."""
     if world_size() == 1:
         return
     parameters = list(parameters)
@@ -169,7 +176,8 @@ def average_gradients(parameters: Iterable[Tensor]) -> None:
 
 
 def mean(values: Tensor) -> Tensor:
-    """`values` averaged over the ranks (elementwise); each rank's values are means over equal shares."""
+    """`values` averaged over the ranks (elementwise); each rank's values are means over equal
+    shares."""
     if world_size() == 1:
         return values
     return _timed_all_reduce(values.detach().clone()).div_(world_size())
@@ -183,7 +191,8 @@ def any_rank(flag: bool) -> bool:
 
 
 def _sums(x: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The count, sum and sum of squares of `x` along `dim`, in float64, over all ranks' `x` (one all-reduce)."""
+    """The count, sum and sum of squares of `x` along `dim`, in float64, over all ranks' `x` (one
+    all-reduce)."""
     x = x.detach().to(torch.float64)
     counts = torch.full_like(x.sum(dim), x.shape[dim])
     count, total, squares = _timed_all_reduce(
@@ -193,8 +202,9 @@ def _sums(x: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def mean_std(x: Tensor) -> tuple[Tensor, Tensor]:
-    """For each `x[i]` (one minibatch's values), the mean and (unbiased) std of its elements over all ranks' `x[i]`
-    together: `x[i].mean()` and `x[i].std()` of the global minibatch, for every i in one all-reduce."""
+    """For each `x[i]` (one minibatch's values), the mean and (unbiased) std of its elements over
+    all ranks' `x[i]` together: `x[i].mean()` and `x[i].std()` of the global minibatch, for every i
+    in one all-reduce."""
     rows = x.detach().flatten(1)
     if world_size() == 1:
         return rows.mean(1), rows.std(1)
@@ -205,7 +215,8 @@ def mean_std(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def moments(batch: Tensor) -> tuple[Tensor, Tensor, int]:
-    """Per column of `batch` (rows are samples), over all ranks' rows: the mean, the variance (biased) and the count."""
+    """Per column of `batch` (rows are samples), over all ranks' rows: the mean, the variance
+    (biased) and the count."""
     batch = batch.reshape(-1, batch.shape[-1]).to(torch.float64)
     if world_size() == 1:
         return batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
@@ -215,11 +226,11 @@ def moments(batch: Tensor) -> tuple[Tensor, Tensor, int]:
 
 
 class CombinedReturnStats:
-    """Keeps the running return statistics of gymnasium's NormalizeReward (None: none) the same on every rank. Each
-    rank's rollout adds its own envs' returns; calling this after the rollout adds up what every rank added since
-    the last call (counts, sums and sums of squares add exactly), so all ranks go on from the statistics of all
-    envs. Within a rollout a rank scales by its own statistics (a step-by-step exchange would cost a collective per
-    env step)."""
+    """Keeps the running return statistics of gymnasium's NormalizeReward (None: none) the same on
+    every rank. Each rank's rollout adds its own envs' returns; calling this after the rollout adds
+    up what every rank added since the last call (counts, sums and sums of squares add exactly), so
+    all ranks go on from the statistics of all envs. Within a rollout a rank scales by its own
+    statistics (a step-by-step exchange would cost a collective per env step)."""
 
     def __init__(self, normalizer: Any):
         self.rms = normalizer.return_rms if normalizer is not None and world_size() > 1 else None
@@ -257,7 +268,8 @@ def broadcast_module(module: torch.nn.Module) -> None:
 
 
 def broadcast_object(value: Any) -> Any:
-    """Rank 0's `value` on every rank (a path, a name: small values, pickled between this run's processes only)."""
+    """Rank 0's `value` on every rank (a path, a name: small values, pickled between this run's
+    processes only)."""
     if world_size() == 1:
         return value
     box = [value]
@@ -266,7 +278,8 @@ def broadcast_object(value: Any) -> Any:
 
 
 def gather_to_main(value: Any) -> list[Any] | None:
-    """Every rank's `value`, in rank order, on rank 0 (None elsewhere; pickled between this run's processes only)."""
+    """Every rank's `value`, in rank order, on rank 0 (None elsewhere; pickled between this run's
+    processes only)."""
     if world_size() == 1:
         return [value]
     values: list[Any] | None = [None] * world_size() if is_main() else None
@@ -275,7 +288,8 @@ def gather_to_main(value: Any) -> list[Any] | None:
 
 
 def gather(value: Any) -> list[Any]:
-    """Every rank's `value`, in rank order, on every rank (pickled between this run's processes only)."""
+    """Every rank's `value`, in rank order, on every rank (pickled between this run's processes
+    only)."""
     if world_size() == 1:
         return [value]
     values: list[Any] = [None] * world_size()
@@ -285,7 +299,8 @@ def gather(value: Any) -> list[Any]:
 
 
 def collective_failed(exc: BaseException) -> bool:
-    """Whether `exc` is a collective that failed: another rank is gone (its connection closed) or timed out."""
+    """Whether `exc` is a collective that failed: another rank is gone (its connection closed) or
+    timed out."""
     return dist.is_initialized() and (
         isinstance(exc, dist.DistError)
         or (isinstance(exc, RuntimeError) and bool(re.search(r"gloo|NCCL", str(exc))))

@@ -1,13 +1,14 @@
-"""Where the training envs are in their episodes, saved without pickling, so that a resumed run continues the episodes
-its checkpoint cut instead of starting new ones (and a recurrent agent continues them with the memory it had).
+"""Where the training envs are in their episodes, saved without pickling, so that a resumed run
+continues the episodes its checkpoint cut instead of starting new ones (and a recurrent agent
+continues them with the memory it had).
 
-A gymnasium env's internals (physics, step counters, a wrapper's buffers) have no general save format, and pickling
-is out. What has one is how the env got there: the state of its generator when its episode began (or the seed of that
-reset) and the actions since. Replayed in a fresh copy of the env, they bring it to the same place and leave its
-generator where the original's is, wherever the env draws its randomness from its own `np_random`, as gymnasium asks
-of envs. The replay is checked against the observations the checkpoint holds; envs that do not replay exactly start
-new episodes instead, with one notice line.
-"""
+A gymnasium env's internals (physics, step counters, a wrapper's buffers) have no general save
+format, and pickling is out. What has one is how the env got there: the state of its generator when
+its episode began (or the seed of that reset) and the actions since. Replayed in a fresh copy of the
+env, they bring it to the same place and leave its generator where the original's is, wherever the
+env draws its randomness from its own `np_random`, as gymnasium asks of envs. The replay is checked
+against the observations the checkpoint holds; envs that do not replay exactly start new episodes
+instead, with one notice line."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from common import atari, distributed
 from common.cli import notice
 from common.seeding import restore_rng_state, seed_generators
 
-# The per-env arrays of gymnasium's vector wrappers that carry an episode (or a return) from step to step.
+# The per-env arrays of gymnasium's vector wrappers that carry an episode (or a return) from step to
+# step.
 WRAPPER_ARRAYS = {
     gym.wrappers.vector.RecordEpisodeStatistics: (
         "episode_returns",
@@ -35,9 +37,9 @@ WRAPPER_ARRAYS = {
 
 
 class EpisodeRecorder(gym.Wrapper):
-    """Keeps what `replay` needs to bring a fresh copy of this env to where this one is in its episode: how the
-    episode's reset was seeded and the actions since (up to `MAX_STEPS`: past them, and for an env whose
-    `np_random` is not a numpy Generator, the episode cannot be replayed)."""
+    """Keeps what `replay` needs to bring a fresh copy of this env to where this one is in its
+    episode: how the episode's reset was seeded and the actions since (up to `MAX_STEPS`: past them,
+    and for an env whose `np_random` is not a numpy Generator, the episode cannot be replayed)."""
 
     MAX_STEPS = 100_000  # 14 MB of 6-dimensional float32 actions held for each env; a checkpoint stores them too
 
@@ -61,7 +63,8 @@ class EpisodeRecorder(gym.Wrapper):
                     self.episode_resets.append(len(self.episode_actions))
                 return super().reset(options=options)
         rng = None if seed is not None else generator_state(self.unwrapped)
-        # A seeded reset seeds an emulator's own generator too; otherwise the replay starts from its saved state.
+        # A seeded reset seeds an emulator's own generator too; otherwise the replay starts from its
+        # saved state.
         emulator = None if seed is not None else atari.emulator_state(self.unwrapped)
         self.episode_start = {"seed": seed, "rng": rng, "emulator": emulator}
         self.episode_actions = [] if seed is not None or rng is not None else None
@@ -70,15 +73,16 @@ class EpisodeRecorder(gym.Wrapper):
 
     def step(self, action):
         if self.episode_actions is not None:
-            # A copy of an array action (the caller may reuse its buffer); a discrete one is an immutable scalar.
+            # A copy of an array action (the caller may reuse its buffer); a discrete one is an
+            # immutable scalar.
             self.episode_actions.append(action.copy() if isinstance(action, np.ndarray) else action)
             if len(self.episode_actions) > self.MAX_STEPS:
                 self.episode_actions = None
         return self.env.step(action)
 
     def episode_so_far(self) -> dict[str, Any]:
-        """The record `replay` takes (or `replayable` False), with the generator's state now, which the replay must
-        reach too."""
+        """The record `replay` takes (or `replayable` False), with the generator's state now, which
+        the replay must reach too."""
         if self.episode_actions is None:
             return {"replayable": False}
         actions, resets = (
@@ -94,8 +98,8 @@ class EpisodeRecorder(gym.Wrapper):
         return {"replayable": True, **record}
 
     def replay(self) -> tuple[Any, dict[str, Any] | None]:
-        """Bring this env to where `replay_from` (another copy's `episode_so_far`) was: the observation there and the
-        generator's state."""
+        """Bring this env to where `replay_from` (another copy's `episode_so_far`) was: the
+        observation there and the generator's state."""
         record, self.replay_from = self.replay_from, None
         rng = record["start"]["rng"]
         if rng is not None:
@@ -119,15 +123,16 @@ class EpisodeRecorder(gym.Wrapper):
 
 
 def generator_state(env: gym.Env) -> dict[str, Any] | None:
-    """The state of the env's `np_random` (None for a legacy RandomState, which some old envs still set)."""
+    """The state of the env's `np_random` (None for a legacy RandomState, which some old envs still
+    set)."""
     generator = env.unwrapped.np_random
     return generator.bit_generator.state if isinstance(generator, np.random.Generator) else None
 
 
 def capture(envs: VectorEnv, observations: np.ndarray, **carried: np.ndarray) -> dict[str, Any]:
-    """The place of `envs` (made by `common.envs.vector_env`, under gymnasium's vector wrappers) in their episodes,
-    with the `observations` the agent acts on next and what else the loop `carried` from step to step (a recurrent
-    state, where episodes start), as checkpoint values."""
+    """The place of `envs` (made by `common.envs.vector_env`, under gymnasium's vector wrappers) in
+    their episodes, with the `observations` the agent acts on next and what else the loop `carried`
+    from step to step (a recurrent state, where episodes start), as checkpoint values."""
     wrappers = {
         key: np.array(getattr(wrapper, name)) for wrapper, name, key in _wrapper_arrays(envs)
     }
@@ -136,14 +141,14 @@ def capture(envs: VectorEnv, observations: np.ndarray, **carried: np.ndarray) ->
 
 
 def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarray, dict[str, Any]]:
-    """Bring `envs` (as `capture` saw them, and now reset) back to the places `state` holds: the observations there,
-    and what else was carried (NumPy arrays), with `continued` True. If an env cannot be replayed, or its replay
-    reaches another observation or generator state, every env starts a new episode (reset with `seed`) with a
-    notice, and nothing is carried.
+    """Bring `envs` (as `capture` saw them, and now reset) back to the places `state` holds: the
+    observations there, and what else was carried (NumPy arrays), with `continued` True. If an env
+    cannot be replayed, or its replay reaches another observation or generator state, every env
+    starts a new episode (reset with `seed`) with a notice, and nothing is carried.
 
-    Exact for envs whose every draw comes from their own `np_random` and whose episodes depend on nothing an earlier
-    episode left behind (a curriculum counter would not be restored, and the check sees only the generator and the
-    observation)."""
+    Exact for envs whose every draw comes from their own `np_random` and whose episodes depend on
+    nothing an earlier episode left behind (a curriculum counter would not be restored, and the
+    check sees only the generator and the observation)."""
     state = _numpy_values(state)
     if all(record["replayable"] for record in state["envs"]):
         envs.unwrapped.set_attr("replay_from", state["envs"])
@@ -176,12 +181,14 @@ def restore(envs: VectorEnv, state: dict[str, Any], seed: int) -> tuple[np.ndarr
 
 
 def start(envs: VectorEnv, checkpoint: dict | None, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
-    """The observations a run acts on first, and what its loop carried (nothing for a new run). A new run resets
-    `envs` with `seed`; a resumed one first restores the checkpoint's generators (call this after everything is
-    built: building draws random numbers), then continues the episodes the checkpoint cut (see `restore`).
+    """The observations a run acts on first, and what its loop carried (nothing for a new run). A
+    new run resets `envs` with `seed`; a resumed one first restores the checkpoint's generators
+    (call this after everything is built: building draws random numbers), then continues the
+    episodes the checkpoint cut (see `restore`).
 
-    Under torchrun rank r's env i is seeded as env r x num_envs + i of one process would be, and a checkpoint of as
-    many processes gives each rank its own generators and episodes; one of another number starts new episodes."""
+    Under torchrun rank r's env i is seeded as env r x num_envs + i of one process would be, and a
+    checkpoint of as many processes gives each rank its own generators and episodes; one of another
+    number starts new episodes."""
     seed += distributed.rank() * envs.num_envs
     own = _own_state(checkpoint, seed)
     if own is not None:
@@ -191,8 +198,8 @@ def start(envs: VectorEnv, checkpoint: dict | None, seed: int) -> tuple[np.ndarr
 
 
 def _own_state(checkpoint: dict | None, seed: int) -> dict | None:
-    """This rank's generators and env places in `checkpoint` (None: a new run, or a checkpoint of another number of
-    processes, after which the generators are seeded with `seed`)."""
+    """This rank's generators and env places in `checkpoint` (None: a new run, or a checkpoint of
+    another number of processes, after which the generators are seeded with `seed`)."""
     if checkpoint is None:
         return None
     ranks = checkpoint.get("ranks", [checkpoint])
@@ -225,7 +232,8 @@ def _equal(a: Any, b: Any) -> bool:
 
 
 def _wrapper_arrays(envs: VectorEnv) -> Iterator[tuple[VectorWrapper, str, str]]:
-    """The `WRAPPER_ARRAYS` that the vector wrappers of `envs` have (gymnasium versions differ), with their keys."""
+    """The `WRAPPER_ARRAYS` that the vector wrappers of `envs` have (gymnasium versions differ),
+    with their keys."""
     while isinstance(envs, VectorWrapper):
         for name in WRAPPER_ARRAYS.get(type(envs), ()):
             if hasattr(envs, name):
@@ -234,7 +242,8 @@ def _wrapper_arrays(envs: VectorEnv) -> Iterator[tuple[VectorWrapper, str, str]]
 
 
 def _checkpoint_values(value: Any) -> Any:
-    """NumPy arrays as tensors, inside dicts and lists: `torch.load(weights_only=True)` reads them back."""
+    """NumPy arrays as tensors, inside dicts and lists: `torch.load(weights_only=True)` reads them
+    back."""
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value.copy())
     if isinstance(value, dict):

@@ -1,4 +1,5 @@
-"""Env ids of any installed package that registers gymnasium envs, and observations made flat for the networks."""
+"""Env ids of any installed package that registers gymnasium envs, and observations made flat for
+the networks."""
 
 from __future__ import annotations
 
@@ -22,17 +23,20 @@ from common.env_state import EpisodeRecorder
 from common.errors import UsageError
 from common.interrupt import sigint_ignored_by_new_processes
 
-# The module whose import here registered each id: this process has the id now, a spawned worker does not.
+# The module whose import here registered each id: this process has the id now, a spawned worker
+# does not.
 _registered_by: dict[str, str] = {}
 
 
 def resolve_env_id(env_id: str) -> str:
-    """An id that gym.make accepts in any process (also in AsyncVectorEnv worker subprocesses started with spawn).
+    """An id that gym.make accepts in any process (also in AsyncVectorEnv worker subprocesses
+    started with spawn).
 
-    An id written `module:id`, or registered by gymnasium or by code the caller imported (with a class as its entry
-    point), comes back unchanged; one whose entry point names another package comes back as `package:id`.
-    Otherwise the installed package that registers it is imported (first the one the id's prefix names, then those
-    that require gymnasium) and the id comes back as `module:id`, also on later calls, so workers import it too."""
+    An id written `module:id`, or registered by gymnasium or by code the caller imported (with a
+    class as its entry point), comes back unchanged; one whose entry point names another package
+    comes back as `package:id`. Otherwise the installed package that registers it is imported (first
+    the one the id's prefix names, then those that require gymnasium) and the id comes back as
+    `module:id`, also on later calls, so workers import it too."""
     if env_id in gym.registry:
         module = _registered_by.get(env_id) or _entry_point_package(env_id)
         return f"{module}:{env_id}" if module else env_id
@@ -50,20 +54,23 @@ def resolve_env_id(env_id: str) -> str:
 
 
 def _entry_point_package(env_id: str) -> str | None:
-    """The package of a registered id's entry point where it is not gymnasium's own (a package imported before, by
-    the caller or another part of the program, such as ale_py): a spawned worker must import it too."""
+    """The package of a registered id's entry point where it is not gymnasium's own (a package
+    imported before, by the caller or another part of the program, such as ale_py): a spawned worker
+    must import it too."""
     entry_point = gym.spec(env_id).entry_point
     package = entry_point.split(":")[0].split(".")[0] if isinstance(entry_point, str) else None
     return package if package and package != "gymnasium" else None
 
 
 def _candidate_modules(env_id: str) -> Iterator[str]:
-    """Modules that may register `env_id`, likeliest first; a generator, so the scan stops once the id is found."""
+    """Modules that may register `env_id`, likeliest first; a generator, so the scan stops once the
+    id is found."""
     yield re.split(r"[-/]", env_id)[0].lower()  # popgym-..., MiniGrid-..., ALE/...
-    # gymnasium < 1.0 loaded this entry-point group itself; 1.x no longer does, so import what packages declare there.
+    # gymnasium < 1.0 loaded this entry-point group itself; 1.x no longer does, so import what
+    # packages declare there.
     yield from (entry_point.module for entry_point in metadata.entry_points(group="gymnasium.envs"))
-    # Top-level modules of the distributions that require gymnasium (not gymnasium-robotics), from top_level.txt or
-    # the files a distribution installed.
+    # Top-level modules of the distributions that require gymnasium (not gymnasium-robotics), from
+    # top_level.txt or the files a distribution installed.
     owners = metadata.packages_distributions()
     for distribution in metadata.distributions():
         if any(
@@ -79,7 +86,8 @@ def _candidate_modules(env_id: str) -> Iterator[str]:
 
 
 def _imports(module: str) -> bool:
-    """Whether `module` imports; any error counts as no, since the scan tries packages that may be broken."""
+    """Whether `module` imports; any error counts as no, since the scan tries packages that may be
+    broken."""
     before = set(gym.registry)
     try:
         importlib.import_module(module)
@@ -90,12 +98,14 @@ def _imports(module: str) -> bool:
 
 
 def _unknown(env_id: str, name: str) -> UsageError:
-    """The error for an id nothing registers, with gymnasium's own suggestion ("Did you mean ...") when it has one."""
+    """The error for an id nothing registers, with gymnasium's own suggestion ("Did you mean ...")
+    when it has one."""
     try:
         gym.spec(name)
         hint = ""
     except gym.error.Error as exc:
-        # Keep only messages that add something: a suggestion, the versions there are, a malformed id.
+        # Keep only messages that add something: a suggestion, the versions there are, a malformed
+        # id.
         plain = str(exc).startswith("No registered env") or str(exc).endswith("doesn't exist.")
         hint = "" if plain else f" ({one_line(str(exc))})"
     return UsageError(
@@ -106,10 +116,11 @@ def _unknown(env_id: str, name: str) -> UsageError:
 def flat_observations(
     env: gym.Env, keep_images: bool = False, image_parts: bool = False
 ) -> gym.Env:
-    """`env` with a flat 1-D Box observation: Text parts of Dict/Tuple observations left out (one notice line),
-    any non-1-D-Box space flattened with gymnasium's FlattenObservation wrapper; with `keep_images`, an image
-    (`image_layout`) as it is, for the network to take through its CNN or flatten (--encoder mlp); with
-    `image_parts` too, a Dict or Tuple with one image part as `image_and_vector` makes it."""
+    """`env` with a flat 1-D Box observation: Text parts of Dict/Tuple observations left out (one
+    notice line), any non-1-D-Box space flattened with gymnasium's FlattenObservation wrapper; with
+    `keep_images`, an image (`image_layout`) as it is, for the network to take through its CNN or
+    flatten (--encoder mlp); with `image_parts` too, a Dict or Tuple with one image part as
+    `image_and_vector` makes it."""
     space = env.observation_space
     if keep_images and image_layout(space):
         return env
@@ -159,9 +170,10 @@ IMAGE, VECTOR = "image", "vector"
 
 
 def image_and_vector(env: gym.Env) -> gym.Env:
-    """`env`, whose Dict or Tuple observation has one image part (`image_layout`), with a Dict observation of two:
-    IMAGE, that image as it is, and VECTOR, the other parts flattened into one float32 vector; the image alone where
-    there are no other parts. The networks take the image through their CNN and join the vector to its features."""
+    """`env`, whose Dict or Tuple observation has one image part (`image_layout`), with a Dict
+    observation of two: IMAGE, that image as it is, and VECTOR, the other parts flattened into one
+    float32 vector; the image alone where there are no other parts. The networks take the image
+    through their CNN and join the vector to its features."""
     space = env.observation_space
     leaves = list(_leaves(space))
     image_path, image_space = next((path, leaf) for path, leaf in leaves if image_layout(leaf))
@@ -200,8 +212,8 @@ def _part(value: Any, path: tuple) -> Any:
 
 
 def observation_map(function: Callable[..., Any], *observations: Any) -> Any:
-    """`function` of the observations' arrays, or of each part of `image_and_vector` ones (dicts of arrays): the
-    function gets the same part of each."""
+    """`function` of the observations' arrays, or of each part of `image_and_vector` ones (dicts of
+    arrays): the function gets the same part of each."""
     if isinstance(observations[0], dict):
         return {
             key: function(*(observation[key] for observation in observations))
@@ -232,8 +244,9 @@ def stored_like(storage: Any, observation: Any) -> Any:
 
 
 def observation_tensor(observation: Any, device: torch.device | str = "cpu") -> Any:
-    """An observation (or batch) as the networks take it, on `device`: images as they are (uint8; they become float
-    inside the network), everything else as float32; each part of an `image_and_vector` one."""
+    """An observation (or batch) as the networks take it, on `device`: images as they are (uint8;
+    they become float inside the network), everything else as float32; each part of an
+    `image_and_vector` one."""
     as_tensor = lambda part: torch.as_tensor(  # noqa: E731
         part, dtype=None if part.dtype == np.uint8 else torch.float32, device=device
     )
@@ -241,23 +254,24 @@ def observation_tensor(observation: Any, device: torch.device | str = "cpu") -> 
 
 
 def observation_zeros(space: Space, *leading: int) -> Any:
-    """Zeros for observations of `space` with the `leading` axes (steps, envs): uint8 for an image, else float32 (a
-    dict of the two for an `image_and_vector` observation)."""
+    """Zeros for observations of `space` with the `leading` axes (steps, envs): uint8 for an image,
+    else float32 (a dict of the two for an `image_and_vector` observation)."""
     if isinstance(space, Dict):
         return {key: observation_zeros(part, *leading) for key, part in space.items()}
     return np.zeros((*leading, *space.shape), dtype=np.uint8 if image_layout(space) else np.float32)
 
 
 CNN_MIN_SIDE = 36
-"""the smallest height and width an image may have: the Nature CNN's convolutions (8 by 4, 4 by 2, 3 by 1) leave one
-pixel of 36"""
+"""the smallest height and width an image may have: the Nature CNN's convolutions (8 by 4, 4 by 2, 3
+by 1) leave one pixel of 36"""
 
 
 def image_layout(space: Space) -> str | None:
-    """ "hw", "chw" or "hwc" where `space` is an image, None where it is not. An image is a uint8 Box of rank 2, or of
-    rank 3 with its channels first or last, whose height and width are CNN_MIN_SIDE or more. The channel axis is the
-    end axis under CNN_MIN_SIDE: a rank-3 space with both end axes under it, or neither (a volume), is not an image.
-    So MiniGrid's 7x7x3 symbolic view is not one, and an 84x84 Atari frame stack of 4 is "chw"."""
+    """ "hw", "chw" or "hwc" where `space` is an image, None where it is not. An image is a uint8 Box
+    of rank 2, or of rank 3 with its channels first or last, whose height and width are CNN_MIN_SIDE
+    or more. The channel axis is the end axis under CNN_MIN_SIDE: a rank-3 space with both end axes
+    under it, or neither (a volume), is not an image. So MiniGrid's 7x7x3 symbolic view is not one,
+    and an 84x84 Atari frame stack of 4 is "chw"."""
     if not isinstance(space, Box) or space.dtype != np.uint8:
         return None
     large = tuple(side >= CNN_MIN_SIDE for side in space.shape)  # any other rank matches no layout
@@ -265,8 +279,9 @@ def image_layout(space: Space) -> str | None:
 
 
 def cnn_layout(space: Space, encoder: str) -> str | None:
-    """The layout of the image a CNN reads under --encoder, None for an MLP: with "auto", a CNN for an image
-    (`image_layout`); with "mlp", never; with "cnn", always (a UsageError where the observation is not an image)."""
+    """The layout of the image a CNN reads under --encoder, None for an MLP: with "auto", a CNN for
+    an image (`image_layout`); with "mlp", never; with "cnn", always (a UsageError where the
+    observation is not an image)."""
     if encoder == "mlp":
         return None
     if encoder == "cnn" and image_layout(space) is None:
@@ -276,8 +291,8 @@ def cnn_layout(space: Space, encoder: str) -> str | None:
 
 
 def vector_observations_only(env: gym.Env, script: str) -> gym.Env:
-    """`env` as it is where no part of its observation is an image (`image_layout`); a UsageError that names the part
-    where one is, for a `script` that has no CNN."""
+    """`env` as it is where no part of its observation is an image (`image_layout`); a UsageError
+    that names the part where one is, for a `script` that has no CNN."""
     for path, leaf in _leaves(env.observation_space):
         if image_layout(leaf):
             what = f"observation part '{_name(path)}'" if path else "observation"
@@ -306,13 +321,14 @@ def _name(path: tuple) -> str:
 
 
 def _is_text(space: Space) -> bool:
-    """gymnasium's Text, and other spaces of strings such as MiniGrid's MissionSpace (not a Text subclass)."""
+    """gymnasium's Text, and other spaces of strings such as MiniGrid's MissionSpace (not a Text
+    subclass)."""
     return isinstance(space, Text) or (space.dtype is not None and space.dtype.kind == "U")
 
 
 def _without_text(space: Space) -> tuple[Space, Callable[[Any], Any]]:
-    """`space` without its text parts (and Dicts and Tuples left empty), and the function that drops them from a
-    value."""
+    """`space` without its text parts (and Dicts and Tuples left empty), and the function that drops
+    them from a value."""
     if isinstance(space, Dict):
         kept = {key: _without_text(part) for key, part in space.items() if not _only_text(part)}
         kept_space = Dict({key: part for key, (part, _) in kept.items()}, sort_keys=False)
@@ -331,7 +347,8 @@ def _only_text(space: Space) -> bool:
 
 
 def _flattenable(space: Space) -> bool:
-    """Whether flatten_space gives a Box; it returns Sequence and Graph spaces unflattened and raises on others."""
+    """Whether flatten_space gives a Box; it returns Sequence and Graph spaces unflattened and
+    raises on others."""
     try:
         return isinstance(gym.spaces.flatten_space(space), Box)
     except (NotImplementedError, TypeError, ValueError):
@@ -339,8 +356,8 @@ def _flattenable(space: Space) -> bool:
 
 
 def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
-    """The observation and action spaces and the render modes of the env that `env_fn` makes (a `make_env` thunk);
-    an env that cannot be made is a UsageError that says why."""
+    """The observation and action spaces and the render modes of the env that `env_fn` makes (a
+    `make_env` thunk); an env that cannot be made is a UsageError that says why."""
     try:
         env = env_fn()
     except UsageError:
@@ -355,13 +372,15 @@ def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
 
 
 MAX_JOINT_ACTIONS = 4096
-"""the most combinations of a MultiDiscrete action space that `joint_actions` turns into one Discrete space"""
+"""the most combinations of a MultiDiscrete action space that `joint_actions` turns into one
+Discrete space"""
 
 
 def joint_actions(env: gym.Env) -> gym.Env:
-    """`env` with a MultiDiscrete action space of at most MAX_JOINT_ACTIONS combinations taken as one Discrete
-    action per combination (row-major: the last part varies fastest), so a PPO agent picks a grid cell, say, as one
-    choice, not as coordinates drawn independently; any other action space is left as it is."""
+    """`env` with a MultiDiscrete action space of at most MAX_JOINT_ACTIONS combinations taken as
+    one Discrete action per combination (row-major: the last part varies fastest), so a PPO agent
+    picks a grid cell, say, as one choice, not as coordinates drawn independently; any other action
+    space is left as it is."""
     space = env.action_space
     if not isinstance(space, gym.spaces.MultiDiscrete) or space.nvec.ndim != 1:
         return env
@@ -381,9 +400,10 @@ def checked_spaces(
     args: Any,
     actions: tuple[type[Space], ...] = (Discrete, Box),
 ) -> tuple[Space, Space]:
-    """The observation and action spaces of `args.env_id` (made by the script's `make_env`), after checking them
-    against the script and the flags of `args`: an action space of the `actions` types, frames for --capture-video,
-    discrete actions for the topk and bottomk sampling methods."""
+    """The observation and action spaces of `args.env_id` (made by the script's `make_env`), after
+    checking them against the script and the flags of `args`: an action space of the `actions`
+    types, frames for --capture-video, discrete actions for the topk and bottomk sampling methods.
+    """
     observation_space, action_space, render_modes = env_spaces(
         make_env(resolve_env_id(args.env_id))
     )
@@ -407,9 +427,10 @@ def training_envs(
     video_folder: str,
     checkpoint: dict | None,
 ) -> tuple[gym.vector.VectorEnv, gym.wrappers.vector.NormalizeReward | None]:
-    """The training envs of a script's `args` (`make_env(env_id, index, capture_video, video_folder, video_every)`),
-    with episode statistics and, with --norm-reward, gymnasium's NormalizeReward on top (its statistics from the
-    `checkpoint` a run resumes); that wrapper is also returned on its own (None without it)."""
+    """The training envs of a script's `args` (`make_env(env_id, index, capture_video, video_folder,
+    video_every)`), with episode statistics and, with --norm-reward, gymnasium's NormalizeReward on
+    top (its statistics from the `checkpoint` a run resumes); that wrapper is also returned on its
+    own (None without it)."""
     env_id = resolve_env_id(args.env_id)
     # over all ranks: one env records videos
     indices = distributed.rank() * args.num_envs + np.arange(args.num_envs)
@@ -427,10 +448,11 @@ def training_envs(
 
 
 def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gym.vector.VectorEnv:
-    """The envs of `env_fns`, stepped together and reset in the step where an episode ends (gymnasium's SAME_STEP
-    autoreset; `final_obs` holds the last observation). With `async_envs`, each in its own process, which ignores
-    Ctrl-C: the training process decides when to stop and finishes its iteration first. Each env records its episode
-    so far (`common.env_state`), for checkpoints that continue it."""
+    """The envs of `env_fns`, stepped together and reset in the step where an episode ends
+    (gymnasium's SAME_STEP autoreset; `final_obs` holds the last observation). With `async_envs`,
+    each in its own process, which ignores Ctrl-C: the training process decides when to stop and
+    finishes its iteration first. Each env records its episode so far (`common.env_state`), for
+    checkpoints that continue it."""
     env_fns = [partial(_recorded, env_fn) for env_fn in env_fns]
     if not async_envs:
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -439,8 +461,8 @@ def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gy
 
 
 def episode_statistics(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
-    """`envs` with gymnasium's vector episode statistics, or for Atari games (`common.atari`), where a lost life ends
-    an episode, the statistics of whole games, reported in the same way."""
+    """`envs` with gymnasium's vector episode statistics, or for Atari games (`common.atari`), where
+    a lost life ends an episode, the statistics of whole games, reported in the same way."""
     if all(envs.call("has_wrapper_attr", "next_reset_continues")):
         return GameStatistics(envs)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
@@ -451,8 +473,9 @@ def _recorded(env_fn: Callable[[], gym.Env]) -> gym.Env:
 
 
 def env_action(action: np.ndarray, action_space: Space) -> np.ndarray:
-    """A batch of the agent's actions as the env takes them: offset by `start` (Discrete), or reshaped to the space
-    and clipped to its bounds (Box; the agent keeps its unclipped sample for the log-probability)."""
+    """A batch of the agent's actions as the env takes them: offset by `start` (Discrete), or
+    reshaped to the space and clipped to its bounds (Box; the agent keeps its unclipped sample for
+    the log-probability)."""
     if isinstance(action_space, gym.spaces.Discrete):
         return action + int(action_space.start) if action_space.start else action
     action = action.reshape(action.shape[0], *action_space.shape)

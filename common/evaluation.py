@@ -1,5 +1,5 @@
-"""Evaluation episodes: one env, seeded, played to the end of each episode, optionally recorded; logged after
-training, or in a run folder of their own for --eval-checkpoint."""
+"""Evaluation episodes: one env, seeded, played to the end of each episode, optionally recorded;
+logged after training, or in a run folder of their own for --eval-checkpoint."""
 
 from __future__ import annotations
 
@@ -34,13 +34,13 @@ def play_episodes(
     trajectory_path: Path | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> tuple[list[float], list[int]]:
-    """Play `episodes` episodes in one env made by `env_fn`, reset with `seed`, and return their returns and lengths.
+    """Play `episodes` episodes in one env made by `env_fn`, reset with `seed`, and return their
+    returns and lengths.
 
-    `act(observations, episode_starts)` gets a batch of one observation and whether it is the first of its episode
-    (for agents with memory), and returns the action as the env takes it, or the action and the agent's fields to
-    record for the step (`{name: {field: array}}`, e.g. a hidden state). With `trajectory_path`, the episodes are
-    recorded there.
-    """
+    `act(observations, episode_starts)` gets a batch of one observation and whether it is the first
+    of its episode (for agents with memory), and returns the action as the env takes it, or the
+    action and the agent's fields to record for the step (`{name: {field: array}}`, e.g. a hidden
+    state). With `trajectory_path`, the episodes are recorded there."""
     env = episode_statistics(
         gym.vector.SyncVectorEnv([env_fn], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     )
@@ -78,7 +78,8 @@ def play_episodes(
 
 
 def _drop_unplayed_video(env: gym.Env) -> None:
-    """The autoreset after the last episode starts another, which RecordVideo begins to record: not a video to keep."""
+    """The autoreset after the last episode starts another, which RecordVideo begins to record: not
+    a video to keep."""
     while isinstance(env, gym.Wrapper):
         if isinstance(env, gym.wrappers.RecordVideo) and env.recording:
             env.recorded_frames, env.recording = [], False
@@ -89,9 +90,10 @@ def evaluate(
     agent: torch.nn.Module, act: Act, make_env: Callable, args: Any, writer: SummaryWriter, step: int,
     record_to: Path | None,
 ) -> list[float]:  # fmt: skip
-    """Play `args.eval_episodes` episodes of `args.env_id` (made by the script's `make_env`, seeded with `args.seed`)
-    with `act` (see `play_episodes`), the agent in eval mode (dropout off, batch norm on its running statistics);
-    log them at `step`, the agent's training step, record them to `record_to`, and return their returns."""
+    """Play `args.eval_episodes` episodes of `args.env_id` (made by the script's `make_env`, seeded
+    with `args.seed`) with `act` (see `play_episodes`), the agent in eval mode (dropout off, batch
+    norm on its running statistics); log them at `step`, the agent's training step, record them to
+    `record_to`, and return their returns."""
     was_training = agent.training
     agent.eval()
     env_id, meta = resolve_env_id(args.env_id), {"args": dataclasses.asdict(args)}
@@ -136,9 +138,10 @@ def evaluate_checkpoint(
 def select_action(
     policy: Categorical | Normal, method: str, temperature: float, k: int
 ) -> torch.Tensor:
-    """An action of `policy` for evaluation (--sampling-method): greedy (argmax / mean), basic (sample), temperature
-    (logits divided by it, or the std multiplied), topk or bottomk (a sample among the `k` most or least likely
-    actions of a categorical). Another distribution takes greedy and basic (its `mode` and `sample`)."""
+    """An action of `policy` for evaluation (--sampling-method): greedy (argmax / mean), basic
+    (sample), temperature (logits divided by it, or the std multiplied), topk or bottomk (a sample
+    among the `k` most or least likely actions of a categorical). Another distribution takes greedy
+    and basic (its `mode` and `sample`)."""
     if method == "greedy":
         return policy.mode
     if method == "basic":

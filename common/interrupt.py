@@ -1,5 +1,6 @@
-"""Graceful Ctrl-C: the first one lets the current iteration finish (so a checkpoint holds a consistent state), a
-second one stops at once. Env worker processes ignore it: only the training process decides when to stop."""
+"""Graceful Ctrl-C: the first one lets the current iteration finish (so a checkpoint holds a
+consistent state), a second one stops at once. Env worker processes ignore it: only the training
+process decides when to stop."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from collections.abc import Iterator
 
 
 class GracefulInterrupt:
-    """A context manager: inside it, the first SIGINT sets `requested` and prints one line, and the second raises
-    KeyboardInterrupt at once. A block left normally after a first SIGINT raises KeyboardInterrupt at its end, so
-    the caller can finish its iteration and write a checkpoint inside the block. Outside the main thread (where
-    signals cannot be handled) it does nothing."""
+    """A context manager: inside it, the first SIGINT sets `requested` and prints one line, and the
+    second raises KeyboardInterrupt at once. A block left normally after a first SIGINT raises
+    KeyboardInterrupt at its end, so the caller can finish its iteration and write a checkpoint
+    inside the block. Outside the main thread (where signals cannot be handled) it does nothing."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -43,9 +44,10 @@ class GracefulInterrupt:
 
 @contextlib.contextmanager
 def sigint_ignored_by_new_processes() -> Iterator[None]:
-    """Processes started inside this block ignore SIGINT. A terminal's Ctrl-C reaches its whole process group, and
-    AsyncVectorEnv's workers would die of it before the training process could write its checkpoint. The ignored
-    disposition is inherited through fork and kept across exec, and python does not replace it at start-up."""
+    """Processes started inside this block ignore SIGINT. A terminal's Ctrl-C reaches its whole
+    process group, and AsyncVectorEnv's workers would die of it before the training process could
+    write its checkpoint. The ignored disposition is inherited through fork and kept across exec,
+    and python does not replace it at start-up."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -38,26 +38,28 @@ FINAL_OBS = "/infos/final_obs"
 NOT_INFOS = frozenset(
     {"/observations", "/actions", "/rewards", "/terminations", "/truncations", "/masks"}
 )
-"""Per-step keys that are Minari's own fields, or (masks) only restate them: not copied into the infos."""
+"""Per-step keys that are Minari's own fields, or (masks) only restate them: not copied into the
+infos."""
 FINAL_OBS_KEYS = frozenset({FINAL_OBS, "/infos/_final_obs"})
 """The final observation and its mask: they become each episode's last observation, not infos."""
 MINARI_EXTRA = "onefile-rl[minari]"
 MINARI_FLOOR = "0.5.4"
-"""The first Minari whose create_dataset_from_buffers takes jpeg_encoding, and the one this export was checked with."""
+"""The first Minari whose create_dataset_from_buffers takes jpeg_encoding, and the one this export
+was checked with."""
 
 
 def export_to_minari(data: Mapping[str, np.ndarray], dataset_id: str) -> MinariDataset:
-    """Write the finished episodes of trajectory data (`load_trajectories`) as the local Minari dataset `dataset_id`,
-    under Minari's datasets folder (``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``), and return it.
+    """Write the finished episodes of trajectory data (`load_trajectories`) as the local Minari
+    dataset `dataset_id`, under Minari's datasets folder (``MINARI_DATASETS_PATH``, else
+    ``~/.minari/datasets``), and return it.
 
-    Episodes come in `split_episodes` order; an episode still running when the recording stopped is left out, since
-    the observation its last step led to was not recorded. The observation space is the flattened one the scripts
-    use (`common.envs.flat_observations`) and the dataset's env spec includes that wrapper, so
-    ``recover_environment()`` makes an env whose observations look like the dataset's. When the run's env cannot be
-    made, or the recorded arrays do not fit its spaces (a script's own wrapper, such as ppo_transformer's previous
-    action and reward), the spaces come from the data and the dataset has no env spec. Nothing is written on a
-    UsageError.
-    """
+    Episodes come in `split_episodes` order; an episode still running when the recording stopped is
+    left out, since the observation its last step led to was not recorded. The observation space is
+    the flattened one the scripts use (`common.envs.flat_observations`) and the dataset's env spec
+    includes that wrapper, so ``recover_environment()`` makes an env whose observations look like
+    the dataset's. When the run's env cannot be made, or the recorded arrays do not fit its spaces
+    (a script's own wrapper, such as ppo_transformer's previous action and reward), the spaces come
+    from the data and the dataset has no env spec. Nothing is written on a UsageError."""
     minari = _import_minari()
     from minari.data_collector import EpisodeBuffer
     from minari.dataset.minari_dataset import parse_dataset_id
@@ -97,8 +99,8 @@ def export_to_minari(data: Mapping[str, np.ndarray], dataset_id: str) -> MinariD
     )
     try:
         with warnings.catch_warnings():
-            # Left out on purpose: no author, e-mail or code link is known here (nor, without exp_name, the algorithm),
-            # and the data's env is the eval env.
+            # Left out on purpose: no author, e-mail or code link is known here (nor, without
+            # exp_name, the algorithm), and the data's env is the eval env.
             warnings.filterwarnings(
                 "ignore",
                 r"`(code_permalink|author|author_email|eval_env|algorithm_name)` is set to None",
@@ -120,7 +122,8 @@ def export_to_minari(data: Mapping[str, np.ndarray], dataset_id: str) -> MinariD
             [{"source_env": episode.env, "source_start": episode.start} for episode in episodes]
         )
     except BaseException as exc:
-        # A half-written dataset would block the id; but one that appeared since the check above is not ours.
+        # A half-written dataset would block the id; but one that appeared since the check above is
+        # not ours.
         if not isinstance(exc, FileExistsError) and not (
             isinstance(exc, ValueError) and "already exists" in str(exc)
         ):
@@ -163,7 +166,8 @@ def _meta(data: Mapping[str, np.ndarray]) -> dict[str, Any]:
 
 
 def _episode_buffer(episode_buffer: type, episode: Episode) -> Any:
-    """One finished episode as Minari's EpisodeBuffer: T + 1 observations and infos, T of everything else."""
+    """One finished episode as Minari's EpisodeBuffer: T + 1 observations and infos, T of everything
+    else."""
     steps = episode.data
     where = (
         f"the episode of env {episode.env} that ends at step {episode.start + episode.length - 1}"
@@ -200,7 +204,8 @@ def _episode_buffer(episode_buffer: type, episode: Episode) -> Any:
 
 
 def _infos(steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """The per-step extras as Minari's nested, T + 1 long infos (see the module's docstring for the alignment)."""
+    """The per-step extras as Minari's nested, T + 1 long infos (see the module's docstring for the
+    alignment)."""
     infos: dict[str, Any] = {}
     for key, values in steps.items():
         if (
@@ -231,8 +236,8 @@ def _infos(steps: Mapping[str, np.ndarray]) -> dict[str, Any]:
 def _spaces(
     env_id: str | None, data: Mapping[str, np.ndarray]
 ) -> tuple[gym.Env | None, gym.Space, gym.Space]:
-    """The env to name in the dataset (None: no env spec) and the observation and action spaces to store: the env's
-    where the recorded arrays fit them, else the data's."""
+    """The env to name in the dataset (None: no env spec) and the observation and action spaces to
+    store: the env's where the recorded arrays fit them, else the data's."""
     parts, actions = _parts(data, "/observations"), data["/actions"]
     # one array, or a dict of an image and a vector (common.envs.image_and_vector)
     observations = parts.get("", parts)
@@ -274,8 +279,8 @@ def _spaces(
 
 
 def _made_env(env_id: str) -> tuple[gym.Env | None, str]:
-    """The run's env with the scripts' flat observations, and why its spec cannot go into the dataset ("" if it can:
-    gymnasium can write it as JSON and remake the env from it)."""
+    """The run's env with the scripts' flat observations, and why its spec cannot go into the
+    dataset ("" if it can: gymnasium can write it as JSON and remake the env from it)."""
     try:
         env = joint_actions(flat_observations(gym.make(resolve_env_id(env_id))))
     except Exception as exc:  # an unknown id, missing extras, a broken env: the data still exports
@@ -293,7 +298,8 @@ def _made_env(env_id: str) -> tuple[gym.Env | None, str]:
 
 
 def _parts(data: Mapping[str, np.ndarray], key: str) -> dict[str, np.ndarray]:
-    """The arrays of `key` by part: {"": the array} where it is one, {part: array} for `key/part` entries."""
+    """The arrays of `key` by part: {"": the array} where it is one, {part: array} for `key/part`
+    entries."""
     if key in data:
         return {"": data[key]}
     return {
@@ -304,8 +310,8 @@ def _parts(data: Mapping[str, np.ndarray], key: str) -> dict[str, np.ndarray]:
 
 
 def _fits(array: np.ndarray | dict[str, np.ndarray], space: gym.Space) -> bool:
-    """Whether the recorded ``(num_envs, T, ...)`` array (or dict of them) has the space's shape and a dtype of its
-    kind."""
+    """Whether the recorded ``(num_envs, T, ...)`` array (or dict of them) has the space's shape and
+    a dtype of its kind."""
     if isinstance(array, dict):
         return isinstance(space, gym.spaces.Dict) and array.keys() == space.keys() and all(
             _fits(part, space[key]) for key, part in array.items()
@@ -340,8 +346,9 @@ def _box_of(array: np.ndarray | dict[str, np.ndarray]) -> gym.Space:
 
 
 def _action_space_of(actions: np.ndarray) -> gym.Space:
-    """Integer scalar actions as Discrete, from 0 (or the smallest action, if negative) to the largest action
-    recorded, which may be fewer actions than the env has; other actions as the widest Box."""
+    """Integer scalar actions as Discrete, from 0 (or the smallest action, if negative) to the
+    largest action recorded, which may be fewer actions than the env has; other actions as the
+    widest Box."""
     if actions.ndim == 2 and actions.dtype.kind in "iu":
         start = min(0, int(actions.min()))
         return gym.spaces.Discrete(int(actions.max()) - start + 1, start=start)

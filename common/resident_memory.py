@@ -12,7 +12,8 @@ except ImportError:  # Windows
 
 
 def rss_mb() -> float:
-    """The process's current resident memory in MB (its peak where /proc is missing, NaN where neither is known)."""
+    """The process's current resident memory in MB (its peak where /proc is missing, NaN where
+    neither is known)."""
     try:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20

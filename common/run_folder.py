@@ -1,4 +1,5 @@
-"""Run folders (and trajectory recordings' folders) that never take an earlier run's, and files written whole."""
+"""Run folders (and trajectory recordings' folders) that never take an earlier run's, and files
+written whole."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ def run_name(env_id: str, exp_name: str, seed: int) -> str:
 
 
 def create_run_folder(run_dir: str | Path, name: str, ending: str = "") -> Path:
-    """Create `run_dir/{name}{ending}` and return it; if it exists (two runs started in the same second),
-    `{name}_2{ending}`, `{name}_3{ending}`, ... instead. Creation is atomic: two processes never share a folder."""
+    """Create `run_dir/{name}{ending}` and return it; if it exists (two runs started in the same
+    second), `{name}_2{ending}`, `{name}_3{ending}`, ... instead. Creation is atomic: two processes
+    never share a folder."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     for suffix in ("", *(f"_{n}" for n in range(2, 10_000))):
         folder = Path(run_dir) / f"{name}{suffix}{ending}"
@@ -31,8 +33,8 @@ def create_run_folder(run_dir: str | Path, name: str, ending: str = "") -> Path:
 
 
 def write_atomically(path: Path, data: bytes | memoryview) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and a rename: a reader, or a process
-    killed meanwhile, sees the old file or the new one, never a part."""
+    """Write `data` to `path` through a temporary file in the same folder and a rename: a reader, or
+    a process killed meanwhile, sees the old file or the new one, never a part."""
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_bytes(data)
     os.replace(temporary, path)

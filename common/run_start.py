@@ -1,7 +1,7 @@
-"""What every script's `train()` sets up around its algorithm, in two calls: `setup` before the network (checks,
-torchrun, the checkpoint --resume continues, seeds, device), and `Run` after the agent and optimizer (run folder,
-writer, envs and their first observations, trajectory recorder, log, Ctrl-C), which also writes checkpoints and
-ends the run."""
+"""What every script's `train()` sets up around its algorithm, in two calls: `setup` before the
+network (checks, torchrun, the checkpoint --resume continues, seeds, device), and `Run` after the
+agent and optimizer (run folder, writer, envs and their first observations, trajectory recorder,
+log, Ctrl-C), which also writes checkpoints and ends the run."""
 
 from __future__ import annotations
 
@@ -36,10 +36,11 @@ def setup(
     check_args: Callable[[Config], None],
     kept: tuple[str, ...] = (),
 ) -> tuple[Config, dict | None, torch.device]:
-    """Before the network is built: `check_args(args)`, joining torchrun's processes (docs/distributed.md), the
-    checkpoint --resume continues, whose settings replace `args` but for the run-time flags and `kept`, then the seeds
-    (each rank its own: rank 0's parameters are broadcast, its sampling noise and minibatches are its own) and the
-    device. Returns the run's settings, the checkpoint (None for a new run) and the device."""
+    """Before the network is built: `check_args(args)`, joining torchrun's processes
+    (docs/distributed.md), the checkpoint --resume continues, whose settings replace `args` but for
+    the run-time flags and `kept`, then the seeds (each rank its own: rank 0's parameters are
+    broadcast, its sampling noise and minibatches are its own) and the device. Returns the run's
+    settings, the checkpoint (None for a new run) and the device."""
     check_args(args)
     distributed.setup(getattr(args, "dist_backend", None), args.cuda)
     kept = (*checkpoints.RUN_TIME_FLAGS, *kept)
@@ -54,8 +55,8 @@ def setup(
 def setup_evaluation(
     args: Config, script: str, checkpoint_format: int, check_args: Callable[[Config], None]
 ) -> tuple[Config, dict, torch.device]:
-    """For --eval-checkpoint: the checkpoint, its run's settings with the evaluation flags of `args` on top (both
-    checked by `check_args`), and the device, after seeding with --seed."""
+    """For --eval-checkpoint: the checkpoint, its run's settings with the evaluation flags of `args`
+    on top (both checked by `check_args`), and the device, after seeding with --seed."""
     check_args(args)
     path, kept = args.eval_checkpoint, checkpoints.EVALUATION_FLAGS
     trained, checkpoint = checkpoints.load_with_settings(
@@ -79,8 +80,9 @@ class RunStart:
 
 
 def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_size: int) -> RunStart:
-    """A new run (`checkpoint` None), or the continuation of the checkpoint's run, whose TensorBoard curves go on
-    from the step after the checkpoint's. `args` is the script's dataclass; `batch_size` counts every rank's steps."""
+    """A new run (`checkpoint` None), or the continuation of the checkpoint's run, whose TensorBoard
+    curves go on from the step after the checkpoint's. `args` is the script's dataclass;
+    `batch_size` counts every rank's steps."""
     # before the run folder: bad input leaves nothing written
     check_destination(args.save_trajectories)
     if args.total_timesteps % batch_size:
@@ -97,7 +99,8 @@ def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_siz
         path = distributed.broadcast_object(path)
         return RunStart(path, start_tracking(path, args) if main else None, path / "videos", 0, 0)
     path, global_step = resume_folder(args.resume), int(checkpoint["global_step"])
-    # In this run's batches: a checkpoint of another number of processes made iterations of another size.
+    # In this run's batches: a checkpoint of another number of processes made iterations of another
+    # size.
     iterations_done = global_step // batch_size
     if global_step % batch_size:
         notice(
@@ -114,13 +117,14 @@ def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_siz
 
 
 class Run:
-    """A training run once its agent and optimizer are built: its folder and TensorBoard writer (`start_run`), the
-    training envs (`common.envs.training_envs`) and the observations they start from (`common.env_state.start`:
-    built last, since a resumed run's generators are restored there), the trajectory recorder, and the log with its
-    progress bar. What a resumed run's loop carried from step to step is in `carried`.
+    """A training run once its agent and optimizer are built: its folder and TensorBoard writer
+    (`start_run`), the training envs (`common.envs.training_envs`) and the observations they start
+    from (`common.env_state.start`: built last, since a resumed run's generators are restored
+    there), the trajectory recorder, and the log with its progress bar. What a resumed run's loop
+    carried from step to step is in `carried`.
 
-    A context manager for the training loop: Ctrl-C inside it asks the loop to stop after its iteration (see
-    `stop_requested`), and leaving it closes the envs and the progress bar."""
+    A context manager for the training loop: Ctrl-C inside it asks the loop to stop after its
+    iteration (see `stop_requested`), and leaving it closes the envs and the progress bar."""
 
     def __init__(
         self,
@@ -167,9 +171,10 @@ class Run:
         saved: dict[str, Any],
         **carried: np.ndarray,
     ) -> Path:
-        """Write a checkpoint: the state of each of `saved` (key -> module or optimizer, as `checkpoints.restore`
-        reads them back), the reward statistics, the envs' places in their episodes with `next_obs` and what else
-        the loop `carried` (back in `carried` on resume), the trajectory recording so far, and the logs up to it."""
+        """Write a checkpoint: the state of each of `saved` (key -> module or optimizer, as
+        `checkpoints.restore` reads them back), the reward statistics, the envs' places in their
+        episodes with `next_obs` and what else the loop `carried` (back in `carried` on resume), the
+        trajectory recording so far, and the logs up to it."""
         state = {key: thing.state_dict() for key, thing in saved.items()}
         state["iteration"] = iteration
         state["reward_rms"] = checkpoints.reward_normalizer_state(self.reward_normalizer)
@@ -193,8 +198,8 @@ class Run:
         return self.stopped
 
     def end(self, iteration: int) -> None:
-        """After the loop: the last checkpoint (--save-model, or Ctrl-C with --checkpoint-every), and
-        the trajectory recording's last steps."""
+        """After the loop: the last checkpoint (--save-model, or Ctrl-C with --checkpoint-every),
+        and the trajectory recording's last steps."""
         self.saving.run_ended(iteration, self.stopped)
         self.recorder.save()
 
@@ -225,8 +230,8 @@ class Run:
         eval_returns: list[float],
         checkpoint: Path | None = None,
     ) -> TrainResult:
-        """Close the log (and the wandb run) and return what `train()` returns; the last checkpoint is
-        the one `end` or `iteration_done` wrote, if not given."""
+        """Close the log (and the wandb run) and return what `train()` returns; the last checkpoint
+        is the one `end` or `iteration_done` wrote, if not given."""
         self.log.finish()
         episodes = self.log.episodes
         checkpoint = checkpoint or self.saving.path

@@ -1,8 +1,8 @@
-"""Observation normalisation kept inside the agent, where it is saved with the weights and frozen in evaluation.
+"""Observation normalisation kept inside the agent, where it is saved with the weights and frozen in
+evaluation.
 
-Gymnasium's NormalizeObservation cannot serve here: as a vector wrapper it refuses SAME_STEP autoreset, and per env
-it keeps one set of statistics for each env.
-"""
+Gymnasium's NormalizeObservation cannot serve here: as a vector wrapper it refuses SAME_STEP
+autoreset, and per env it keeps one set of statistics for each env."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import torch.nn as nn
 
 
 class RunningNorm(nn.Module):
-    """Normalises inputs by a running mean and variance, then clips them. The statistics are buffers, so they live
-    in the state dict (and checkpoints); they change only when `update` is called, which only training does."""
+    """Normalises inputs by a running mean and variance, then clips them. The statistics are
+    buffers, so they live in the state dict (and checkpoints); they change only when `update` is
+    called, which only training does."""
 
     def __init__(
         self,
@@ -25,8 +26,9 @@ class RunningNorm(nn.Module):
         as_is: slice | None = None,
         scaled_only: slice | None = None,
     ):
-        """`as_is`: features passed unchanged (then clipped); `scaled_only`: features divided by their running root mean
-        square, not shifted. Both are for inputs whose statistics follow the policy, such as its previous action."""
+        """`as_is`: features passed unchanged (then clipped); `scaled_only`: features divided by
+        their running root mean square, not shifted. Both are for inputs whose statistics follow the
+        policy, such as its previous action."""
         super().__init__()
         self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
         self.register_buffer("var", torch.ones(size, dtype=torch.float64))
@@ -54,8 +56,9 @@ class RunningNorm(nn.Module):
         self.merge(batch.mean(0), batch.var(0, unbiased=False), batch.shape[0])
 
     def merge(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, batch_count: int) -> None:
-        """Merge a batch's mean, (biased) variance and count into the running statistics (Chan et al.'s parallel
-        update), such as `common.distributed.moments` gives for all ranks' batches."""
+        """Merge a batch's mean, (biased) variance and count into the running statistics (Chan et
+        al.'s parallel update), such as `common.distributed.moments` gives for all ranks' batches.
+        """
         delta, total = batch_mean - self.mean, self.count + batch_count
         self.mean += delta * batch_count / total
         self.var.copy_(
@@ -69,7 +72,8 @@ class RunningNorm(nn.Module):
         self.count.copy_(total)
 
     def shift_and_scale(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """What `forward` subtracts from each feature, and what it multiplies the difference by (float64)."""
+        """What `forward` subtracts from each feature, and what it multiplies the difference by
+        (float64)."""
         if self.every_feature:
             return self.mean, torch.rsqrt(self.var + self.epsilon)
         shift = self.mean * self.centred

@@ -1,16 +1,17 @@
 """The rollout's stand-in for the policy, and the checks that keep it the policy.
 
-A rollout step on a CPU costs less with NumPy than with torch at the sizes of these networks. The stand-in is a NumPy
-copy of the network, derived from the modules layer by layer (``numpy_snapshot``) and cell by cell
-(``numpy_cell``: any ``nn.LSTM`` or ``nn.GRU``), tried against the torch policy
-before it acts (``fitting_copy``), and checked against it after every rollout: same actions for the same noise
-(``check_same_actions``) and actions that are draws of the policy (``check_draws``).
+A rollout step on a CPU costs less with NumPy than with torch at the sizes of these networks. The
+stand-in is a NumPy copy of the network, derived from the modules layer by layer
+(``numpy_snapshot``) and cell by cell (``numpy_cell``: any ``nn.LSTM`` or ``nn.GRU``), tried against
+the torch policy before it acts (``fitting_copy``), and checked against it after every rollout: same
+actions for the same noise (``check_same_actions``) and actions that are draws of the policy
+(``check_draws``).
 
-``numpy_snapshot`` knows a fixed set of layer types, matched exactly (a subclass may compute something else), and
-any module with a ``numpy_snapshot()`` method that returns its NumPy form. A layer it does not know, and any forward
-hook (spectral norm, weight norm and many adapters are hooks or parametrizations), make it refuse with
-``NoNumpyForm``; the caller then runs the torch modules instead.
-"""
+``numpy_snapshot`` knows a fixed set of layer types, matched exactly (a subclass may compute
+something else), and any module with a ``numpy_snapshot()`` method that returns its NumPy form. A
+layer it does not know, and any forward hook (spectral norm, weight norm and many adapters are hooks
+or parametrizations), make it refuse with ``NoNumpyForm``; the caller then runs the torch modules
+instead."""
 
 from __future__ import annotations
 
@@ -81,7 +82,8 @@ LAYERS: dict[type[nn.Module], Callable[[nn.Module], NumpyFunction]] = {
     nn.SiLU: lambda layer: lambda x: x / (np.float32(1) + np.exp(-x)),
     nn.Identity: lambda layer: lambda x: x,
 }
-"""The layer types a snapshot knows, each with the function that builds its NumPy form from a layer."""
+"""The layer types a snapshot knows, each with the function that builds its NumPy form from a layer.
+"""
 
 
 def _has_forward_hooks(module: nn.Module) -> bool:
@@ -89,9 +91,10 @@ def _has_forward_hooks(module: nn.Module) -> bool:
 
 
 def numpy_snapshot(*modules: nn.Module) -> NumpyFunction:
-    """A NumPy function of float32 arrays that computes `modules` applied one after another, at their current
-    weights. `nn.Sequential` containers are followed into; every other module must be a known layer type or
-    have a `numpy_snapshot()` method. Raises NoNumpyForm naming the first module it cannot copy."""
+    """A NumPy function of float32 arrays that computes `modules` applied one after another, at
+    their current weights. `nn.Sequential` containers are followed into; every other module must be
+    a known layer type or have a `numpy_snapshot()` method. Raises NoNumpyForm naming the first
+    module it cannot copy."""
     functions = _numpy_forms(modules)
 
     def forward(x: np.ndarray) -> np.ndarray:
@@ -103,8 +106,8 @@ def numpy_snapshot(*modules: nn.Module) -> NumpyFunction:
 
 
 def _numpy_forms(modules: Iterable[nn.Module]) -> list[NumpyFunction]:
-    """The NumPy forms of `modules` in order, with containers flattened and identities left out: each is one Python
-    call per rollout step."""
+    """The NumPy forms of `modules` in order, with containers flattened and identities left out:
+    each is one Python call per rollout step."""
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         raise NoNumpyForm("global forward hooks are registered")
     functions: list[NumpyFunction] = []
@@ -123,8 +126,9 @@ def _numpy_forms(modules: Iterable[nn.Module]) -> list[NumpyFunction]:
 
 
 def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """One step of an `nn.LSTM` or `nn.GRU` in NumPy: (input (B, in), state (layers, B, state size)) -> (output,
-    state after the step). An LSTM's state is its hidden and cell states side by side, in that order."""
+    """One step of an `nn.LSTM` or `nn.GRU` in NumPy: (input (B, in), state (layers, B, state size))
+    -> (output, state after the step). An LSTM's state is its hidden and cell states side by side,
+    in that order."""
     if type(rnn) not in (nn.LSTM, nn.GRU) or _has_forward_hooks(rnn):
         raise NoNumpyForm(f"no NumPy form for the cell {rnn.__class__.__name__}")
     if (
@@ -181,9 +185,9 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
 def numpy_policy(
     modules: Sequence[nn.Module], log_std: torch.Tensor | None
 ) -> Callable[..., np.ndarray]:
-    """The NumPy form of a feedforward policy, (observations, noise) -> actions: `modules` applied in turn give the
-    logits, drawn from with the Gumbel-max trick (`log_std` None), or the Gaussian mean, drawn as mean + std * noise.
-    """
+    """The NumPy form of a feedforward policy, (observations, noise) -> actions: `modules` applied
+    in turn give the logits, drawn from with the Gumbel-max trick (`log_std` None), or the Gaussian
+    mean, drawn as mean + std * noise."""
     out = numpy_snapshot(*modules)
     if log_std is None:
         return lambda obs, noise: np.argmax(out(obs) + noise, -1)
@@ -197,10 +201,11 @@ def numpy_recurrent_policy(
     head: nn.Module,
     log_std: torch.Tensor | None,
 ) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
-    """The NumPy form of one step of a recurrent policy, (observations, state, episode starts, noise) -> (actions,
-    state after the step). The state, zero where an episode starts, holds each core's side by side; a core is an
-    (encoder, cell) pair, run on the `normalise`d observations. `head` on the first core's output gives the logits or
-    the Gaussian mean, drawn from as `numpy_policy` does."""
+    """The NumPy form of one step of a recurrent policy, (observations, state, episode starts,
+    noise) -> (actions, state after the step). The state, zero where an episode starts, holds each
+    core's side by side; a core is an (encoder, cell) pair, run on the `normalise`d observations.
+    `head` on the first core's output gives the logits or the Gaussian mean, drawn from as
+    `numpy_policy` does."""
     normalised, draw = numpy_snapshot(normalise), numpy_policy([head], log_std)
     steps, start = [], 0  # each core's encoder, cell, and part of the state
     for encoder, rnn in cores:
@@ -219,7 +224,8 @@ def numpy_recurrent_policy(
 
 
 def trial_inputs(obs: np.ndarray, action_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Observations `obs`, each repeated 256 times, with a draw of noise for each: what `fitting_copy` tries."""
+    """Observations `obs`, each repeated 256 times, with a draw of noise for each: what
+    `fitting_copy` tries."""
     repeated = np.repeat(obs, 256, axis=0)
     return repeated, np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(
         np.float32
@@ -232,11 +238,12 @@ def fitting_copy(
     trial: Callable[[], tuple[np.ndarray, ...]],
     owner: nn.Module,
 ) -> F | None:
-    """`build()`, a NumPy copy of the rollout's policy of `owner`, if it builds and gives the outputs of `reference`
-    (the torch policy: the same arguments, NumPy arrays in and out) on the arguments `trial()`; else None, with one
-    notice line. An edit the copy does not follow (a layer outside the actor, another output shape) shows here,
-    before the copy acts. The verdict depends on the network's structure, not its weights, so it is tried once per
-    `owner`; the check after every rollout covers the rest."""
+    """`build()`, a NumPy copy of the rollout's policy of `owner`, if it builds and gives the
+    outputs of `reference` (the torch policy: the same arguments, NumPy arrays in and out) on the
+    arguments `trial()`; else None, with one notice line. An edit the copy does not follow (a layer
+    outside the actor, another output shape) shows here, before the copy acts. The verdict depends
+    on the network's structure, not its weights, so it is tried once per `owner`; the check after
+    every rollout covers the rest."""
     try:
         copy = build()
         if owner not in _fitting:
@@ -267,13 +274,13 @@ def check_same_actions(
     scores: torch.Tensor | None = None,
     std: torch.Tensor | None = None,
 ) -> None:
-    """Raise PolicyMismatch unless the rollout's `acted` actions are the `expected` ones, which the torch policy
-    gives for the same observations and noise.
+    """Raise PolicyMismatch unless the rollout's `acted` actions are the `expected` ones, which the
+    torch policy gives for the same observations and noise.
 
-    NumPy and torch round float32 differently. Discrete actions (pass the `scores` they are the argmax of) may differ
-    only where the two actions' scores tie to 1e-5; continuous ones (pass the policy's `std`) must agree to 1% of a
-    standard deviation, plus 1e-4 relative to the action. NaN in the torch policy's output (from an observation or a
-    parameter) is a TrainingDiverged."""
+    NumPy and torch round float32 differently. Discrete actions (pass the `scores` they are the
+    argmax of) may differ only where the two actions' scores tie to 1e-5; continuous ones (pass the
+    policy's `std`) must agree to 1% of a standard deviation, plus 1e-4 relative to the action. NaN
+    in the torch policy's output (from an observation or a parameter) is a TrainingDiverged."""
     if torch.isnan(scores if scores is not None else expected).any():
         raise TrainingDiverged("the policy's output is NaN: an observation or a parameter is")
     if scores is not None:
@@ -312,17 +319,20 @@ def check_draws(
     mean: torch.Tensor | None = None,
     std: torch.Tensor | None = None,
 ) -> None:
-    """Raise PolicyMismatch when `actions` are not plausibly draws from the policy, by more than 6 standard errors.
+    """Raise PolicyMismatch when `actions` are not plausibly draws from the policy, by more than 6
+    standard errors.
 
-    Gaussian (`mean`, `std`): the mean and the variance of the standardised actions. Discrete (`probs`): the count
-    of each action whose count has a variance of 25 or more (smaller ones are too far from normal),
-    and the mean of the randomised probability integral transform, which is exactly uniform for true draws whatever
-    the probabilities: it moves when draws are sharper or flatter than the policy."""
+    Gaussian (`mean`, `std`): the mean and the variance of the standardised actions. Discrete
+    (`probs`): the count of each action whose count has a variance of 25 or more (smaller ones are
+    too far from normal), and the mean of the randomised probability integral transform, which is
+    exactly uniform for true draws whatever the probabilities: it moves when draws are sharper or
+    flatter than the policy."""
     if probs is not None:
         variance = (probs * (1 - probs)).sum(0)
         z = (torch.bincount(actions, minlength=probs.shape[-1]) - probs.sum(0)) / variance.sqrt()
-        # A count is near normal only when its variance is large: a near-deterministic policy can expect an action
-        # 256 times with a variance of 0.05, where two rare draws would be 9 standard errors.
+        # A count is near normal only when its variance is large: a near-deterministic policy can
+        # expect an action 256 times with a variance of 0.05, where two rare draws would be 9
+        # standard errors.
         z = z[variance >= 25]
         ordered = probs.sort(-1, descending=True)
         rank = (ordered.indices == actions[:, None]).int().argmax(-1, keepdim=True)

@@ -1,5 +1,5 @@
-"""Where a run's numbers go: the TensorBoard writer and, with --track, the same values as wandb rows; the
-hyperparameters table, episode returns, and videos."""
+"""Where a run's numbers go: the TensorBoard writer and, with --track, the same values as wandb
+rows; the hyperparameters table, episode returns, and videos."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ from common.resident_memory import rss_mb
 from common.run_folder import write_atomically
 
 WANDB_RUN_FILE = "wandb_run.json"
-"""In a tracked run's folder: its wandb id and the last global step sent to wandb (`WandbHistory`)."""
+"""In a tracked run's folder: its wandb id and the last global step sent to wandb (`WandbHistory`).
+"""
 
 
 class RunWriter(SummaryWriter):
-    """The run's TensorBoard writer; with --track (`wandb_history`), the rows that go to wandb are kept beside it."""
+    """The run's TensorBoard writer; with --track (`wandb_history`), the rows that go to wandb are
+    kept beside it."""
 
     def __init__(self, log_dir: Path, purge_step: int | None, wandb_history: WandbHistory | None):
         super().__init__(str(log_dir), purge_step=purge_step)
@@ -33,11 +35,13 @@ class RunWriter(SummaryWriter):
 
 
 class WandbHistory:
-    """A tracked run's wandb history, logged directly (TensorBoard's sync would copy the event files, nested, and keep
-    one value per tag of each event): one row per episode, per iteration, per evaluation episode and per video, each
-    with its `global_step`, the x-axis of every key. Rows wait for `send`, once per iteration, which first writes the
-    last step it sends to `wandb_run.json` in the run folder, with the run's wandb id. A resumed run continues that
-    wandb run and sends no row up to that step: what a killed run sent after its last checkpoint is not sent twice."""
+    """A tracked run's wandb history, logged directly (TensorBoard's sync would copy the event
+    files, nested, and keep one value per tag of each event): one row per episode, per iteration,
+    per evaluation episode and per video, each with its `global_step`, the x-axis of every key. Rows
+    wait for `send`, once per iteration, which first writes the last step it sends to
+    `wandb_run.json` in the run folder, with the run's wandb id. A resumed run continues that wandb
+    run and sends no row up to that step: what a killed run sent after its last checkpoint is not
+    sent twice."""
 
     def __init__(self, run_path: Path, args: Any, resumed: bool):
         import wandb
@@ -59,7 +63,8 @@ class WandbHistory:
             save_code=True,
         )
         self.run_id: str = run.id
-        # A resumed run's flags that the command line decides (--resume, --track) differ from the first part's.
+        # A resumed run's flags that the command line decides (--resume, --track) differ from the
+        # first part's.
         run.config.update(dataclasses.asdict(args), allow_val_change=True)
         wandb.define_metric("global_step")
         wandb.define_metric("*", step_metric="global_step")
@@ -68,14 +73,15 @@ class WandbHistory:
         atexit.register(self.send)
 
     def add(self, step: int, values: dict[str, Any]) -> None:
-        """One row at `step` (a global step), unless the run this one resumes sent that step already."""
+        """One row at `step` (a global step), unless the run this one resumes sent that step
+        already."""
         self.last_step = step
         if step > self.sent_before:
             self.rows.append({**values, "global_step": step})
 
     def send(self) -> None:
-        """Log the waiting rows to wandb, in the order they came (never with wandb's `step=`: rows of one step would
-        merge into one)."""
+        """Log the waiting rows to wandb, in the order they came (never with wandb's `step=`: rows
+        of one step would merge into one)."""
         import wandb
 
         if not self.rows or wandb.run is None:
@@ -98,12 +104,13 @@ def wandb_history(writer: SummaryWriter | None) -> WandbHistory | None:
 
 
 def start_tracking(run_path: Path, args: Any, purge_step: int | None = None) -> RunWriter:
-    """The run's writer, with the `hyperparameters` table CleanRL writes; `args` is the script's dataclass, and with
-    `args.track` the run's wandb history (its args are the wandb config; wandb does not take TensorBoard's text).
+    """The run's writer, with the `hyperparameters` table CleanRL writes; `args` is the script's
+    dataclass, and with `args.track` the run's wandb history (its args are the wandb config; wandb
+    does not take TensorBoard's text).
 
-    A resumed run passes `purge_step`, the first step it logs: TensorBoard's readers then drop what the interrupted
-    run logged from that step on, and wandb's run goes on (see `WandbHistory`). The writer is also closed at exit, so
-    a crash keeps the last records."""
+    A resumed run passes `purge_step`, the first step it logs: TensorBoard's readers then drop what
+    the interrupted run logged from that step on, and wandb's run goes on (see `WandbHistory`). The
+    writer is also closed at exit, so a crash keeps the last records."""
     config = dataclasses.asdict(args)
     history = WandbHistory(run_path, args, resumed=purge_step is not None) if args.track else None
     writer = RunWriter(run_path, purge_step, history)
@@ -135,9 +142,10 @@ def log_episodes(
     step: int,
     prefix: str = "charts",
 ) -> None:
-    """Log every episode that ended at `step` (`{prefix}/episodic_return` and `{prefix}/episodic_length`): in one
-    TensorBoard event, since each event costs the writer thread about 0.1 ms, which dominates runs where many short
-    episodes end; and one wandb row per episode when tracking."""
+    """Log every episode that ended at `step` (`{prefix}/episodic_return` and
+    `{prefix}/episodic_length`): in one TensorBoard event, since each event costs the writer thread
+    about 0.1 ms, which dominates runs where many short episodes end; and one wandb row per episode
+    when tracking."""
     if writer is None:  # a rank other than 0 under torchrun
         return
     return_tag, length_tag = f"{prefix}/episodic_return", f"{prefix}/episodic_length"
@@ -152,7 +160,8 @@ def log_episodes(
 def upload_videos(
     history: WandbHistory, video_folder: str | Path, uploaded: set[str], step: int
 ) -> None:
-    """Queue the videos of `video_folder` that are not in `uploaded` for wandb, at `step`, and remember them there."""
+    """Queue the videos of `video_folder` that are not in `uploaded` for wandb, at `step`, and
+    remember them there."""
     import wandb
 
     for path in sorted(Path(video_folder).glob("*.mp4")):
@@ -167,8 +176,8 @@ def finish_tracking(
     uploaded: set[str],
     step: int | None = None,
 ) -> None:
-    """Close the writer; when tracking, send the last videos (at `step`, by default the last row's) and rows, and
-    finish the wandb run (None: nothing to close)."""
+    """Close the writer; when tracking, send the last videos (at `step`, by default the last row's)
+    and rows, and finish the wandb run (None: nothing to close)."""
     if writer is None:
         return
     writer.close()
@@ -187,9 +196,10 @@ def finish_tracking(
 
 
 class EpisodeLog:
-    """The finished episodes of a vector env with gymnasium's RecordEpisodeStatistics: kept in order, and logged at
-    the step they end (`{prefix}/episodic_return`, `{prefix}/episodic_length`). Under torchrun every rank's episodes
-    are gathered at `gather_ranks` (once per iteration), kept by every rank, and logged by rank 0."""
+    """The finished episodes of a vector env with gymnasium's RecordEpisodeStatistics: kept in
+    order, and logged at the step they end (`{prefix}/episodic_return`, `{prefix}/episodic_length`).
+    Under torchrun every rank's episodes are gathered at `gather_ranks` (once per iteration), kept
+    by every rank, and logged by rank 0."""
 
     def __init__(self, writer: SummaryWriter | None, prefix: str = "charts"):
         self.writer, self.prefix = writer, prefix
@@ -218,7 +228,8 @@ class EpisodeLog:
         self.lengths += lengths
 
     def gather_ranks(self) -> None:
-        """Every rank's episodes since the last call, in the order of their steps (then ranks): a collective."""
+        """Every rank's episodes since the last call, in the order of their steps (then ranks): a
+        collective."""
         if distributed.world_size() == 1:
             return
         ranks, self.pending = distributed.gather(self.pending), []
@@ -228,14 +239,15 @@ class EpisodeLog:
             self._add(step, returns, lengths)
 
     def recent_mean(self, episodes: int = 20) -> float | None:
-        """The mean return of the last `episodes` episodes to 2 decimals (for a progress bar), None before the first."""
+        """The mean return of the last `episodes` episodes to 2 decimals (for a progress bar), None
+        before the first."""
         return round(float(np.mean(self.returns[-episodes:])), 2) if self.returns else None
 
 
 class TrainingLog:
-    """A training run's logging: every finished episode (`episodes`), one block of scalars per iteration with
-    `charts/SPS` and `system/rss_mb` added, the progress bar, and (with --track) the videos uploaded as they appear.
-    A context manager: the progress bar closes on leaving it."""
+    """A training run's logging: every finished episode (`episodes`), one block of scalars per
+    iteration with `charts/SPS` and `system/rss_mb` added, the progress bar, and (with --track) the
+    videos uploaded as they appear. A context manager: the progress bar closes on leaving it."""
 
     def __init__(
         self,
@@ -257,8 +269,9 @@ class TrainingLog:
         self.last_step = global_step
 
     def iteration(self, global_step: int, scalars: dict[str, float]) -> None:
-        """Log an iteration's `scalars` at `global_step`, with the SPS since this process started training (and under
-        torchrun the seconds in collectives, `perf/collective_seconds`, after gathering every rank's episodes)."""
+        """Log an iteration's `scalars` at `global_step`, with the SPS since this process started
+        training (and under torchrun the seconds in collectives, `perf/collective_seconds`, after
+        gathering every rank's episodes)."""
         self.episodes.gather_ranks()
         sps = int((global_step - self.start_step) / (time.time() - self.start_time))
         scalars = {**scalars, "charts/SPS": sps, "system/rss_mb": rss_mb()}
@@ -271,7 +284,8 @@ class TrainingLog:
         self.send(global_step)
 
     def send(self, global_step: int) -> None:
-        """With --track, send what waits for wandb, with the videos that appeared (at `global_step`)."""
+        """With --track, send what waits for wandb, with the videos that appeared (at
+        `global_step`)."""
         history = wandb_history(self.writer)
         if history is not None:
             if self.video_folder is not None:
@@ -279,8 +293,8 @@ class TrainingLog:
             history.send()
 
     def flush(self, global_step: int) -> None:
-        """When a checkpoint is written: TensorBoard's buffered events to their file, and what waits for wandb, so
-        that a run killed after the checkpoint has logged everything up to it."""
+        """When a checkpoint is written: TensorBoard's buffered events to their file, and what waits
+        for wandb, so that a run killed after the checkpoint has logged everything up to it."""
         if self.writer is not None:
             self.writer.flush()
             self.send(global_step)

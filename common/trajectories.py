@@ -50,19 +50,22 @@ from common.run_folder import create_run_folder, write_atomically
 
 FORMAT_VERSION = 1
 FLUSH_STEPS = 2048
-"""A recording writes its steps to a file once it holds this many vector steps (or a rollout, if longer)..."""
+"""A recording writes its steps to a file once it holds this many vector steps (or a rollout, if
+longer)..."""
 FLUSH_BYTES = 2**26
-"""... or this many bytes of observations (64 MiB: 8 Atari envs' 84x84x4 frames take 2,048 steps to 460 MB)."""
+"""... or this many bytes of observations (64 MiB: 8 Atari envs' 84x84x4 frames take 2,048 steps to
+460 MB)."""
 CHUNK_PREFIX = "steps_"
 STEP_KEYS = ("/observations", "/actions", "/rewards", "/terminations", "/truncations", "/masks")
 """Keys every trajectory file holds."""
 SILENTLY_SKIPPED_INFOS = frozenset({"/final_info"})
-"""Info keys that are never numeric and left out without a warning: gymnasium's finished episodes' info dicts."""
+"""Info keys that are never numeric and left out without a warning: gymnasium's finished episodes'
+info dicts."""
 
 
 def _image_of(observations: Any) -> tuple[str, np.ndarray | None]:
-    """The uint8 images (num_envs, ...) among per-env `observations` (an array, or a dict of parts), and their key
-    below `/observations` ("" for the whole); None where there are none."""
+    """The uint8 images (num_envs, ...) among per-env `observations` (an array, or a dict of parts),
+    and their key below `/observations` ("" for the whole); None where there are none."""
     parts = flatten_dict(observations) if isinstance(observations, Mapping) else {"": observations}
     for key, part in parts.items():
         if part.dtype == np.uint8 and part.ndim > 2:
@@ -71,8 +74,8 @@ def _image_of(observations: Any) -> tuple[str, np.ndarray | None]:
 
 
 def _with_parts(infos: dict[str, Any]) -> dict[str, Any]:
-    """`infos` with an object array of dicts (gymnasium's `final_obs` of Dict observations) split into one object
-    array per part, under `key/part`."""
+    """`infos` with an object array of dicts (gymnasium's `final_obs` of Dict observations) split
+    into one object array per part, under `key/part`."""
     split = {}
     for key, value in infos.items():
         dicts = isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1
@@ -94,10 +97,9 @@ class TrajectoryFileError(ValueError):
 def _numeric_info(value: Any, num_envs: int) -> np.ndarray | None:
     """An info entry as a numeric ``(num_envs, ...)`` array, or None when it has no numeric form.
 
-    Object arrays (gymnasium's ``final_obs``) become dense arrays: of integer images (uint8 frames) in their own dtype
-    with 0 for the envs that have no entry (gymnasium's ``_final_obs`` mask says which have one), of the rest as floats
-    with NaN.
-    """
+    Object arrays (gymnasium's ``final_obs``) become dense arrays: of integer images (uint8 frames)
+    in their own dtype with 0 for the envs that have no entry (gymnasium's ``_final_obs`` mask says
+    which have one), of the rest as floats with NaN."""
     if not isinstance(value, np.ndarray) or value.ndim == 0 or value.shape[0] != num_envs:
         return None
     if value.dtype != object:
@@ -167,7 +169,8 @@ class TrajectoryWriter:
         agents: Mapping[str, Mapping[str, Any]] | None = None,
         infos: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record one vector-env step. Every value has the leading dimension ``num_envs`` (tensors are accepted)."""
+        """Record one vector-env step. Every value has the leading dimension ``num_envs`` (tensors
+        are accepted)."""
         terminations = self._per_env("terminations", terminations).astype(bool)
         truncations = self._per_env("truncations", truncations).astype(bool)
         step: dict[str, Any] = {
@@ -190,7 +193,8 @@ class TrajectoryWriter:
             numeric = self._numeric_infos(infos)
             image_key, image = _image_of(step["observations"])
             if image is not None and f"/final_obs{image_key}" not in numeric:
-                # Images: final observations at every step, 0 where none (`_final_obs` says), so they stay uint8.
+                # Images: final observations at every step, 0 where none (`_final_obs` says), so
+                # they stay uint8.
                 numeric[f"/final_obs{image_key}"] = np.zeros_like(image)
                 numeric["/_final_obs"] = np.zeros(self.num_envs, bool)
             if numeric:
@@ -233,10 +237,10 @@ class TrajectoryWriter:
         return data
 
     def save(self, path: str | Path) -> Path:
-        """Write the file atomically (a temporary file in the same folder, then a rename) and return its path.
+        """Write the file atomically (a temporary file in the same folder, then a rename) and return
+        its path.
 
-        The ``.npz`` suffix is added when missing.
-        """
+        The ``.npz`` suffix is added when missing."""
         path = npz_path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
@@ -253,14 +257,16 @@ class TrajectoryWriter:
 
 
 class TrajectoryRecording:
-    """A trajectory file written as the steps come: a folder `path` of files of at most `flush_steps` vector steps or
-    about `flush_bytes` of observations each (and a rollout's steps at least, which `RolloutRecorder` adds together).
-    A process killed at any moment leaves every file written before whole, and one that stops on an error writes the
-    steps that wait; :func:`load_trajectories` reads the folder.
+    """A trajectory file written as the steps come: a folder `path` of files of at most
+    `flush_steps` vector steps or about `flush_bytes` of observations each (and a rollout's steps at
+    least, which `RolloutRecorder` adds together). A process killed at any moment leaves every file
+    written before whole, and one that stops on an error writes the steps that wait;
+    :func:`load_trajectories` reads the folder.
 
-    `start` continues the recording in `path` at its step `start` (a resumed run): files of later steps, recorded by
-    a run killed after its checkpoint, are removed, since the resumed run records those steps again. A folder that
-    does not hold exactly the steps before `start` is a TrajectoryFileError, and nothing is removed."""
+    `start` continues the recording in `path` at its step `start` (a resumed run): files of later
+    steps, recorded by a run killed after its checkpoint, are removed, since the resumed run records
+    those steps again. A folder that does not hold exactly the steps before `start` is a
+    TrajectoryFileError, and nothing is removed."""
 
     def __init__(
         self,
@@ -286,7 +292,8 @@ class TrajectoryRecording:
         atexit.register(self.flush)  # an error that ends the run keeps the steps recorded before it
 
     def add_step(self, observations: Any, *step: Any, **fields: Any) -> None:
-        """:meth:`TrajectoryWriter.add_step`, then a file written once `flush_steps` steps or `flush_bytes` wait."""
+        """:meth:`TrajectoryWriter.add_step`, then a file written once `flush_steps` steps or
+        `flush_bytes` wait."""
         self.buffer.add_step(observations, *step, **fields)
         observations = self.buffer.steps[-1]["observations"]
         self.buffered_bytes += sum(
@@ -308,16 +315,18 @@ class TrajectoryRecording:
 
 
 class RolloutRecorder:
-    """Training rollouts to the trajectory recording `args.save_trajectories` (None: records nothing), with the
-    run's `args` (a dataclass) as its meta data. The env's side is recorded step by step; the agent's fields, known
-    once the rollout's log-probabilities and values are, at the end of each rollout, when the steps go to the
-    recording. Under torchrun each rank records its own envs, rank r > 0 to `{stem}.rank{r}{suffix}`.
+    """Training rollouts to the trajectory recording `args.save_trajectories` (None: records
+    nothing), with the run's `args` (a dataclass) as its meta data. The env's side is recorded step
+    by step; the agent's fields, known once the rollout's log-probabilities and values are, at the
+    end of each rollout, when the steps go to the recording. Under torchrun each rank records its
+    own envs, rank r > 0 to `{stem}.rank{r}{suffix}`.
 
-    A new recording goes to that path, or, if something is there already, to the first free `_2`, `_3`, ... A run
-    resumed from a checkpoint continues the recording that `checkpoint_state` put in it when its envs continue the
-    episodes the checkpoint cut (`carried`, what `common.env_state.start` gave, says so); else, or if that
-    recording is not as the checkpoint left it, it starts a new one, with a notice: a recording never holds an
-    episode spliced from two."""
+    A new recording goes to that path, or, if something is there already, to the first free `_2`,
+    `_3`, ... A run resumed from a checkpoint continues the recording that `checkpoint_state` put in
+    it when its envs continue the episodes the checkpoint cut (`carried`, what
+    `common.env_state.start` gave, says so); else, or if that recording is not as the checkpoint
+    left it, it starts a new one, with a notice: a recording never holds an episode spliced from
+    two."""
 
     def __init__(
         self,
@@ -358,8 +367,9 @@ class RolloutRecorder:
     def step(
         self, obs: Any, action: Any, reward: Any, terminated: Any, truncated: Any, infos: Mapping
     ) -> None:
-        """One vector-env step: the env's observation acted on, the action the env was sent, and its reward, scaled
-        by `reward_normalizer` (gymnasium's NormalizeReward) if given: the env's own reward is recorded."""
+        """One vector-env step: the env's observation acted on, the action the env was sent, and its
+        reward, scaled by `reward_normalizer` (gymnasium's NormalizeReward) if given: the env's own
+        reward is recorded."""
         if self.recording is None:
             return
         if self.reward_normalizer is not None:
@@ -371,15 +381,16 @@ class RolloutRecorder:
         )
 
     def end_rollout(self, **agent_fields: Any) -> None:
-        """The agent's fields for the rollout's steps, each (steps, num_envs, ...): recorded under `policy`."""
+        """The agent's fields for the rollout's steps, each (steps, num_envs, ...): recorded under
+        `policy`."""
         for t, (env_step, infos) in enumerate(self.rollout):
             fields = {"policy": {name: value[t] for name, value in agent_fields.items()}}
             self.recording.add_step(*env_step, agents=fields, infos=infos)
         self.rollout = []
 
     def checkpoint_state(self) -> dict[str, Any] | None:
-        """For a checkpoint (each rank's under `ranks`): the recorded steps are written first, so that a run resumed
-        from it continues the recording exactly. None when not recording."""
+        """For a checkpoint (each rank's under `ranks`): the recorded steps are written first, so
+        that a run resumed from it continues the recording exactly. None when not recording."""
         if self.recording is None:
             return None
         self.recording.flush()
@@ -392,7 +403,8 @@ class RolloutRecorder:
 
 
 def _own_rank_entry(checkpoint: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """This rank's recording in `checkpoint` (None without one, or for a checkpoint of another number of processes)."""
+    """This rank's recording in `checkpoint` (None without one, or for a checkpoint of another
+    number of processes)."""
     if checkpoint is None:
         return None
     ranks = checkpoint.get("ranks", [checkpoint])
@@ -404,8 +416,8 @@ def _own_rank_entry(checkpoint: Mapping[str, Any] | None) -> Mapping[str, Any] |
 
 
 def _continuable_at(folder: Path, start: int) -> list[Path]:
-    """The files of `folder` that start at or after step `start`, after checking that the others hold exactly the
-    steps before it, one after another (a TrajectoryFileError if not)."""
+    """The files of `folder` that start at or after step `start`, after checking that the others
+    hold exactly the steps before it, one after another (a TrajectoryFileError if not)."""
     steps, later = 0, []
     for chunk in _chunks(folder) if folder.is_dir() else ():
         first = _chunk_start(chunk)
@@ -429,9 +441,9 @@ def npz_path(path: str | Path) -> Path:
 
 
 def new_recording_folder(path: str | Path) -> Path:
-    """Create the folder of a new recording for `path`: `path` itself, or, when something is there already (an
-    earlier run's recording, a file), the first free `stem_2`, `stem_3`, ..., with a notice. Created atomically: a
-    recording is never overwritten, nor shared by two runs."""
+    """Create the folder of a new recording for `path`: `path` itself, or, when something is there
+    already (an earlier run's recording, a file), the first free `stem_2`, `stem_3`, ..., with a
+    notice. Created atomically: a recording is never overwritten, nor shared by two runs."""
     wanted = Path(path)
     created = create_run_folder(wanted.parent, wanted.stem, wanted.suffix)
     if created != wanted:
@@ -440,8 +452,9 @@ def new_recording_folder(path: str | Path) -> Path:
 
 
 def check_destination(path: str | Path | None) -> None:
-    """A UsageError, before anything is written, if a recording cannot be made at `path` (None: nothing to check):
-    a file stands where one of its folders would be, or the nearest existing folder cannot be written."""
+    """A UsageError, before anything is written, if a recording cannot be made at `path` (None:
+    nothing to check): a file stands where one of its folders would be, or the nearest existing
+    folder cannot be written."""
     if path is None:
         return
     path = Path(path).absolute()
@@ -478,9 +491,10 @@ def _chunk_length(chunk: Path) -> int:
 
 
 def _concatenated(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The chunks' steps as one recording, `/meta/*` from the first. A key absent from some chunks (an info that
-    first appeared later) holds NaN there, as within one file; a key's dtype is the one all its chunks' take (an info
-    present at every step of one chunk and missing at some steps of another is float64 in both)."""
+    """The chunks' steps as one recording, `/meta/*` from the first. A key absent from some chunks
+    (an info that first appeared later) holds NaN there, as within one file; a key's dtype is the
+    one all its chunks' take (an info present at every step of one chunk and missing at some steps
+    of another is float64 in both)."""
     data = {key: value for key, value in chunks[0].items() if key.startswith("/meta/")}
     keys = dict.fromkeys(key for chunk in chunks for key in chunk if not key.startswith("/meta/"))
     for key in keys:
@@ -498,12 +512,12 @@ def _concatenated(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def load_trajectories(path: str | Path) -> dict[str, np.ndarray]:
-    """Read a trajectory file, or a recording's folder of them (their steps in order), into a flat dict of arrays,
-    never unpickling.
+    """Read a trajectory file, or a recording's folder of them (their steps in order), into a flat
+    dict of arrays, never unpickling.
 
-    ``/meta/*`` entries are returned as they are stored (JSON text in 0-d string arrays; ``json.loads(str(x))`` reads
-    them). Raises :class:`TrajectoryFileError` for a missing, corrupt or foreign file.
-    """
+    ``/meta/*`` entries are returned as they are stored (JSON text in 0-d string arrays;
+    ``json.loads(str(x))`` reads them). Raises :class:`TrajectoryFileError` for a missing, corrupt
+    or foreign file."""
     path = Path(path)
     if path.is_dir():
         chunks, steps = [], 0
@@ -573,9 +587,8 @@ class Episode:
 def split_episodes(data: Mapping[str, np.ndarray]) -> list[Episode]:
     """Cut every env's stream at terminations and truncations, in env order then time order.
 
-    An episode ends on the step whose termination or truncation is set. Steps after the last end of a stream form a
-    final episode with ``finished=False``.
-    """
+    An episode ends on the step whose termination or truncation is set. Steps after the last end of
+    a stream form a final episode with ``finished=False``."""
     ends = np.asarray(data["/terminations"], dtype=bool) | np.asarray(
         data["/truncations"], dtype=bool
     )
@@ -596,7 +609,8 @@ def split_episodes(data: Mapping[str, np.ndarray]) -> list[Episode]:
 
 
 def summarize(data: Mapping[str, np.ndarray]) -> str:
-    """A human-readable summary: envs, steps, episodes, returns of finished episodes, and every key's statistics."""
+    """A human-readable summary: envs, steps, episodes, returns of finished episodes, and every
+    key's statistics."""
     num_envs, num_steps = data["/rewards"].shape
     episodes = split_episodes(data)
     returns = np.array([episode.total_reward for episode in episodes if episode.finished])

@@ -62,9 +62,8 @@ def test_case_table_lookup():
     assert full.total_timesteps == 500_000 and full.threshold == 490.0
     assert cases.find_case("ppo_fc", "CartPole-v1", 100_000).threshold == 150.0
     shorter = cases.find_case("ppo_fc", "CartPole-v1", 30_000)
-    assert (
-        shorter.total_timesteps == 30_000 and shorter.threshold is None
-    )  # a threshold is for its own length
+    # a threshold is for its own length
+    assert shorter.total_timesteps == 30_000 and shorter.threshold is None
     unlisted = cases.find_case("ppo_fc", "Acrobot-v1")
     assert (
         unlisted.total_timesteps == cases.DEFAULT_TIMESTEPS
@@ -74,9 +73,8 @@ def test_case_table_lookup():
     for (
         name,
         suite,
-    ) in (
-        cases.SUITES.items()
-    ):  # every case is judged (on a threshold or against a reference), or its
+        # every case is judged (on a threshold or against a reference), or its
+    ) in cases.SUITES.items():
         # suite is run beside baselines of its own, or measures speed only (no evaluation)
         judged = [
             case.threshold is not None or case.reference is not None
@@ -90,9 +88,8 @@ def test_case_table_lookup():
         ("--bptt-len", "32"),
         ("--bptt-len", "8"),
     ]
-    assert (
-        cases.find_case("ppo_lstm", "CartPoleNoVel-v1", 500_000) == cases.CARTPOLE_NOVEL_500K
-    )  # not a variant
+    # not a variant
+    assert cases.find_case("ppo_lstm", "CartPoleNoVel-v1", 500_000) == cases.CARTPOLE_NOVEL_500K
     compared = [case for case in cases.CASES if case.compare_with is not None]
     for case in compared:  # another length keeps the comparison (a speed run can be shorter)
         assert cases.find_case(case.script, case.env_id, 1000).compare_with == case.compare_with
@@ -182,18 +179,16 @@ def ppo_read_back(model, envs, settings, args) -> dict:
     }
     assert widths["pi"] == widths["vf"] and len(set(widths["pi"])) <= 1
     normalizer = envs if isinstance(envs, VecNormalize) else None
-    if hasattr(model.policy, "lstm_actor") and not hasattr(
-        args, "rnn_hidden_size"
-    ):  # a transformer's counterpart
+    # a transformer's counterpart
+    if hasattr(model.policy, "lstm_actor") and not hasattr(args, "rnn_hidden_size"):
         assert (
             widths["pi"] == []
             and model.policy.lstm_actor.hidden_size == 128
             and model.policy.lstm_critic
         )
         recurrent = {}
-    elif hasattr(
-        model.policy, "lstm_actor"
-    ):  # RecurrentPPO: linear heads on the LSTM, as the script's
+    # RecurrentPPO: linear heads on the LSTM, as the script's
+    elif hasattr(model.policy, "lstm_actor"):
         assert widths["pi"] == []
         recurrent = {
             "rnn_hidden_size": model.policy.lstm_actor.hidden_size,
@@ -227,9 +222,8 @@ def ppo_read_back(model, envs, settings, args) -> dict:
         "norm_reward_clip": normalizer.clip_reward
         if normalizer and normalizer.norm_reward
         else None,
-        "torch_threads": settings[
-            "torch_threads"
-        ],  # the baseline process sets it before building the model
+        # the baseline process sets it before building the model
+        "torch_threads": settings["torch_threads"],
     }
 
 
@@ -256,13 +250,11 @@ def td3_read_back(model, envs, settings) -> dict:
         "gamma": model.gamma,
         "updates_per_step": model.gradient_steps // model.n_envs,
         "policy_frequency": model.policy_delay,
-        "exploration_noise": float(
-            np.mean(noise._sigma)
-        ),  # added to the action scaled to [-1, 1]: in half-ranges
+        # added to the action scaled to [-1, 1]: in half-ranges
+        "exploration_noise": float(np.mean(noise._sigma)),
         "noise": "ou" if isinstance(noise, OrnsteinUhlenbeckActionNoise) else "gaussian",
-        "torch_threads": settings[
-            "torch_threads"
-        ],  # the baseline process sets it before building the model
+        # the baseline process sets it before building the model
+        "torch_threads": settings["torch_threads"],
     }
 
 
@@ -273,9 +265,8 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
     script = SCRIPTS[script_name]
     flag_sets = [
         (),
-        *(
-            [("--no-norm-obs", "--no-norm-reward")] if script_name != "ddpg" else []
-        ),  # off, where a script normalises
+        # off, where a script normalises
+        *([("--no-norm-obs", "--no-norm-reward")] if script_name != "ddpg" else []),
         EVERY_SETTING_MOVED[script_name],
         *{
             case.flags
@@ -287,9 +278,8 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
     ]
     for flags in flag_sets:
         args = resolve_args(script_name, flags)
-        settings = json.loads(
-            json.dumps(script.sb3_settings(args))
-        )  # as the baseline's process receives them
+        # as the baseline's process receives them
+        settings = json.loads(json.dumps(script.sb3_settings(args)))
         envs = make_sb3_envs(BASELINE_ENV[script_name], settings, seed=1)
         model = build_sb3_model(script.sb3_algo, settings, envs, seed=1)
         read_back = (
@@ -304,9 +294,8 @@ def test_every_setting_of_a_script_reaches_its_baseline_or_has_a_stated_reason(s
         if getattr(args, "clip_vloss", False):
             assert model.clip_range_vf(1.0) == pytest.approx(args.clip_coef)
         end = args.end_learning_rate if args.anneal_lr else args.learning_rate
-        assert model.lr_schedule(0.0) == pytest.approx(
-            end
-        )  # SB3's progress_remaining is 0 at the end
+        # SB3's progress_remaining is 0 at the end
+        assert model.lr_schedule(0.0) == pytest.approx(end)
         activation = torch.nn.ReLU if script.sb3_algo == "td3" else torch.nn.Tanh
         assert model.policy.activation_fn is activation
         envs.close()
@@ -322,9 +311,8 @@ def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
         cases.Case("ppo_fc", "CartPole-v1", 1024),
         cases.Case("ppo_fc", "CartPole-v1", 2048),
         cases.Case("ppo_fc", "CartPole-v1", 1024, flags=("--num-envs", "2")),
-        cases.Case(
-            "ppo_fc", "CartPole-v1", 1024, flags=("--no-numpy-rollout",)
-        ),  # the same baseline settings
+        # the same baseline settings
+        cases.Case("ppo_fc", "CartPole-v1", 1024, flags=("--no-numpy-rollout",)),
     )
     args = Run(baselines=True, seeds=(1, 2))
     jobs, plans = make_jobs(args, list(table), (1, 2), tmp_path)
@@ -337,9 +325,8 @@ def test_every_job_has_its_own_id_and_shared_baselines_run_once(tmp_path):
     assert baselines[0] != baselines[1] != baselines[2] and baselines[3] == baselines[0]
     assert sum(job.kind == "sb3" for job in jobs) == 3 * 2  # the shared one once per seed
     raw = [plan.raw_env_job for plan in plans]
-    assert (
-        raw[0] == raw[1] and raw[2] != raw[0]
-    )  # 4 envs and 2 envs are measured apart; steps do not matter
+    # 4 envs and 2 envs are measured apart; steps do not matter
+    assert raw[0] == raw[1] and raw[2] != raw[0]
     rows = rows_of(jobs, plans)
     assert len(rows) == 4 + 3 and len({row.key for row in rows}) == len(rows)
 
@@ -387,9 +374,8 @@ def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tm
         and fc_command[fc_command.index("--num-envs") + 1] == "2"
     )
     assert plan.reference.flags == same_settings_flags("ppo_lstm", case.flags, "ppo_fc")
-    assert fc_command[-len(plan.reference.flags) - 2 : -2] == list(
-        plan.reference.flags
-    )  # before --run-dir
+    # before --run-dir
+    assert fc_command[-len(plan.reference.flags) - 2 : -2] == list(plan.reference.flags)
     assert plan.reference.key != case.key
     for job, sps in zip(jobs, (600.0, 800.0, 1000.0, 1000.0), strict=True):
         job.summary = summary(job.seed, [1.0], sps)
@@ -413,9 +399,8 @@ def test_a_compared_script_runs_with_the_same_settings_and_its_ratio_is_shown(tm
 def test_a_case_under_torchrun_starts_its_processes_and_has_a_key_of_its_own(tmp_path):
     one = cases.Case("ppo_fc", "CartPole-v1", 1024)
     two = replace(one, nproc=2)
-    assert (
-        one.key == "ppo_fc__CartPole-v1__1024__4f53cda1"
-    )  # as before nproc: stored runs and tables name it
+    # as before nproc: stored runs and tables name it
+    assert one.key == "ppo_fc__CartPole-v1__1024__4f53cda1"
     assert (
         two.key == one.key + "__np2" and "2 processes" in two.name and "processes" not in one.name
     )
@@ -428,9 +413,8 @@ def test_a_case_under_torchrun_starts_its_processes_and_has_a_key_of_its_own(tmp
     assert plain.command[1] == str(REPO / "ppo_fc.py") and plain.nproc == 1
     assert portable(torchrun.command)[len(launcher) :] == portable(plain.command)  # the same flags
     others = [job for job in jobs if job.kind != "script"]
-    assert {job.kind for job in others} == {"sb3", "raw-env"} and len(
-        others
-    ) == 2  # shared by both cases
+    # shared by both cases
+    assert {job.kind for job in others} == {"sb3", "raw-env"} and len(others) == 2
     assert all(
         job.nproc == 1 and job.command[1:3] == ["-m", "benchmark.baselines"] for job in others
     )
@@ -459,16 +443,14 @@ def test_the_distributed_suites_run_ppo_fc_in_one_and_two_processes_with_the_sam
         assert [case.nproc for case in suite_cases] == [1, 2, 2] * len(tasks)
         assert len({case.key for case in suite_cases}) == len(suite_cases)
         for one, same_per_rank, same_global in zip(*[iter(suite_cases)] * 3, strict=True):
-            assert one == cases.find_case(
-                "ppo_fc", one.env_id, one.total_timesteps
-            )  # the row itself, its key too
+            # the row itself, its key too
+            assert one == cases.find_case("ppo_fc", one.env_id, one.total_timesteps)
             assert same_per_rank.flags == one.flags and same_per_rank.threshold == one.threshold
             assert (
                 same_global.nproc * resolve_args("ppo_fc", same_global.flags).num_envs == num_envs
             )
-    assert {case.threshold for case in cases.suite_cases("distributed")} == {
-        490.0
-    }  # a verdict for 2 processes too
+    # a verdict for 2 processes too
+    assert {case.threshold for case in cases.suite_cases("distributed")} == {490.0}
     assert (
         cases.SUITES["distributed-speed"].seeds == (1,)
         and cases.SUITES["distributed-speed"].eval_episodes == 0
@@ -509,15 +491,13 @@ def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_pr
             f"a job of 2 processes never started with --workers {workers}"
         )
         assert started == [job.id for job in jobs]  # in their order
-        assert shares == {
-            max(1, available_cores() // workers)
-        }  # threads: the cores, shared, never more
+        # threads: the cores, shared, never more
+        assert shares == {max(1, available_cores() // workers)}
         if workers == 1:  # a job of 2 processes runs alone, and so does every other
             assert max(count for count, _ in peaks) == 1
         else:
-            assert (
-                max(processes for _, processes in peaks) == workers
-            )  # never more, and the workers are used
+            # never more, and the workers are used
+            assert max(processes for _, processes in peaks) == workers
 
 
 def summary(seed, last_returns, sps=None, episode_steps=None, rss=None) -> RunSummary:
@@ -565,25 +545,17 @@ def test_spread_iqm_and_median_steps_across_seeds():
     )
     finals = [100.0, 100.0, 50.0, 200.0, 300.0]
     assert numbers.last_return_std == pytest.approx(np.std(finals, ddof=1))
-    assert numbers.last_return_iqm == pytest.approx(
-        stats.trim_mean(finals, 0.25)
-    )  # mean of 100, 100, 200
+    # mean of 100, 100, 200
+    assert numbers.last_return_iqm == pytest.approx(stats.trim_mean(finals, 0.25))
     assert numbers.last_return_iqm_low <= numbers.last_return_iqm <= numbers.last_return_iqm_high
     assert numbers.steps_to_threshold == [1000, 1500, None, 1000, 1000]
-    assert (
-        numbers.median_steps_to_threshold == 1000 and numbers.verdict == "FAIL"
-    )  # seed 3 ends at 50
-    assert numbers.seconds_to_threshold == [
-        10.0,
-        15.0,
-        None,
-        10.0,
-        10.0,
-    ]  # the summaries' 100 steps a second
+    # seed 3 ends at 50
+    assert numbers.median_steps_to_threshold == 1000 and numbers.verdict == "FAIL"
+    # the summaries' 100 steps a second
+    assert numbers.seconds_to_threshold == [10.0, 15.0, None, 10.0, 10.0]
     assert "| 1,000 in 10 s (4 of 5 seeds reached ≥ 100) |" in results_table([numbers])[-1]
-    assert median_steps_to_threshold([1000, None, None]) == float(
-        "inf"
-    )  # the median seed never reached it
+    # the median seed never reached it
+    assert median_steps_to_threshold([1000, None, None]) == float("inf")
     beyond = row_numbers(
         Row("ppo_fc", "CartPole-v1", "key", 2000, threshold=1e9, judged=True, runs=runs)
     )
@@ -664,9 +636,8 @@ def test_a_two_process_case_runs_under_torchrun_end_to_end(tmp_path, monkeypatch
     # Probe1 pays 1 per episode; 2 processes of 4 envs and 128 steps: 1,024 steps an iteration, 3 iterations.
     case = cases.Case("ppo_fc", "Probe1-v0", 3072, threshold=0.5, nproc=2)
     monkeypatch.setitem(cases.SUITES, "distributed", cases.Suite((case,), (1,), eval_episodes=0))
-    assert (
-        run_report.run(Run(suite="distributed", out=str(tmp_path / "out"))) == 0
-    )  # 1 worker: it runs alone
+    # 1 worker: it runs alone
+    assert run_report.run(Run(suite="distributed", out=str(tmp_path / "out"))) == 0
     record = json.loads((tmp_path / "out" / "results.json").read_text())
     [row] = record["rows"]
     assert row["nproc"] == 2 and row["key"] == case.key and row["verdict"] == "PASS"
@@ -697,9 +668,8 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
     )
     assert run_report.run(args) == 1
     printed = capsys.readouterr().out
-    assert (
-        printed.count(" (ppo_fc): ") == 6 and "FAILED" in printed
-    )  # a line per finished run of the script
+    # a line per finished run of the script
+    assert printed.count(" (ppo_fc): ") == 6 and "FAILED" in printed
     record = json.loads((tmp_path / "out" / "results.json").read_text())
     rows = {(row["label"], row["env_id"]): row for row in record["rows"]}
     probe1, probe2, probe3 = (rows["ppo_fc", f"Probe{i}-v0"] for i in (1, 2, 3))
@@ -729,12 +699,10 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
     assert sum(job["error"] is not None for job in record["jobs"]) == 2
     assert len({job["id"] for job in record["jobs"]}) == len(record["jobs"])
     results = (tmp_path / "out" / "results.md").read_text()
-    assert (
-        "error: --num-minibatches 7 must divide" in results
-    )  # the crash's own message, under Failures
-    assert (
-        f"{speed['script_over_raw_env']:,.2f}" in results
-    )  # the table shows what results.json holds
+    # the crash's own message, under Failures
+    assert "error: --num-minibatches 7 must divide" in results
+    # the table shows what results.json holds
+    assert f"{speed['script_over_raw_env']:,.2f}" in results
     for name in (
         "sps.png",
         "return_vs_steps_Probe1-v0.png",
@@ -878,9 +846,8 @@ def test_an_atari_baseline_gets_sb3_s_atari_stack_with_the_script_s_frames_and_i
     script_envs = SCRIPTS[script_name].vector_env(load_script(script_name), args)
     space = script_envs.single_observation_space
     script_envs.close()
-    image = (
-        space["image"] if isinstance(space, gym.spaces.Dict) else space
-    )  # the transformer's: image and vector
+    # the transformer's: image and vector
+    image = space["image"] if isinstance(space, gym.spaces.Dict) else space
     frames = image.shape[0] if len(image.shape) == 3 else 1
     assert settings["atari_frame_stack"] == frames and settings["hidden_sizes"] == []
     envs = make_sb3_envs("BreakoutNoFrameskip-v4", settings, seed=1)
@@ -1062,9 +1029,8 @@ def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_ra
     script_row = next(row for row in rows if row.label == "ppo_lstm")
     assert script_row.threshold == pytest.approx(0.95 - 0.05 * 1.5)
     numbers = {row.key: row_numbers(row) for row in rows}
-    assert (
-        numbers[script_row.key].verdict == "PASS"
-    )  # one seed under the bound: the mean over seeds is judged
+    # one seed under the bound: the mean over seeds is judged
+    assert numbers[script_row.key].verdict == "PASS"
     line = against_reference(plan, jobs, rows, numbers)
     assert line.reference_eval == pytest.approx(0.95) and line.bound == pytest.approx(0.875)
     assert line.script_score == pytest.approx(1.4 / 1.5) and line.reference_score == pytest.approx(
@@ -1081,9 +1047,8 @@ def test_a_reference_case_passes_on_its_mean_evaluation_within_a_share_of_the_ra
             job.summary.sps = 250.0 if job.label == REFERENCE_NAME else 1000.0
     [speed] = speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows})
     assert speed.baseline == REFERENCE_NAME and speed.script_over_baseline == pytest.approx(4.0)
-    for job in (
-        reference_jobs
-    ):  # taken from the store: its SPS was measured in another session, not beside these
+    # taken from the store: its SPS was measured in another session, not beside these
+    for job in reference_jobs:
         job.stored = {"date": "2026-11-24T00:00:00+00:00", "git": "0000000"}
     assert speed_rows(jobs, [plan], {row.key: row_numbers(row) for row in rows}) == []
     evals["ppo_lstm", 1] = [0.7]  # mean 0.85
@@ -1183,9 +1148,8 @@ def test_stored_baseline_runs_are_reused_with_the_scripts(tmp_path, monkeypatch,
     capsys.readouterr()
     assert run_report.run(replace(run, out=str(tmp_path / "second"))) == 0
     assert f"[stored] {baseline.stem} (sb3_ppo)" in capsys.readouterr().out
-    assert not (
-        tmp_path / "second" / "runs"
-    ).exists()  # neither the script nor its baseline ran again
+    # neither the script nor its baseline ran again
+    assert not (tmp_path / "second" / "runs").exists()
 
 
 def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(
@@ -1281,12 +1245,10 @@ def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
         assert (model.n_envs, model.n_steps, model.batch_size, model.n_epochs) == (8, 128, 128, 10)
         envs.close()
     continuous = isinstance(action_space, gym.spaces.Box)
-    own_flags = [
-        flag for flag in case.flags if flag != "--no-prev-action-reward"
-    ]  # that suite's one difference
-    assert own_flags == list(
-        cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ()
-    )  # no flags of a task's own
+    # that suite's one difference
+    own_flags = [flag for flag in case.flags if flag != "--no-prev-action-reward"]
+    # no flags of a task's own
+    assert own_flags == list(cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ())
     assert args.env_id == "CartPole-v1"  # the harness gives the env id
 
 
@@ -1348,9 +1310,8 @@ def test_the_memory_speed_suite_runs_the_old_defaults_beside_the_new_against_one
     suite = cases.SUITES["memory-speed"]
     jobs, _ = make_jobs(Run(suite="memory-speed"), list(suite.cases), suite.seeds, tmp_path)
     by_kind = {kind: [job for job in jobs if job.kind == kind] for kind in ("script", "sb3")}
-    assert (
-        len(by_kind["script"]) == 2 * len(by_kind["sb3"]) == 4
-    )  # two popgym tasks, one reference run each
+    # two popgym tasks, one reference run each
+    assert len(by_kind["script"]) == 2 * len(by_kind["sb3"]) == 4
     old, new = (
         resolve_args("ppo_lstm", cases.DEFAULTS_BEFORE_MEMORY_SUITE),
         resolve_args("ppo_lstm", ()),
@@ -1407,9 +1368,8 @@ def test_answers_by_action_finds_an_answer_never_given(tmp_path, capsys):
     shares = answers_by_step.answers_by_action(data)
     assert shares == {0: (0.0, None), 1: (0.4, 0.5), 2: (0.2, 1.0), 3: (0.4, 0.5)}
     named = data | {"/meta/args": np.array(json.dumps({"env_id": "popgym-CountRecallEasy-v0"}))}
-    assert (
-        len(answers_by_step.answers_by_action(named)) == 27
-    )  # the env's 27 answers, 4 to 26 never given
+    # the env's 27 answers, 4 to 26 never given
+    assert len(answers_by_step.answers_by_action(named)) == 27
     np.savez(tmp_path / "a.npz", **data, **{"/masks": np.ones_like(data["/rewards"])})
     assert answers_by_step.main([str(tmp_path / "a.npz"), "--steps", "0", "--by-answer"]) == 0
     assert capsys.readouterr().out.splitlines()[-4:] == ["| 0 | 0.000 | - |", "| 1 | 0.400 | 0.500 |",
@@ -1447,9 +1407,8 @@ def test_the_breadth_suite_holds_every_popgym_easy_task_for_both_memory_scripts(
         )
         continuous = gym.make(case.env_id).action_space.__class__.__name__ == "Box"
         assert case.flags == (cases.CONTINUOUS_FLAGS_OF[case.script] if continuous else ())
-        if (
-            case.script == "ppo_transformer"
-        ):  # judged against ppo_lstm's case on the same task, run beside it
+        # judged against ppo_lstm's case on the same task, run beside it
+        if case.script == "ppo_transformer":
             assert case.reference.case in listed and case.reference.case.env_id == case.env_id
         else:
             assert case.reference == cases.LSTM_LEARNED
@@ -1473,13 +1432,11 @@ def test_the_lstm_suites_without_norm_adv_are_ppo_lstms_cases_with_only_that_fla
 def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_task(tmp_path):
     lstm_case, transformer_case = cases.breadth_cases("Probe1-v0", 1200)
     jobs, plans = make_jobs(Run(), [lstm_case, transformer_case], (1, 2), tmp_path)
-    assert (
-        len([job for job in jobs if job.kind == "random-policy"]) == 1
-    )  # one measurement for the two cases
+    # one measurement for the two cases
+    assert len([job for job in jobs if job.kind == "random-policy"]) == 1
     [random_job] = [job for job in jobs if job.kind == "random-policy"]
-    random_job.output = {
-        "mean": -0.5
-    }  # a range of 1.5: learnt above -0.2, the transformer's margin 0.075
+    # a range of 1.5: learnt above -0.2, the transformer's margin 0.075
+    random_job.output = {"mean": -0.5}
 
     def judged(lstm_evals, transformer_evals):
         evals = {"ppo_lstm": lstm_evals, "ppo_transformer": transformer_evals}
