@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -23,26 +22,14 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, cli, distributed, env_state, evaluation, run_start, tracking
-from common.envs import checked_spaces, flat_observations, training_envs, vector_observations_only
+from common import checkpoints, cli, distributed, evaluation, run_start
+from common.envs import checked_spaces, flat_observations, vector_observations_only
 from common.errors import UsageError, check_finite
-from common.interrupt import GracefulInterrupt
-from common.seeding import seed_and_pick_device, threads_for
+from common.seeding import threads_for
 from common.train_result import TrainResult
-from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 1
-CHECKPOINT_KEYS = (
-    "model",
-    "actor_optimizer",
-    "q_optimizer",
-    "iteration",
-    "updates",
-    "noise",
-    "episodes",
-    "buffer",
-)
 
 
 @dataclass
@@ -215,12 +202,20 @@ def polyak_update(target: nn.Module, online: nn.Module, tau: float) -> None:
         torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
 
 
+class Transitions(NamedTuple):
+    observations: Tensor
+    next_observations: Tensor
+    actions: Tensor
+    rewards: Tensor
+    terminations: Tensor
+
+
 class ReplayBuffer:
     """Transitions in preallocated arrays, oldest overwritten first. It stores the true next
     observation (the last one where an episode ended) and the termination flag only: truncated
     episodes bootstrap, terminated ones never."""
 
-    FIELDS = ("observations", "next_observations", "actions", "rewards", "terminations")
+    FIELDS = Transitions._fields
 
     def __init__(self, size: int, observation_size: int, action_size: int):
         shapes = ((observation_size,), (observation_size,), (action_size,), (), ())
@@ -248,11 +243,11 @@ class ReplayBuffer:
         self.full |= self.position + len(obs) >= self.size
         self.position = int(rows[-1] + 1) % self.size
 
-    def sample(self, batch_size: int, device: torch.device) -> tuple[Tensor, ...]:
-        """A uniform sample of the stored transitions, as tensors in `FIELDS` order."""
+    def sample(self, batch_size: int, device: torch.device) -> Transitions:
+        """A uniform sample of the stored transitions, as tensors."""
         rows = np.random.randint(0, len(self), batch_size)
-        return tuple(
-            torch.as_tensor(getattr(self, name)[rows], device=device) for name in self.FIELDS
+        return Transitions(
+            *(torch.as_tensor(getattr(self, name)[rows], device=device) for name in self.FIELDS)
         )
 
     def state(self) -> dict[str, np.ndarray]:
@@ -266,9 +261,7 @@ class ReplayBuffer:
         self.position, self.full = int(state["position"]), bool(state["full"])
 
 
-def exploration_noise(
-    args: Args, noise_state: np.ndarray, episode_starts: np.ndarray
-) -> np.ndarray:
+def next_noise(args: Args, noise_state: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
     """Noise for one vector step, (num_envs, action size), in units of each dimension's half-range:
     Gaussian, or the Ornstein-Uhlenbeck process of each env (x += theta (0 - x) + sigma N(0, 1)),
     restarted at 0 where that env's episode starts. `noise_state` is the process's state, updated in
@@ -279,6 +272,140 @@ def exploration_noise(
     noise_state[episode_starts] = 0.0
     noise_state += OU_THETA * (0.0 - noise_state) + args.exploration_noise * draw
     return noise_state.copy()
+
+
+def train(args: Args) -> TrainResult:
+    args, checkpoint, device = run_start.setup(
+        args, SCRIPT, CHECKPOINT_FORMAT, check_args, kept=("save_buffer",)
+    )
+    num_iterations = args.total_timesteps // args.num_envs  # one vector step each
+    agent = build_agent(args, None, device)
+    # fused: one kernel for every parameter, about 6% of an update here (docs/ddpg.md)
+    actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate, fused=True)
+    q_optimizer = torch.optim.Adam(agent.qf1.parameters(), lr=args.learning_rate, fused=True)
+    action_size = agent.actor.action_scale.numel()
+    # The noise process's state, per env; updated in place, as `updates` (0-d), so `saved` holds them.
+    noise_state = np.zeros((args.num_envs, action_size), dtype=np.float32)
+    updates = np.zeros((), dtype=np.int64)
+    # What a checkpoint carries, by key (the replay buffer goes to a file beside it: write_checkpoint).
+    saved = {"model": agent, "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer}
+    saved |= {"noise": noise_state, "updates": updates}
+    checkpoints.restore(checkpoint, saved)
+    run = run_start.Run(SCRIPT, CHECKPOINT_FORMAT, args, checkpoint, saved, make_env, args.num_envs)
+    global_step = run.global_step
+    next_obs = run.next_obs
+    episode_starts = run.carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
+
+    # The actor, the noise and the buffer work on flat actions; the env gets them in its own shape.
+    action_space = run.envs.single_action_space
+    half_range = agent.actor.action_scale.cpu().numpy()
+    low = action_space.low.ravel()
+    high = action_space.high.ravel()
+    observation_size = int(np.prod(run.envs.single_observation_space.shape))
+    rb = ReplayBuffer(args.buffer_size, observation_size, action_size)
+    if checkpoint is not None:
+        restore_buffer(rb, checkpoint, args.resume)
+    log_every = max(1, 100 // args.num_envs)  # CleanRL logs the losses every 100 steps
+
+    def write_checkpoint(iteration: int) -> Path:
+        folder = run.path / "checkpoints"
+        buffer_name = write_buffer(rb, folder, global_step) if args.save_buffer else None
+        state = {**saved, "buffer": buffer_name}
+        path = run.save(iteration, global_step, next_obs, state, episode_starts=episode_starts)
+        remove_older_buffers(
+            folder, global_step
+        )  # once the checkpoint naming the new one is written
+        return path
+
+    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
+    qf1_values = qf1_loss = actor_loss = torch.zeros(())
+    with run:
+        for iteration in range(run.iterations_done + 1, num_iterations + 1):
+            if args.anneal_lr:
+                frac = (iteration - 1.0) / num_iterations
+                lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+                actor_optimizer.param_groups[0]["lr"] = lrnow
+                q_optimizer.param_groups[0]["lr"] = lrnow
+            iteration_start = time.time()
+            env_obs = next_obs  # the env's, in its dtype, for the recorder
+            obs = next_obs.astype(np.float32)
+            noise = next_noise(args, noise_state, episode_starts)
+            if global_step < args.learning_starts:
+                # From the seeded generator that checkpoints hold (an action space's is not seeded).
+                actions = np.random.uniform(low, high, (args.num_envs, action_size))
+                actions = actions.astype(np.float32)
+            else:
+                with torch.no_grad():
+                    actions = agent.actor(torch.as_tensor(obs, device=device)).cpu().numpy()
+                actions = np.clip(actions + noise * half_range, low, high)
+            env_actions = actions.reshape(args.num_envs, *action_space.shape)
+            next_obs, rewards, terminations, truncations, infos = run.envs.step(env_actions)
+            global_step += args.num_envs
+            # The true next observation: where an episode ended, the last one of that episode.
+            real_next_obs = next_obs.astype(np.float32)
+            episode_starts = terminations | truncations
+            if episode_starts.any():
+                real_next_obs[episode_starts] = np.stack(infos["final_obs"][episode_starts])
+            rb.add(obs, real_next_obs, actions, rewards, terminations)
+            run.step(env_obs, actions, rewards, terminations, truncations, infos, global_step)
+            run.recorder.end_rollout()
+            rollout_seconds = time.time() - iteration_start
+
+            update_start = time.time()
+            # A run resumed without its buffer refills a batch's worth before it samples.
+            if global_step >= args.learning_starts and len(rb) >= args.batch_size:
+                for _ in range(args.num_envs * args.updates_per_step):
+                    data = rb.sample(args.batch_size, device)
+                    with torch.no_grad():
+                        next_actions = agent.actor_target(data.next_observations)
+                        qf1_next_target = agent.qf1_target(data.next_observations, next_actions)
+                        not_done = 1 - data.terminations
+                        next_q_value = data.rewards + not_done * args.gamma * qf1_next_target
+                    qf1_values = agent.qf1(data.observations, data.actions)
+                    qf1_loss = F.mse_loss(qf1_values, next_q_value)
+                    q_optimizer.zero_grad(set_to_none=True)
+                    qf1_loss.backward()
+                    q_optimizer.step()
+                    updates += 1
+                    if updates % args.policy_frequency == 0:
+                        q_of_actor = agent.qf1(data.observations, agent.actor(data.observations))
+                        actor_loss = -q_of_actor.mean()
+                        actor_optimizer.zero_grad(set_to_none=True)
+                        actor_loss.backward()
+                        actor_optimizer.step()
+                        polyak_update(agent.actor_target, agent.actor, args.tau)
+                        polyak_update(agent.qf1_target, agent.qf1, args.tau)
+                # A NaN or inf loss reaches the parameters; checking them all takes 0.5 ms: only then.
+                if not torch.isfinite(qf1_loss + actor_loss):
+                    losses = {"qf1_loss": qf1_loss, "actor_loss": actor_loss}
+                    check_finite(agent.parameters(), global_step, **losses)
+            update_seconds = time.time() - update_start
+
+            if iteration % log_every == 0 or iteration == num_iterations:
+                scalars = {"charts/learning_rate": q_optimizer.param_groups[0]["lr"]}
+                scalars["perf/rollout_seconds"] = rollout_seconds
+                scalars["perf/update_seconds"] = update_seconds
+                if updates:  # as CleanRL, the losses from the first update on
+                    scalars["losses/qf1_values"] = qf1_values.mean().item()
+                    scalars["losses/qf1_loss"] = qf1_loss.item()
+                    scalars["losses/actor_loss"] = actor_loss.item()
+                run.log.iteration(global_step, scalars)
+            every = args.eval_every
+            crossed = every and global_step // every > (global_step - args.num_envs) // every
+            if crossed and not (iteration == num_iterations and args.eval_episodes):  # last: after
+                evaluate(agent, args, run.writer, global_step)
+            saving.iteration_done(iteration)
+            stop = run.stop_requested()  # Ctrl-C: the run stops after a whole iteration
+            if stop:
+                break
+        saving.run_ended(iteration, stop)
+        run.recorder.save()
+    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
+    return run.finish(agent, global_step, eval_returns, saving.path)
+
+
+# What train() calls, for a second reading: argument checks, the agent, the replay buffer's file,
+# evaluation.
 
 
 def check_args(args: Args) -> None:
@@ -311,19 +438,6 @@ def check_args(args: Args) -> None:
         raise UsageError("--eval-every needs --eval-episodes of 1 or more")
 
 
-def from_checkpoint(
-    path: str | None, args: Args, kept: tuple[str, ...], strict: bool
-) -> tuple[Args, dict | None]:
-    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`:
-    no other differs); no path: `args` and no checkpoint."""
-    if path is None:
-        return args, None
-    checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
-    settings = checkpoints.settings(checkpoint, args, kept, strict)
-    check_args(settings)
-    return settings, checkpoint
-
-
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(make_env, args, actions=(gym.spaces.Box,))
@@ -338,202 +452,39 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     return agent
 
 
-def train(args: Args) -> TrainResult:
-    check_args(args)
-    args, checkpoint = from_checkpoint(
-        args.resume, args, (*checkpoints.RUN_TIME_FLAGS, "save_buffer"), strict=True
+def write_buffer(rb: ReplayBuffer, folder: Path, global_step: int) -> str:
+    """The replay buffer to `buffer_step_{global_step}.npz` in `folder`, atomically; its file name."""
+    name = f"buffer_step_{global_step}.npz"
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f".{name}.tmp.npz"
+    np.savez(temporary, **rb.state())
+    temporary.replace(folder / name)
+    return name
+
+
+def remove_older_buffers(folder: Path, global_step: int) -> None:
+    """One buffer on disk (a full MuJoCo one is 168 MB): the ones of earlier steps go. A later one
+    stays: it belongs to the run this one was resumed from an earlier checkpoint of."""
+    for older in folder.glob("buffer_step_*.npz"):
+        if int(older.stem.removeprefix("buffer_step_")) < global_step:
+            older.unlink()
+
+
+def restore_buffer(rb: ReplayBuffer, checkpoint: dict, resume: str) -> None:
+    """The replay buffer of the checkpoint --resume continues, if it was written (--save-buffer) and
+    is still there; else a notice, and the run goes on with an empty one."""
+    buffer_path = (
+        checkpoints.resume_folder(resume) / "checkpoints" / str(checkpoint["buffer"] or "")
     )
-    # one vector step each: num_envs transitions
-    num_iterations = args.total_timesteps // args.num_envs
-
-    device = seed_and_pick_device(
-        args.seed, args.torch_deterministic, args.torch_threads, args.cuda
-    )
-    agent = build_agent(args, checkpoint, device)
-    # The fused kernel updates every parameter in one call: about 6% of an update here
-    # (docs/ddpg.md).
-    actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate, fused=True)
-    q_optimizer = torch.optim.Adam(agent.qf1.parameters(), lr=args.learning_rate, fused=True)
-    if checkpoint is not None:
-        actor_optimizer.load_state_dict(checkpoint["actor_optimizer"])
-        q_optimizer.load_state_dict(checkpoint["q_optimizer"])
-    run = run_start.start_run(args, checkpoint, num_iterations, args.num_envs)
-    global_step = run.global_step
-    envs, _ = training_envs(make_env, args, str(run.video_folder), checkpoint)
-    action_space = envs.single_action_space
-    observation_size, action_size = (
-        int(np.prod(envs.single_observation_space.shape)),
-        int(np.prod(action_space.shape)),
-    )
-    # The actor, the noise and the buffer work on flat actions; the env gets them in its own shape.
-    half_range, low, high = (
-        agent.actor.action_scale.cpu().numpy(),
-        action_space.low.ravel(),
-        action_space.high.ravel(),
-    )
-    rb = ReplayBuffer(args.buffer_size, observation_size, action_size)
-    noise_state = np.zeros((args.num_envs, action_size), dtype=np.float32)
-    if checkpoint is not None:
-        noise_state[:] = checkpoint["noise"].numpy()
-        buffer_path = (
-            checkpoints.resume_folder(args.resume) / "checkpoints" / str(checkpoint["buffer"] or "")
-        )
-        if checkpoint["buffer"] and buffer_path.is_file():
-            with np.load(buffer_path, allow_pickle=False) as stored:
-                rb.restore(dict(stored))
-        else:
-            why = (
-                "is gone (only the newest checkpoint's buffer is kept)"
-                if checkpoint["buffer"]
-                else "has none"
-            )
-            cli.notice(
-                f"{args.resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
-            )
-
-    # last: after everything is built
-    next_obs, carried = env_state.start(envs, checkpoint, args.seed + global_step)
-    recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried)
-    episode_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
-    log = tracking.TrainingLog(
-        run.writer, args, run.video_folder, num_iterations * args.num_envs, global_step
-    )
-    log_every = max(1, 100 // args.num_envs)  # CleanRL logs the losses every 100 steps
-    updates = int(checkpoint["updates"]) if checkpoint is not None else 0
-
-    def write_checkpoint(iteration: int) -> Path:
-        folder = run.path / "checkpoints"
-        buffer_name = None
-        if args.save_buffer:
-            buffer_name = f"buffer_step_{global_step}.npz"
-            folder.mkdir(parents=True, exist_ok=True)
-            temporary = folder / f".{buffer_name}.tmp.npz"
-            np.savez(temporary, **rb.state())
-            temporary.replace(folder / buffer_name)
-        state = {
-            "model": agent.state_dict(),
-            "iteration": iteration,
-            "updates": updates,
-            "buffer": buffer_name,
-        }
-        state |= {
-            "actor_optimizer": actor_optimizer.state_dict(),
-            "q_optimizer": q_optimizer.state_dict(),
-        }
-        state["noise"] = torch.as_tensor(noise_state)
-        state["episodes"] = env_state.capture(envs, next_obs, episode_starts=episode_starts)
-        state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
-        log.flush(global_step)  # and the logs up to the checkpoint
-        path = checkpoints.save(folder, SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state)
-        # One buffer on disk (a full MuJoCo one is 168 MB): the older ones go once the checkpoint
-        # naming the new one is written. A later one stays: it belongs to the run this one was
-        # resumed from an earlier checkpoint of.
-        for older in folder.glob("buffer_step_*.npz") if args.save_buffer else ():
-            if int(older.stem.removeprefix("buffer_step_")) < global_step:
-                older.unlink()
-        return path
-
-    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
-    qf1_values = qf1_loss = actor_loss = torch.zeros(())
-    with GracefulInterrupt() as interrupt, closing(envs), log:
-        for iteration in range(run.iterations_done + 1, num_iterations + 1):
-            if args.anneal_lr:
-                frac = (iteration - 1.0) / num_iterations
-                for optimizer in (actor_optimizer, q_optimizer):
-                    optimizer.param_groups[0]["lr"] = (
-                        1.0 - frac
-                    ) * args.learning_rate + frac * args.end_learning_rate
-            iteration_start = time.time()
-            # the env's, in its dtype, for the recorder
-            env_obs, obs = (next_obs, next_obs.astype(np.float32))
-            noise = exploration_noise(args, noise_state, episode_starts)
-            if global_step < args.learning_starts:
-                # From the seeded generator that checkpoints hold (an action space's own is not
-                # seeded).
-                actions = np.random.uniform(low, high, (args.num_envs, action_size)).astype(
-                    np.float32
-                )
-            else:
-                with torch.no_grad():
-                    actions = agent.actor(torch.as_tensor(obs, device=device)).cpu().numpy()
-                actions = np.clip(actions + noise * half_range, low, high)
-            next_obs, rewards, terminations, truncations, infos = envs.step(
-                actions.reshape(args.num_envs, *action_space.shape)
-            )
-            global_step += args.num_envs
-            # The true next observation: where an episode ended, the last one of that episode.
-            real_next_obs = next_obs.astype(np.float32)
-            ended = terminations | truncations
-            if ended.any():
-                real_next_obs[ended] = np.stack(infos["final_obs"][ended])
-            rb.add(obs, real_next_obs, actions, rewards, terminations)
-            recorder.step(env_obs, actions, rewards, terminations, truncations, infos)
-            recorder.end_rollout()
-            episode_starts = ended
-            log.episodes.record(infos, global_step)
-            rollout_seconds = time.time() - iteration_start
-
-            update_start = time.time()
-            # A run resumed without its buffer refills a batch's worth before it samples.
-            if global_step >= args.learning_starts and len(rb) >= args.batch_size:
-                for _ in range(args.num_envs * args.updates_per_step):
-                    observations, next_observations, b_actions, b_rewards, b_terminations = (
-                        rb.sample(args.batch_size, device)
-                    )
-                    with torch.no_grad():
-                        next_q = agent.qf1_target(
-                            next_observations, agent.actor_target(next_observations)
-                        )
-                        next_q_value = b_rewards + (1 - b_terminations) * args.gamma * next_q
-                    qf1_values = agent.qf1(observations, b_actions)
-                    qf1_loss = F.mse_loss(qf1_values, next_q_value)
-                    q_optimizer.zero_grad(set_to_none=True)
-                    qf1_loss.backward()
-                    q_optimizer.step()
-                    updates += 1
-                    if updates % args.policy_frequency == 0:
-                        actor_loss = -agent.qf1(observations, agent.actor(observations)).mean()
-                        actor_optimizer.zero_grad(set_to_none=True)
-                        actor_loss.backward()
-                        actor_optimizer.step()
-                        polyak_update(agent.actor_target, agent.actor, args.tau)
-                        polyak_update(agent.qf1_target, agent.qf1, args.tau)
-                # A NaN or inf loss reaches the parameters; checking them all takes 0.5 ms, so only
-                # then.
-                if not torch.isfinite(qf1_loss + actor_loss):
-                    check_finite(
-                        agent.parameters(), global_step, qf1_loss=qf1_loss, actor_loss=actor_loss
-                    )
-            update_seconds = time.time() - update_start
-
-            if iteration % log_every == 0 or iteration == num_iterations:
-                scalars = {"charts/learning_rate": q_optimizer.param_groups[0]["lr"]}
-                scalars |= {
-                    "perf/rollout_seconds": rollout_seconds,
-                    "perf/update_seconds": update_seconds,
-                }
-                if updates:  # as CleanRL, the losses from the first update on
-                    scalars["losses/qf1_values"], scalars["losses/qf1_loss"] = (
-                        qf1_values.mean().item(),
-                        qf1_loss.item(),
-                    )
-                    scalars["losses/actor_loss"] = actor_loss.item()
-                log.iteration(global_step, scalars)
-            every = args.eval_every
-            crossed = every and global_step // every > (global_step - args.num_envs) // every
-            # the last: evaluated after it
-            if crossed and not (iteration == num_iterations and args.eval_episodes):
-                evaluate(agent, args, run.writer, global_step)
-            saving.iteration_done(iteration)
-            if interrupt.requested:  # Ctrl-C: the run stops after a whole iteration
-                break
-        saving.run_ended(iteration, interrupt.requested)
-        recorder.save()
-    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
-    log.finish()
-    episodes = log.episodes
-    return TrainResult(
-        agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path
+    if checkpoint["buffer"] and buffer_path.is_file():
+        with np.load(buffer_path, allow_pickle=False) as stored:
+            rb.restore(dict(stored))
+        return
+    why = "has none"
+    if checkpoint["buffer"]:
+        why = "is gone (only the newest checkpoint's buffer is kept)"
+    cli.notice(
+        f"{resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
     )
 
 
@@ -555,11 +506,8 @@ def evaluate(
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    check_args(args)
-    kept = (*checkpoints.EVALUATION_FLAGS, "save_buffer")
-    trained, checkpoint = from_checkpoint(args.eval_checkpoint, args, kept, strict=False)
-    device = seed_and_pick_device(
-        trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
+    trained, checkpoint, device = run_start.setup_evaluation(
+        args, SCRIPT, CHECKPOINT_FORMAT, check_args, kept=("save_buffer",)
     )
     agent = build_agent(trained, checkpoint, device)
     step = checkpoint["global_step"]

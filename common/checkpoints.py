@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from common import distributed
@@ -166,20 +167,34 @@ def load_with_settings(
 
 
 def restore(checkpoint: dict | None, saved: dict[str, Any]) -> None:
-    """Load each of `saved` (its key in the checkpoint -> a module or an optimizer) from
-    `checkpoint`; nothing for a new run (None). A missing key or a state that does not fit is a
-    UsageError."""
+    """Load each of `saved` (its key in the checkpoint -> a module or an optimizer, or a NumPy array
+    the loop updates in place) from `checkpoint`; nothing for a new run (None). A missing key or a
+    state that does not fit is a UsageError."""
     for key, thing in saved.items() if checkpoint is not None else ():
         if key not in checkpoint:
-            raise UsageError(
-                f"the checkpoint has no {key!r}: it is of another version of the script"
-            )
+            raise UsageError(f"the checkpoint has no {key!r}: it is of another version of the script")
         try:
-            thing.load_state_dict(checkpoint[key])
+            if isinstance(thing, np.ndarray):
+                thing[...] = np.asarray(checkpoint[key])
+            else:
+                thing.load_state_dict(checkpoint[key])
         except (RuntimeError, KeyError, ValueError) as exc:
-            raise UsageError(
-                f"the checkpoint's {key!r} does not fit this run's: {str(exc)[:200]}"
-            ) from None
+            message = f"the checkpoint's {key!r} does not fit this run's: {str(exc)[:200]}"
+            raise UsageError(message) from None
+
+
+def saved_state(saved: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint holds of each of `saved` (see `restore`): a module's or an optimizer's
+    state dict, an array as a tensor (a copy), any other value as it is."""
+    state = {}
+    for key, thing in saved.items():
+        if isinstance(thing, np.ndarray):
+            state[key] = torch.as_tensor(thing.copy())
+        elif hasattr(thing, "state_dict"):
+            state[key] = thing.state_dict()
+        else:
+            state[key] = thing
+    return state
 
 
 def load_weights(module: torch.nn.Module, checkpoint: dict, env_id: str) -> None:

@@ -53,12 +53,16 @@ def setup(
 
 
 def setup_evaluation(
-    args: Config, script: str, checkpoint_format: int, check_args: Callable[[Config], None]
+    args: Config,
+    script: str,
+    checkpoint_format: int,
+    check_args: Callable[[Config], None],
+    kept: tuple[str, ...] = (),
 ) -> tuple[Config, dict, torch.device]:
     """For --eval-checkpoint: the checkpoint, its run's settings with the evaluation flags of `args`
     on top (both checked by `check_args`), and the device, after seeding with --seed."""
     check_args(args)
-    path, kept = args.eval_checkpoint, checkpoints.EVALUATION_FLAGS
+    path, kept = args.eval_checkpoint, (*checkpoints.EVALUATION_FLAGS, *kept)
     trained, checkpoint = checkpoints.load_with_settings(
         path, script, checkpoint_format, args, check_args, kept, strict=False
     )
@@ -175,7 +179,7 @@ class Run:
         `checkpoints.restore` reads them back), the reward statistics, the envs' places in their
         episodes with `next_obs` and what else the loop `carried` (back in `carried` on resume), the
         trajectory recording so far, and the logs up to it."""
-        state = {key: thing.state_dict() for key, thing in saved.items()}
+        state = checkpoints.saved_state(saved)
         state["iteration"] = iteration
         state["reward_rms"] = checkpoints.reward_normalizer_state(self.reward_normalizer)
         state["episodes"] = env_state.capture(self.envs, next_obs, **carried)
