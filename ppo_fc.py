@@ -407,8 +407,7 @@ def train(args: Args) -> TrainResult:
                 optimizer.param_groups[0]["lr"] = lrnow
             rollout_start = time.time()
 
-            # As stored: float32 integer observations (one-hot, MiniGrid's) would not normalise.
-            act, numpy_copy = rollout_policy(agent, numpy_rollout, stored_like(obs, next_obs))
+            act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs)
             noise = agent.sampling_noise((args.num_steps, args.num_envs)).cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
@@ -634,7 +633,8 @@ def rollout_policy(
             (agent.obs_norm, agent.actor), None if agent.discrete else agent.actor_logstd
         )
 
-    trial = lambda: stand_in.trial_inputs(obs, agent.action_size)  # noqa: E731
+    # float32, as the rollout stores vectors (the copy acts on vectors only)
+    trial = lambda: stand_in.trial_inputs(obs.astype(np.float32), agent.action_size)  # noqa: E731
     act = stand_in.fitting_copy(numpy_act, torch_act, trial, agent) if numpy_rollout else None
     return (act, True) if act is not None else (torch_act, False)
 

@@ -9,9 +9,13 @@ characters than before)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import sys
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import CodeType, FrameType
 
 from benchmark.registry import REPO, SCRIPTS
 
@@ -77,5 +81,136 @@ def table(readings: list[Reading]) -> list[str]:
     return rows
 
 
+def _loop_with_env_step(train: ast.FunctionDef) -> tuple[list[ast.stmt], ast.stmt]:
+    """The body of the innermost loop of `train` that calls `<...>envs.step(...)`, and that call's
+    statement in it."""
+    for loop in sorted(
+        (node for node in ast.walk(train) if isinstance(node, ast.For)), key=lambda n: -n.lineno
+    ):
+        for statement in loop.body:
+            for call in (n for n in ast.walk(statement) if isinstance(n, ast.Call)):
+                func = call.func
+                if isinstance(func, ast.Attribute) and func.attr == "step":
+                    if ast.unparse(func.value).endswith("envs"):
+                        return loop.body, statement
+    raise ValueError("train() has no loop that calls envs.step")
+
+
+def _names(node: ast.AST, context: type) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, context)}
+
+
+def _assigned(statement: ast.stmt) -> set[str]:
+    """The names a statement assigns, in its branches too, an item of an array included
+    (`actions[step] = ...`)."""
+    names = set()
+    for node in ast.walk(statement):
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        for target in (
+            targets if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign) else ()
+        ):
+            while isinstance(target, ast.Subscript | ast.Attribute):
+                target = target.value
+            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def action_statements(train: ast.FunctionDef) -> tuple[list[ast.stmt], list[ast.stmt]]:
+    """The statements of the rollout step that compute the action `envs.step` takes (a backward
+    slice through the loop's body), and the statements of `train` before the loop that made the
+    functions those statements call (`act = rollout_policy(...)`)."""
+    body, env_step = _loop_with_env_step(train)
+    needed = set().union(*(_names(arg, ast.Load) for arg in env_step.value.args))
+    path: list[ast.stmt] = []
+    for statement in reversed(body[: body.index(env_step)]):
+        if _assigned(statement) & needed:
+            path.insert(0, statement)
+            needed |= _names(statement, ast.Load)
+    called = {
+        n.func.id
+        for statement in path
+        for n in ast.walk(statement)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    makers = [
+        statement
+        for statement in ast.walk(train)
+        if isinstance(statement, ast.Assign | ast.AnnAssign)
+        and statement.lineno < body[0].lineno
+        and _assigned(statement) & called
+    ]
+    return path, makers
+
+
+def _top_level_name(code: CodeType) -> str:
+    """The function a reader opens to read `code`: the outermost def around it."""
+    name = code.co_qualname.split(".<locals>")[0]
+    return f"<lambda> line {code.co_firstlineno}" if name == "<lambda>" else name
+
+
+def _repo_code(code: CodeType) -> bool:
+    path = Path(code.co_filename)
+    return path.is_relative_to(REPO) and not path.is_relative_to(REPO / ".venv")
+
+
+PATH_FLAGS = {"ddpg": {"learning_starts": 0}}
+"""Settings other than the defaults for measuring the path: ddpg's actor acts once learning starts"""
+
+
+def action_path(script: str) -> list[str]:
+    """The functions a reader opens to follow the rollout's action from `train()` to `envs.step`,
+    with default flags on CartPole-v1 (Pendulum-v1 for ddpg), as `file: function`, measured by
+    running one iteration: `train` itself, the functions executed while the statements of
+    `action_statements` run (grouped by the outermost def around them), and the functions those
+    statements' makers call directly."""
+    module_path = REPO / f"{script}.py"
+    train = next(
+        n for n in ast.parse(module_path.read_text()).body if getattr(n, "name", "") == "train"
+    )
+    path, makers = action_statements(train)
+    sys.path.insert(0, str(REPO))
+    module = importlib.import_module(script)
+    args = module.Args()
+    env_id = "Pendulum-v1" if script == "ddpg" else "CartPole-v1"
+    batch = args.num_envs * getattr(args, "num_steps", 1)
+    settings = {"env_id": env_id, "total_timesteps": batch, "progress": False, "save_model": False}
+    settings |= {"eval_episodes": 0, **PATH_FLAGS.get(script, {})}
+    seen: dict[str, str] = {f"{script}.py: train": ""}
+
+    def lines(statements: list[ast.stmt]) -> Iterator[int]:
+        for statement in statements:
+            yield from range(statement.lineno, statement.end_lineno + 1)
+
+    on_path, in_makers = set(lines(path)), set(lines(makers))
+
+    def profile(frame: FrameType, event: str, _arg: object) -> None:
+        if event != "call" or not _repo_code(frame.f_code):
+            return
+        caller, depth = frame.f_back, 1
+        while caller is not None and caller.f_code is not train_code:
+            caller, depth = caller.f_back, depth + 1
+        if caller is None:
+            return
+        if caller.f_lineno in on_path or (caller.f_lineno in in_makers and depth == 1):
+            file = Path(frame.f_code.co_filename).relative_to(REPO)
+            seen.setdefault(f"{file}: {_top_level_name(frame.f_code)}", "")
+
+    train_code = module.train.__code__
+    with tempfile.TemporaryDirectory() as folder:
+        sys.setprofile(profile)
+        try:
+            module.train(replace(args, **settings, run_dir=folder))
+        finally:
+            sys.setprofile(None)
+    return list(seen)
+
+
 if __name__ == "__main__":
-    print("\n".join(table([read(REPO / f"{name}.py") for name in (sys.argv[1:] or SCRIPTS)])))
+    names = sys.argv[1:] or list(SCRIPTS)
+    print("\n".join(table([read(REPO / f"{name}.py") for name in names])))
+    print()
+    for name in names:
+        functions = action_path(name)
+        files = sorted({function.split(":")[0] for function in functions})
+        print(f"{name}: the action's path, {len(functions)} functions in {len(files)} files:")
+        print("    " + "; ".join(functions))

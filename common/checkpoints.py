@@ -172,7 +172,9 @@ def restore(checkpoint: dict | None, saved: dict[str, Any]) -> None:
     state that does not fit is a UsageError."""
     for key, thing in saved.items() if checkpoint is not None else ():
         if key not in checkpoint:
-            raise UsageError(f"the checkpoint has no {key!r}: it is of another version of the script")
+            raise UsageError(
+                f"the checkpoint has no {key!r}: it is of another version of the script"
+            )
         try:
             if isinstance(thing, np.ndarray):
                 thing[...] = np.asarray(checkpoint[key])

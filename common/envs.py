@@ -224,7 +224,9 @@ def observation_map(function: Callable[..., Any], *observations: Any) -> Any:
 
 def observation_at(observation: Any, index: Any) -> Any:
     """`observation[index]`, of each part of an `image_and_vector` one."""
-    return observation_map(lambda part: part[index], observation)
+    if isinstance(observation, dict):
+        return {key: part[index] for key, part in observation.items()}
+    return observation[index]
 
 
 def store_observation(buffer: Any, index: Any, observation: Any) -> None:

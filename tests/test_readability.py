@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
-from benchmark.readability import REPO, SCRIPTS, read, table
+import torch
+
+from benchmark.readability import REPO, SCRIPTS, action_path, action_statements, read, table
+from benchmark.same_parameters import fingerprint
 
 
 def test_the_numbers_of_a_small_script(tmp_path: Path) -> None:
@@ -25,3 +29,52 @@ def test_every_script_has_a_train_function_and_args_with_env_id() -> None:
     readings = [read(REPO / f"{name}.py") for name in SCRIPTS]
     assert all(r.train_lines and r.env_id_position for r in readings)
     assert len(table(readings)) == 2 + len(SCRIPTS)
+
+
+def test_the_action_statements_are_the_slice_that_feeds_envs_step() -> None:
+    source = """
+def train():
+    act = make_policy()
+    unused = make_other()
+    for iteration in range(2):
+        for step in range(3):
+            x = observation_at(obs, step)
+            noise = draw()
+            log(x)
+            unrelated = f(z)
+            action = act(x, noise)
+            if clipped:
+                sent = clip(action)
+            else:
+                sent = action
+            out = run.envs.step(sent)
+            after = g(out)
+"""
+    train = ast.parse(source).body[0]
+    path, makers = action_statements(train)
+    assert [statement.lineno for statement in path] == [7, 8, 11, 12]
+    assert [statement.lineno for statement in makers] == [3]
+
+
+def test_the_action_path_of_ppo_fc_and_ddpg_is_measured_by_running_them() -> None:
+    fc = action_path("ppo_fc")
+    assert fc[0] == "ppo_fc.py: train"
+    assert {"ppo_fc.py: rollout_policy", "common/stand_in.py: numpy_policy"} <= set(fc)
+    assert "common/envs.py: env_action" in fc
+    assert "ppo_fc.py: check_policy" not in fc  # after the rollout: not on the action's path
+    ddpg = action_path("ddpg")
+    assert set(ddpg) == {"ddpg.py: train", "ddpg.py: next_noise", "ddpg.py: Actor.forward"}
+
+
+def test_a_fingerprint_follows_values_not_names(tmp_path: Path) -> None:
+    def checkpoint(name: str, value: float) -> Path:
+        model = {name: torch.full((2, 2), value)}
+        optimizer = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}}}
+        path = tmp_path / f"{name}_{value}.pt"
+        torch.save({"model": model, "optimizer": optimizer}, path)
+        return path
+
+    assert fingerprint(checkpoint("qkv.weight", 1.0)) == fingerprint(
+        checkpoint("c_attn.weight", 1.0)
+    )
+    assert fingerprint(checkpoint("qkv.weight", 1.0)) != fingerprint(checkpoint("qkv.weight", 1.5))
