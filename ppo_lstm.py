@@ -9,7 +9,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -28,11 +27,9 @@ from common import (
     checkpoints,
     cli,
     distributed,
-    env_state,
     evaluation,
     run_start,
     stand_in,
-    tracking,
 )
 from common.envs import (
     IMAGE,
@@ -47,20 +44,16 @@ from common.envs import (
     observation_tensor,
     observation_zeros,
     store_observation,
-    training_envs,
 )
 from common.errors import PolicyMismatch, UsageError, check_finite
-from common.interrupt import GracefulInterrupt
 from common.running_norm import RunningNorm
-from common.seeding import seed_and_pick_device, threads_for
+from common.seeding import threads_for
 from common.train_result import TrainResult
-from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = (
     2  # 2: the envs' places in their episodes and the recurrent state there ("episodes")
 )
-CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 
 
 @dataclass
@@ -211,69 +204,6 @@ def layer_init(
     return layer
 
 
-class Segments:
-    """The pieces of sequences (T, B) between episode starts, side by side and padded at their ends,
-    for one fused call of the cell over all of them, from a zero state at each episode start
-    (docs/ppo_lstm.md, "Update")."""
-
-    def __init__(self, episode_starts: Tensor):
-        num_steps, num_sequences = episode_starts.shape
-        boundaries = episode_starts.clone()
-        boundaries[0] = True  # every sequence's first piece starts from the state given for it
-        flat = boundaries.T.reshape(-1)  # sequence by sequence: position b * T + t
-        first_positions = flat.nonzero().squeeze(-1)
-        self.piece = flat.cumsum(0) - 1  # of each position
-        self.offset = torch.arange(len(flat), device=flat.device) - first_positions[self.piece]
-        pieces = boundaries.sum(0)
-        self.first_pieces = pieces.cumsum(0) - pieces  # each sequence's first
-        self.num_pieces, self.max_length = len(first_positions), int(self.offset.max()) + 1
-        self.shape = (num_steps, num_sequences)
-
-    def pad(self, x: Tensor) -> Tensor:
-        """`x` (T, B, F) as pieces side by side, (longest piece, pieces, F), zero after each piece's
-        end."""
-        padded = x.new_zeros(self.max_length, self.num_pieces, x.shape[-1])
-        padded[self.offset, self.piece] = x.transpose(0, 1).reshape(-1, x.shape[-1])
-        return padded
-
-    def unpad(self, padded: Tensor) -> Tensor:
-        """The pieces' outputs back in place, (T, B, F)."""
-        num_steps, num_sequences = self.shape
-        return padded[self.offset, self.piece].reshape(num_sequences, num_steps, -1).transpose(0, 1)
-
-    def initial_states(self, state: Tensor) -> Tensor:
-        """Each piece's first state: `state` (layers, B, S) for each sequence's first piece, zero
-        for the rest."""
-        initial = state.new_zeros(state.shape[0], self.num_pieces, state.shape[-1])
-        initial[:, self.first_pieces] = state
-        return initial
-
-
-class TrainingSequences:
-    """A rollout (num_steps, num_envs, ...) cut into whole env rollouts, or with --bptt-len L into
-    L-step chunks: sequence j is the steps `starts[j]` + (0 .. `length` - 1) of env `envs[j]`."""
-
-    def __init__(self, num_steps: int, num_envs: int, bptt_len: int, device: torch.device):
-        self.length = bptt_len or num_steps
-        self.envs = torch.arange(num_envs, device=device).repeat_interleave(
-            num_steps // self.length
-        )
-        self.starts = torch.arange(0, num_steps, self.length, device=device).repeat(num_envs)
-        self.time_index, self.count = (
-            self.starts + torch.arange(self.length, device=device)[:, None],
-            len(self.starts),
-        )
-
-    def __call__(self, x: Tensor) -> Tensor:
-        """`x` (num_steps, num_envs, ...) as sequences side by side, (length, count, ...)."""
-        return x[self.time_index, self.envs]
-
-    def initial_states(self, states: Tensor) -> Tensor:
-        """The states recorded (num_steps, layers, num_envs, S) at the sequences' starts: (layers,
-        count, S)."""
-        return states[self.starts, :, self.envs].transpose(0, 1)
-
-
 class NatureCNN(nn.Module):
     """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari_lstm.py, on
     images of `layout` ("hw", "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. A
@@ -332,16 +262,15 @@ class Core(nn.Module):
         image_space = observation_space[IMAGE] if parts else observation_space
         vector_size = int(np.prod(observation_space[VECTOR].shape)) if parts else 0
         if layout is not None:  # ppo_atari_lstm.py's: the CNN's 512 features feed the cell
-            self.encoder, encoder_size = NatureCNN(image_space, layout, vector_size), 512
+            self.encoder = NatureCNN(image_space, layout, vector_size)
+            encoder_size = 512
         else:
             observation_size = int(np.prod(image_space.shape)) + vector_size
-            self.encoder = nn.Sequential(
-                layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh()
-            )
+            linear = layer_init(nn.Linear(observation_size, hidden_size))
+            self.encoder = nn.Sequential(linear, nn.Tanh())
             encoder_size = hidden_size
-        self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(
-            encoder_size, rnn_hidden_size, layers
-        )
+        cell = nn.LSTM if rnn_type == "lstm" else nn.GRU
+        self.rnn = cell(encoder_size, rnn_hidden_size, layers)
         for name, parameter in self.rnn.named_parameters():  # CleanRL's initialisation
             if name.startswith("bias"):
                 nn.init.constant_(parameter, 0)
@@ -503,68 +432,256 @@ class Agent(nn.Module):
         )
 
 
-StepFunction = Callable[
-    [np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]
-]
-"""A rollout step: (observations, state, episode starts, noise) -> (actions, state after the step).
-"""
+def train(args: Args) -> TrainResult:
+    args, checkpoint, device = run_start.setup(args, SCRIPT, CHECKPOINT_FORMAT, check_args)
+    world_size = distributed.world_size()
+    global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
+    num_iterations = args.total_timesteps // global_batch_size
+    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches  # one step has no std
+
+    agent = build_agent(args, None, device)
+    # The fused kernel updates every parameter in one call: a fifth of the update time for a network
+    # this small.
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # what a checkpoint carries: written and read from here
+    saved = {"model": agent, "optimizer": optimizer}
+    checkpoints.restore(checkpoint, saved)
+    distributed.broadcast_module(agent)  # every rank starts from rank 0's parameters
+    run = run_start.Run(
+        args, checkpoint, make_env, num_iterations, global_batch_size, SCRIPT, CHECKPOINT_FORMAT
+    )
+    global_step = run.global_step
+    next_obs = run.next_obs
+    next_starts = np.ones(args.num_envs, dtype=bool)
+    next_rnn_state = agent.initial_state(args.num_envs).cpu().numpy()
+    # What the loop carries from step to step, updated in place: a checkpoint saves it, and a
+    # resumed run's episodes go on with the memory they had.
+    carried = {"episode_starts": next_starts, "rnn_state": next_rnn_state}
+    for key, array in carried.items():
+        array[...] = run.carried.get(key, array)
+
+    # Rollout storage, in NumPy: filled step by step without conversions. Images stay uint8 until
+    # the network.
+    action_shape = () if agent.discrete else (agent.action_size,)
+    action_dtype = np.int64 if agent.discrete else np.float32
+    obs = observation_zeros(run.envs.single_observation_space, args.num_steps, args.num_envs)
+    actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=action_dtype)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    truncations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    episode_starts = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    # where an episode was truncated: the value of its last observation
+    final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    # the state each step acted from (zero at an episode start): training sequences start from these
+    rnn_states = np.zeros((args.num_steps, *next_rnn_state.shape), dtype=np.float32)
+    sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
+
+    def as_stored(observation: np.ndarray | dict) -> np.ndarray | dict:
+        return observation_map(lambda part, stored: part.astype(stored.dtype), observation, obs)
+
+    def write_checkpoint(iteration: int) -> Path:
+        return run.save(iteration, global_step, next_obs, saved, **carried)
+
+    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
+    with run:
+        for iteration in range(run.iterations_done + 1, num_iterations + 1):
+            if args.anneal_lr:
+                frac = (iteration - 1.0) / num_iterations
+                lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+                optimizer.param_groups[0]["lr"] = lrnow
+            rollout_start = time.time()
+
+            # The rollout only acts; log-probs and values come after it, from one torch pass along
+            # it. Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+            numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
+            # As stored: float32 integer observations (one-hot, MiniGrid's) would not normalise.
+            act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored(next_obs))
+            noise = agent.sampling_noise((args.num_steps, args.num_envs)).cpu().numpy()
+            initial_rnn_state = next_rnn_state.copy()
+            for step in range(args.num_steps):
+                global_step += args.num_envs * world_size
+                store_observation(obs, step, next_obs)
+                episode_starts[step] = next_starts
+                rnn_states[step] = next_rnn_state * ~next_starts[None, :, None]
+                env_obs = next_obs  # the env's, in its dtype, for the recorder
+                actions[step], next_rnn_state[...] = act(
+                    observation_at(obs, step), next_rnn_state, next_starts, noise[step]
+                )
+                sent_action = env_action(actions[step], agent.action_space)
+                next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
+                terminations[step] = terminated
+                truncations[step] = truncated
+                rewards[step] = reward
+                # clipped here, not by a wrapper: the recorder scales the env's back
+                if args.norm_reward:
+                    rewards[step] = reward.clip(-args.norm_reward_clip, args.norm_reward_clip)
+                run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
+                # Truncated episodes bootstrap from the value of their last observation, seen with
+                # their memory.
+                truncated_only = truncated & ~terminated
+                if args.bootstrap_truncation and truncated_only.any():
+                    last_obs = infos["final_obs"][truncated_only]
+                    last_obs = observation_map(lambda *parts: np.stack(parts), *last_obs)
+                    last_state = next_rnn_state[:, truncated_only]
+                    final_values[step, truncated_only] = agent.bootstrap_value(last_obs, last_state)
+                next_starts[...] = terminated | truncated
+            run.combine_return_stats()  # all ranks go on from the return statistics of all envs
+
+            # The batch: the rollout as tensors, (num_steps, num_envs, ...)
+            with torch.no_grad():
+                b_obs = observation_tensor(obs, device)
+                b_starts = torch.as_tensor(episode_starts, device=device)
+                b_actions = torch.as_tensor(actions, device=device)
+                b_rnn_states = torch.as_tensor(rnn_states, device=device)
+                b_noise = torch.as_tensor(noise, device=device)
+                first_state = torch.as_tensor(initial_rnn_state, device=device)
+                b_actor_outs, b_values, _ = agent(b_obs, first_state, b_starts)
+                b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
+                values = b_values.cpu().numpy()
+                last_state = next_rnn_state * ~next_starts[None, :, None]
+                next_value = agent.bootstrap_value(next_obs, last_state)
+                advantages = compute_gae(
+                    rewards, values, next_value, terminations, truncations, final_values,
+                    args.gamma, args.gae_lambda,
+                )  # fmt: skip
+                b_advantages = torch.as_tensor(advantages, device=device)
+                b_returns = b_advantages + b_values
+            # With a continuous policy, also the unclipped sample that the log-probabilities belong
+            # to.
+            sampled = {} if agent.discrete else {"actions": actions}
+            hidden_state = rnn_states.swapaxes(1, 2)  # (num_steps, num_envs, layers, state size)
+            run.recorder.end_rollout(
+                logprobs=b_logprobs, values=b_values, hidden_state=hidden_state, **sampled
+            )
+            rollout_seconds = time.time() - rollout_start
+
+            update_start = time.time()
+            ratios = []
+            for epoch in range(args.update_epochs):
+                minibatches = torch.randperm(sequences.count, device=device).view(
+                    args.num_minibatches, -1
+                )
+                if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
+                    by_minibatch = b_advantages[sequences.index(minibatches)].transpose(0, 1)
+                    adv_means, adv_stds = distributed.mean_std(by_minibatch)
+                for i, mb in enumerate(minibatches):
+                    # the steps of the minibatch's sequences, (length, sequences)
+                    mb_inds = sequences.index(mb)
+                    mb_starts = b_starts[mb_inds]
+                    mb_initial_state = sequences.initial_state(b_rnn_states, mb)
+                    mb_obs = observation_at(b_obs, mb_inds)
+                    actor_out, newvalue, _ = agent(mb_obs, mb_initial_state, mb_starts)
+                    # no step yet: this pass replays the rollout's on these sequences
+                    if epoch == 0 and i == 0:
+                        replayed = (actor_out, newvalue)
+                        recorded = (b_actor_outs[mb_inds], b_values[mb_inds])
+                        check_replay(mb_initial_state, mb_starts, replayed, recorded)
+                    newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_inds])
+                    logratio = newlogprob - b_logprobs[mb_inds]
+                    ratio = logratio.exp()
+                    ratios.append(ratio.detach())
+
+                    mb_advantages = b_advantages[mb_inds]
+                    mb_returns = b_returns[mb_inds]
+                    mb_values = b_values[mb_inds]
+                    if norm_adv:
+                        mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
+
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(
+                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
+                    )
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - mb_returns) ** 2
+                        v_clipped = mb_values + torch.clamp(
+                            newvalue - mb_values, -args.clip_coef, args.clip_coef
+                        )
+                        v_loss_clipped = (v_clipped - mb_returns) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    distributed.average_gradients(agent.parameters())  # the global minibatch's
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                    optimizer.step()
+
+                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
+                    old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
+                    old_approx_kl, approx_kl = distributed.mean(
+                        torch.stack([old_approx_kl, approx_kl])
+                    )
+                    if approx_kl > args.target_kl:
+                        break
+            check_finite(
+                agent.parameters(),
+                global_step,
+                policy_loss=pg_loss,
+                value_loss=v_loss,
+                entropy=entropy_loss,
+            )
+            # --norm-obs, never of an image through the CNN
+            if isinstance(agent.obs_norm, RunningNorm):
+                # After the update: the stored log-probs and values, GAE and the update used the
+                # same statistics. every rank's, in the order of the update's sequences
+                b_normalised = agent.normalised_part(observation_at(b_obs, sequences.index()))
+                agent.obs_norm.merge(*distributed.moments(b_normalised.flatten(0, 1)))
+            update_seconds = time.time() - update_start
+
+            var_y = np.var(b_returns.cpu().numpy())
+            explained_var = (
+                np.nan if var_y == 0 else 1 - np.var((b_returns - b_values).cpu().numpy()) / var_y
+            )
+            clipfrac = ((torch.cat(ratios, 1) - 1.0).abs() > args.clip_coef).float().mean()
+            run.log.iteration(global_step, {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
+                "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
+                "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
+                "losses/explained_variance": explained_var, "perf/rollout_seconds": rollout_seconds,
+                "perf/update_seconds": update_seconds,
+            })  # fmt: skip
+            saving.iteration_done(iteration)
+            stop = run.stop_requested()  # Ctrl-C on any rank: every rank stops after this iteration
+            if stop:
+                break
+        saving.run_ended(iteration, stop)
+        run.recorder.save()
+    evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
+    eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
+    return run.finish(agent, global_step, eval_returns, saving.path)
 
 
-def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[StepFunction, bool]:
-    """One step of `Agent.sample(Agent.distribution(.), noise)` and the state update, on NumPy
-    arrays, and whether it is a NumPy copy (if `numpy_rollout` and a copy acts as the torch policy
-    does on `obs`)."""
-    device = next(agent.parameters()).device
-
-    @torch.no_grad()
-    def torch_step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
-        as_tensor = lambda array: torch.as_tensor(array, device=device)  # noqa: E731
-        x = observation_map(lambda part: part[None], observation_tensor(obs, device))
-        actor_out, _, next_state = agent(x, as_tensor(state), as_tensor(starts)[None])
-        action = agent.sample(agent.distribution(actor_out[0]), as_tensor(noise))
-        return action.cpu().numpy(), next_state.cpu().numpy()
-
-    if not numpy_rollout:
-        return torch_step, False
-
-    # from a random state: every part of the next state counts
-    def trial() -> tuple[np.ndarray, ...]:
-        repeated, noise = stand_in.trial_inputs(obs, agent.action_size)
-        state = np.random.default_rng(0).standard_normal(
-            (agent.rnn_layers, len(repeated), agent.state_size)
+def compute_gae(
+    rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
+    truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
+) -> np.ndarray:  # fmt: skip
+    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an
+    episode end stops the recursion; a truncated step bootstraps from `final_values`."""
+    nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
+    # final_values elsewhere is not read
+    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
+    following_values = np.concatenate([values[1:], next_value[None]])
+    deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
+    advantages = np.zeros_like(deltas)
+    lastgaelam = np.zeros_like(next_value)
+    for t in reversed(range(len(deltas))):
+        advantages[t] = lastgaelam = (
+            deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
         )
-        return repeated, state.astype(np.float32), np.zeros(len(repeated), dtype=bool), noise
-
-    copy = stand_in.fitting_copy(lambda: numpy_policy_step(agent), torch_step, trial, agent)
-    return (copy, True) if copy is not None else (torch_step, False)
+    return advantages
 
 
-def numpy_policy_step(agent: Agent) -> StepFunction:
-    """A NumPy copy of one step of the policy and the state update (common/stand_in.py), at the
-    current weights."""
-    log_std = None if agent.discrete else agent.actor_logstd
-    cores = [(core.encoder, core.rnn) for core in agent.cores()]
-    return stand_in.numpy_recurrent_policy(agent.obs_norm, cores, agent.actor, log_std)
-
-
-def check_policy(
-    agent: Agent, actor_outs: Tensor, noise: Tensor, actions: Tensor, numpy_copy: bool
-) -> Tensor:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
-    policy's `actor_outs`, after checking that the actions are its draws with `noise`."""
-    policy = agent.distribution(actor_outs.flatten(0, 1))
-    flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
-    if agent.discrete:
-        stand_in.check_same_actions(
-            flat_actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise
-        )
-        stand_in.check_draws(flat_actions, probs=policy.probs)
-    else:
-        stand_in.check_same_actions(
-            flat_actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev
-        )
-        stand_in.check_draws(flat_actions, mean=policy.mean, std=policy.stddev)
-    return agent.log_prob_and_entropy(actor_outs, actions)[0]
+# What train() calls, for a second reading: argument checks, the agent, the rollout's stand-in for
+# the policy and its checks, the update's sequences, evaluation.
 
 
 def check_args(args: Args) -> None:
@@ -617,19 +734,6 @@ def check_args(args: Args) -> None:
         )
 
 
-def from_checkpoint(
-    path: str | None, args: Args, kept: tuple[str, ...], strict: bool
-) -> tuple[Args, dict | None]:
-    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`:
-    no other differs); no path: `args` and no checkpoint."""
-    if path is None:
-        return args, None
-    checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
-    settings = checkpoints.settings(checkpoint, args, kept, strict)
-    check_args(settings)
-    return settings, checkpoint
-
-
 def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(make_env, args)
@@ -640,291 +744,68 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     return agent
 
 
-def train(args: Args) -> TrainResult:
-    check_args(args)
-    # under torchrun: join its processes (docs/distributed.md)
-    distributed.setup(args.dist_backend, args.cuda)
-    args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
-    world_size = distributed.world_size()
-    global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
-    # (a minibatch of one has no std)
-    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches
-    num_iterations = args.total_timesteps // global_batch_size
-    reward_clip = args.norm_reward_clip
+StepFunction = Callable[
+    [np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]
+]
+"""A rollout step: (observations, state, episode starts, noise) -> (actions, state after the step).
+"""
 
-    # Each rank draws its own sampling noise and minibatches, from the same parameters (rank 0's).
-    seed = distributed.rank_seed(args.seed)
-    device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
-    agent = build_agent(args, checkpoint, device)
-    distributed.broadcast_module(agent)
-    # The fused kernel updates every parameter in one call: a fifth of the update time for a network
-    # this small.
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-    run = run_start.start_run(args, checkpoint, num_iterations, global_batch_size)
-    global_step = run.global_step
-    envs, reward_normalizer = training_envs(make_env, args, str(run.video_folder), checkpoint)
-    combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
 
-    # Rollout storage, (num_steps, num_envs, ...). Images stay uint8 until the network.
-    observation_space = envs.single_observation_space
-    action_shape = () if agent.discrete else (agent.action_size,)
-    # float32, or uint8 for images
-    obs = observation_zeros(observation_space, args.num_steps, args.num_envs)
-    # where an episode was truncated
-    final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations, truncations, episode_starts = np.zeros(
-        (3, args.num_steps, args.num_envs), dtype=bool
-    )
-    actions = np.zeros(
-        (args.num_steps, args.num_envs, *action_shape),
-        dtype=np.int64 if agent.discrete else np.float32,
-    )
-    # The state each step acted from (zero where an episode starts): training sequences start from
-    # these.
-    states = np.zeros((args.num_steps, *agent.initial_state(args.num_envs).shape), dtype=np.float32)
+def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[StepFunction, bool]:
+    """One step of `Agent.sample(Agent.distribution(.), noise)` and the state update, on NumPy
+    arrays, and whether it is a NumPy copy (if `numpy_rollout` and a copy acts as the torch policy
+    does on `obs`)."""
+    device = next(agent.parameters()).device
 
-    sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
+    @torch.no_grad()
+    def torch_step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
+        as_tensor = lambda array: torch.as_tensor(array, device=device)  # noqa: E731
+        x = observation_map(lambda part: part[None], observation_tensor(obs, device))
+        actor_out, _, next_state = agent(x, as_tensor(state), as_tensor(starts)[None])
+        action = agent.sample(agent.distribution(actor_out[0]), as_tensor(noise))
+        return action.cpu().numpy(), next_state.cpu().numpy()
 
-    # Last, after everything is built. A resumed run continues its episodes with the memory they
-    # had.
-    next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
-    recorder = RolloutRecorder(args, args.num_envs, checkpoint, carried, reward_normalizer)
-    next_starts = carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
-    # carried across rollouts
-    rnn_state = carried.get("rnn_state", agent.initial_state(args.num_envs).cpu().numpy())
-    log = tracking.TrainingLog(
-        run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step
-    )
+    if not numpy_rollout:
+        return torch_step, False
 
-    def write_checkpoint(iteration: int) -> Path:
-        state = {
-            "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "iteration": iteration,
-        }
-        state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
-        state["episodes"] = env_state.capture(
-            envs, next_obs_np, episode_starts=next_starts, rnn_state=rnn_state
+    # from a random state: every part of the next state counts
+    def trial() -> tuple[np.ndarray, ...]:
+        repeated, noise = stand_in.trial_inputs(obs, agent.action_size)
+        state = np.random.default_rng(0).standard_normal(
+            (agent.rnn_layers, len(repeated), agent.state_size)
         )
-        state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
-        log.flush(global_step)  # and the logs up to the checkpoint
-        return checkpoints.save(
-            run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state
+        return repeated, state.astype(np.float32), np.zeros(len(repeated), dtype=bool), noise
+
+    copy = stand_in.fitting_copy(lambda: numpy_policy_step(agent), torch_step, trial, agent)
+    return (copy, True) if copy is not None else (torch_step, False)
+
+
+def numpy_policy_step(agent: Agent) -> StepFunction:
+    """A NumPy copy of one step of the policy and the state update (common/stand_in.py), at the
+    current weights."""
+    log_std = None if agent.discrete else agent.actor_logstd
+    cores = [(core.encoder, core.rnn) for core in agent.cores()]
+    return stand_in.numpy_recurrent_policy(agent.obs_norm, cores, agent.actor, log_std)
+
+
+def check_policy(
+    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool
+) -> Tensor:
+    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
+    policy's `actor_outs`, after checking that the actions are its draws with `noise`."""
+    policy = agent.distribution(actor_outs.flatten(0, 1))
+    flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
+    if agent.discrete:
+        stand_in.check_same_actions(
+            flat_actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise
         )
-
-    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
-    with GracefulInterrupt() as interrupt, closing(envs), log:
-        for iteration in range(run.iterations_done + 1, num_iterations + 1):
-            if args.anneal_lr:
-                frac = (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = (
-                    1.0 - frac
-                ) * args.learning_rate + frac * args.end_learning_rate
-            rollout_start = time.time()
-
-            # The rollout only acts: log-probs and values come after it, from one torch pass along
-            # its sequences. (Observations as stored: float32 integer ones, one-hot or MiniGrid's,
-            # would not normalise.) Images act through the torch policy: a NumPy copy of a CNN would
-            # not be faster.
-            numpy_rollout = (
-                args.numpy_rollout and not agent.parts and len(observation_space.shape) == 1
-            )
-            as_stored = observation_map(
-                lambda part, stored: part.astype(stored.dtype), next_obs_np, obs
-            )
-            act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored)
-            noise = agent.sampling_noise((args.num_steps, args.num_envs))
-            noise_np, initial_state = noise.cpu().numpy(), rnn_state.copy()
-            for step in range(args.num_steps):
-                global_step += args.num_envs * world_size
-                store_observation(obs, step, next_obs_np)
-                episode_starts[step] = next_starts
-                env_obs = next_obs_np  # the env's, in its dtype, for the recorder
-                states[step] = rnn_state * ~next_starts[None, :, None]
-                actions[step], rnn_state = act(
-                    observation_at(obs, step), rnn_state, next_starts, noise_np[step]
-                )
-                sent_action = env_action(actions[step], agent.action_space)
-                next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
-                terminations[step], truncations[step] = terminated, truncated
-                # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
-                rewards[step] = (
-                    reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
-                )
-                recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
-
-                # Truncated episodes bootstrap from the value of their last observation, seen with
-                # their memory.
-                truncated_only = truncated & ~terminated
-                if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = observation_map(
-                        lambda *parts: np.stack(parts), *infos["final_obs"][truncated_only]
-                    )
-                    final_values[step, truncated_only] = agent.bootstrap_value(
-                        last_obs, rnn_state[:, truncated_only]
-                    )
-                next_starts = terminated | truncated
-                log.episodes.record(infos, global_step)
-            combine_return_stats()  # all ranks go on from the return statistics of all envs
-
-            with torch.no_grad():
-                t_obs, t_starts = (
-                    observation_tensor(obs, device),
-                    torch.as_tensor(episode_starts, device=device),
-                )
-                t_actions, t_states = (
-                    torch.as_tensor(actions, device=device),
-                    torch.as_tensor(states, device=device),
-                )
-                actor_outs, values, _ = agent(
-                    t_obs, torch.as_tensor(initial_state, device=device), t_starts
-                )
-                logprobs = check_policy(agent, actor_outs, noise, t_actions, numpy_copy)
-                next_value = agent.bootstrap_value(
-                    next_obs_np, rnn_state * ~next_starts[None, :, None]
-                )
-                advantages = compute_gae(
-                    rewards, values.cpu().numpy(), next_value, terminations, truncations, final_values, args.gamma,
-                    args.gae_lambda,
-                )  # fmt: skip
-                advantages = torch.as_tensor(advantages, device=device)
-                returns = advantages + values
-            # With a continuous policy, also the unclipped sample that `logprobs` belong to.
-            sampled = {} if agent.discrete else {"actions": actions}
-            recorder.end_rollout(
-                logprobs=logprobs, values=values, hidden_state=states.swapaxes(1, 2), **sampled
-            )
-            rollout_seconds = time.time() - rollout_start
-
-            update_start = time.time()
-            s_obs, s_starts, s_actions = (
-                observation_map(sequences, t_obs),
-                sequences(t_starts),
-                sequences(t_actions),
-            )
-            s_states = sequences.initial_states(t_states)
-            s_logprobs, s_actor_outs = sequences(logprobs), sequences(actor_outs)
-            s_values, s_advantages, s_returns = (
-                sequences(values),
-                sequences(advantages),
-                sequences(returns),
-            )
-
-            ratios = []
-            for epoch in range(args.update_epochs):
-                minibatches = torch.randperm(sequences.count, device=device).view(
-                    args.num_minibatches, -1
-                )
-                if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
-                    adv_means, adv_stds = distributed.mean_std(
-                        s_advantages[:, minibatches].transpose(0, 1)
-                    )
-                for i, mb in enumerate(minibatches):
-                    mb_obs = observation_at(s_obs, np.s_[:, mb])
-                    actor_out, newvalue, _ = agent(mb_obs, s_states[:, mb], s_starts[:, mb])
-                    # no step yet: this pass replays the rollout's on these sequences
-                    if epoch == 0 and i == 0:
-                        recorded = (s_actor_outs[:, mb], s_values[:, mb])
-                        check_replay(
-                            s_states[:, mb], s_starts[:, mb], (actor_out, newvalue), recorded
-                        )
-                    newlogprob, entropy = agent.log_prob_and_entropy(actor_out, s_actions[:, mb])
-                    logratio = newlogprob - s_logprobs[:, mb]
-                    ratio = logratio.exp()
-                    ratios.append(ratio.detach())
-
-                    mb_advantages, mb_returns, mb_values = (
-                        s_advantages[:, mb],
-                        s_returns[:, mb],
-                        s_values[:, mb],
-                    )
-                    if norm_adv:
-                        mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
-
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(
-                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
-                    )
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(
-                            newvalue - mb_values, -args.clip_coef, args.clip_coef
-                        )
-                        v_loss_clipped = (v_clipped - mb_returns) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    # the global minibatch's gradient
-                    distributed.average_gradients(agent.parameters())
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
-                    optimizer.step()
-
-                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
-                    old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    old_approx_kl, approx_kl = distributed.mean(
-                        torch.stack([old_approx_kl, approx_kl])
-                    )
-                    if approx_kl > args.target_kl:
-                        break
-            check_finite(
-                agent.parameters(),
-                global_step,
-                policy_loss=pg_loss,
-                value_loss=v_loss,
-                entropy=entropy_loss,
-            )
-            # --norm-obs, never of an image through the CNN
-            if isinstance(agent.obs_norm, RunningNorm):
-                # After the update: the stored log-probs and values, GAE and the update all used the
-                # same statistics.
-                flat_obs = agent.normalised_part(s_obs).flatten(0, 1)
-                agent.obs_norm.merge(*distributed.moments(flat_obs))  # all ranks' observations
-            update_seconds = time.time() - update_start
-
-            var_y = np.var(returns.cpu().numpy())
-            explained_var = (
-                np.nan if var_y == 0 else 1 - np.var((returns - values).cpu().numpy()) / var_y
-            )
-            clipfrac = (
-                ((torch.cat([r.reshape(-1) for r in ratios]) - 1.0).abs() > args.clip_coef)
-                .float()
-                .mean()
-            )
-            log.iteration(global_step, {
-                "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
-                "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
-                "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
-                "losses/explained_variance": explained_var,
-                "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
-            })  # fmt: skip
-            saving.iteration_done(iteration)
-            # one rank's Ctrl-C stops all
-            interrupt.requested = stop = distributed.any_rank(interrupt.requested)
-            if stop:  # Ctrl-C: the run stops after a whole iteration
-                break
-        saving.run_ended(iteration, stop)
-        recorder.save()
-    evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
-    eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
-    log.finish()
-    episodes = log.episodes
-    return TrainResult(
-        agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path
-    )
+        stand_in.check_draws(flat_actions, probs=policy.probs)
+    else:
+        stand_in.check_same_actions(
+            flat_actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev
+        )
+        stand_in.check_draws(flat_actions, mean=policy.mean, std=policy.stddev)
+    return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 
 def check_replay(
@@ -961,24 +842,66 @@ def check_replay(
         )
 
 
-def compute_gae(
-    rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
-    truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
-) -> np.ndarray:  # fmt: skip
-    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an
-    episode end stops the recursion; a truncated step bootstraps from `final_values`."""
-    nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    # final_values elsewhere is not read
-    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
-    following_values = np.concatenate([values[1:], next_value[None]])
-    deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
-    advantages = np.zeros_like(deltas)
-    lastgaelam = np.zeros_like(next_value)
-    for t in reversed(range(len(deltas))):
-        advantages[t] = lastgaelam = (
-            deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
-        )
-    return advantages
+class TrainingSequences:
+    """The rollout (num_steps, num_envs, ...) cut into the update's sequences: whole env rollouts,
+    or with --bptt-len L, L-step chunks. Sequence j is the steps `starts[j]` + (0 .. `length` - 1)
+    of env `envs[j]`."""
+
+    def __init__(self, num_steps: int, num_envs: int, bptt_len: int, device: torch.device):
+        self.length = bptt_len or num_steps
+        chunks = num_steps // self.length
+        self.envs = torch.arange(num_envs, device=device).repeat_interleave(chunks)
+        self.starts = torch.arange(0, num_steps, self.length, device=device).repeat(num_envs)
+        self.steps = self.starts + torch.arange(self.length, device=device)[:, None]
+        self.count = len(self.starts)
+
+    def index(self, which: Tensor | slice = slice(None)) -> tuple[Tensor, Tensor]:
+        """Where the sequences `which` lie in a tensor (num_steps, num_envs, ...): indexed by it, it
+        gives them side by side, (length, *which's shape, ...)."""
+        return self.steps[:, which], self.envs[which]
+
+    def initial_state(self, states: Tensor, which: Tensor) -> Tensor:
+        """The states recorded (num_steps, layers, num_envs, S) at the starts of the sequences
+        `which`: (layers, len(which), S)."""
+        return states[self.starts[which], :, self.envs[which]].transpose(0, 1)
+
+
+class Segments:
+    """The pieces of sequences (T, B) between episode starts, side by side and padded at their ends,
+    for one fused call of the cell over all of them, from a zero state at each episode start
+    (docs/ppo_lstm.md, "Update")."""
+
+    def __init__(self, episode_starts: Tensor):
+        num_steps, num_sequences = episode_starts.shape
+        boundaries = episode_starts.clone()
+        boundaries[0] = True  # every sequence's first piece starts from the state given for it
+        flat = boundaries.T.reshape(-1)  # sequence by sequence: position b * T + t
+        first_positions = flat.nonzero().squeeze(-1)
+        self.piece = flat.cumsum(0) - 1  # of each position
+        self.offset = torch.arange(len(flat), device=flat.device) - first_positions[self.piece]
+        pieces = boundaries.sum(0)
+        self.first_pieces = pieces.cumsum(0) - pieces  # each sequence's first
+        self.num_pieces, self.max_length = len(first_positions), int(self.offset.max()) + 1
+        self.shape = (num_steps, num_sequences)
+
+    def pad(self, x: Tensor) -> Tensor:
+        """`x` (T, B, F) as pieces side by side, (longest piece, pieces, F), zero after each piece's
+        end."""
+        padded = x.new_zeros(self.max_length, self.num_pieces, x.shape[-1])
+        padded[self.offset, self.piece] = x.transpose(0, 1).reshape(-1, x.shape[-1])
+        return padded
+
+    def unpad(self, padded: Tensor) -> Tensor:
+        """The pieces' outputs back in place, (T, B, F)."""
+        num_steps, num_sequences = self.shape
+        return padded[self.offset, self.piece].reshape(num_sequences, num_steps, -1).transpose(0, 1)
+
+    def initial_states(self, state: Tensor) -> Tensor:
+        """Each piece's first state: `state` (layers, B, S) for each sequence's first piece, zero
+        for the rest."""
+        initial = state.new_zeros(state.shape[0], self.num_pieces, state.shape[-1])
+        initial[:, self.first_pieces] = state
+        return initial
 
 
 def evaluate(
@@ -1007,12 +930,8 @@ def evaluate(
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    check_args(args)
-    trained, checkpoint = from_checkpoint(
-        args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False
-    )
-    device = seed_and_pick_device(
-        trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
+    trained, checkpoint, device = run_start.setup_evaluation(
+        args, SCRIPT, CHECKPOINT_FORMAT, check_args
     )
     agent = build_agent(trained, checkpoint, device)
     step = checkpoint["global_step"]

@@ -431,12 +431,10 @@ def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(
 ):
     source = (REPO / "ppo_lstm.py").read_text()
     edits = {  # the edit a researcher makes: the cell's module, and a layer norm on its input
-        'self.rnn = (nn.LSTM if rnn_type == "lstm" else nn.GRU)(encoder_size, rnn_hidden_size, layers)': (
+        "self.rnn = cell(encoder_size, rnn_hidden_size, layers)": (
             "self.rnn = nn.GRU(encoder_size, rnn_hidden_size, 2)"
         ),
-        "nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh())": (
-            "nn.Sequential(layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh(), nn.LayerNorm(hidden_size))"
-        ),
+        "nn.Sequential(linear, nn.Tanh())": "nn.Sequential(linear, nn.Tanh(), nn.LayerNorm(hidden_size))",
     }
     for old, new in edits.items():
         assert old in source, "the edit no longer applies to ppo_lstm.py: update this test"
