@@ -22,15 +22,7 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import (
-    atari,
-    checkpoints,
-    cli,
-    distributed,
-    evaluation,
-    run_start,
-    stand_in,
-)
+from common import atari, checkpoints, cli, distributed, evaluation, run_start, stand_in
 from common.envs import (
     IMAGE,
     VECTOR,
@@ -51,9 +43,8 @@ from common.seeding import threads_for
 from common.train_result import TrainResult
 
 SCRIPT = Path(__file__).stem
-CHECKPOINT_FORMAT = (
-    2  # 2: the envs' places in their episodes and the recurrent state there ("episodes")
-)
+# 2: the envs' places in their episodes and the recurrent state there ("episodes")
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass
@@ -252,10 +243,7 @@ class Core(nn.Module):
     """The part with memory: an encoder (a linear layer with tanh, or the Nature CNN for images),
     then the recurrent cell."""
 
-    def __init__(
-        self, observation_space: gym.Space, layout: str | None, hidden_size: int, rnn_type: str, rnn_hidden_size: int,
-        layers: int,
-    ):  # fmt: skip
+    def __init__(self, observation_space: gym.Space, layout: str | None, args: Args):
         super().__init__()
         # an image and a vector (common.envs.image_and_vector)
         parts = isinstance(observation_space, gym.spaces.Dict)
@@ -266,11 +254,11 @@ class Core(nn.Module):
             encoder_size = 512
         else:
             observation_size = int(np.prod(image_space.shape)) + vector_size
-            linear = layer_init(nn.Linear(observation_size, hidden_size))
+            linear = layer_init(nn.Linear(observation_size, args.hidden_size))
             self.encoder = nn.Sequential(linear, nn.Tanh())
-            encoder_size = hidden_size
-        cell = nn.LSTM if rnn_type == "lstm" else nn.GRU
-        self.rnn = cell(encoder_size, rnn_hidden_size, layers)
+            encoder_size = args.hidden_size
+        cell = nn.LSTM if args.rnn_type == "lstm" else nn.GRU
+        self.rnn = cell(encoder_size, args.rnn_hidden_size, args.rnn_layers)
         for name, parameter in self.rnn.named_parameters():  # CleanRL's initialisation
             if name.startswith("bias"):
                 nn.init.constant_(parameter, 0)
@@ -288,9 +276,7 @@ class Core(nn.Module):
         if segments is None:
             output, next_state = self.rnn(features, self.cell_state(state))
             return output, self.flat_state(next_state)
-        output, _ = self.rnn(
-            segments.pad(features), self.cell_state(segments.initial_states(state))
-        )
+        output, _ = self.rnn(segments.pad(features), self.cell_state(segments.initial_state(state)))
         return segments.unpad(output), None
 
     def cell_state(self, state: Tensor) -> Tensor | tuple[Tensor, Tensor]:
@@ -326,16 +312,8 @@ class Agent(nn.Module):
         self.obs_norm = (
             RunningNorm(normalised_size) if args.norm_obs and normalised_size else nn.Identity()
         )
-        core = (
-            observation_space,
-            layout,
-            args.hidden_size,
-            args.rnn_type,
-            args.rnn_hidden_size,
-            args.rnn_layers,
-        )
-        self.core = Core(*core)
-        self.critic_core = None if args.shared_core else Core(*core)
+        self.core = Core(observation_space, layout, args)
+        self.critic_core = None if args.shared_core else Core(observation_space, layout, args)
         self.state_size = sum(core.state_size for core in self.cores())
         self.rnn_layers = self.core.rnn.num_layers
         # logits or mean
@@ -437,7 +415,8 @@ def train(args: Args) -> TrainResult:
     world_size = distributed.world_size()
     global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
     num_iterations = args.total_timesteps // global_batch_size
-    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches  # one step has no std
+    # a minibatch of one step has no std
+    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches
 
     agent = build_agent(args, None, device)
     # The fused kernel updates every parameter in one call: a fifth of the update time for a network
@@ -497,7 +476,6 @@ def train(args: Args) -> TrainResult:
             # As stored: float32 integer observations (one-hot, MiniGrid's) would not normalise.
             act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored(next_obs))
             noise = agent.sampling_noise((args.num_steps, args.num_envs)).cpu().numpy()
-            initial_rnn_state = next_rnn_state.copy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 store_observation(obs, step, next_obs)
@@ -516,8 +494,7 @@ def train(args: Args) -> TrainResult:
                 if args.norm_reward:
                     rewards[step] = reward.clip(-args.norm_reward_clip, args.norm_reward_clip)
                 run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
-                # Truncated episodes bootstrap from the value of their last observation, seen with
-                # their memory.
+                # truncated episodes bootstrap from their last observation's value, seen with memory
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
                     last_obs = infos["final_obs"][truncated_only]
@@ -534,8 +511,8 @@ def train(args: Args) -> TrainResult:
                 b_actions = torch.as_tensor(actions, device=device)
                 b_rnn_states = torch.as_tensor(rnn_states, device=device)
                 b_noise = torch.as_tensor(noise, device=device)
-                first_state = torch.as_tensor(initial_rnn_state, device=device)
-                b_actor_outs, b_values, _ = agent(b_obs, first_state, b_starts)
+                # from the state its first step acted from
+                b_actor_outs, b_values, _ = agent(b_obs, b_rnn_states[0], b_starts)
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
                 values = b_values.cpu().numpy()
                 last_state = next_rnn_state * ~next_starts[None, :, None]
@@ -546,8 +523,7 @@ def train(args: Args) -> TrainResult:
                 )  # fmt: skip
                 b_advantages = torch.as_tensor(advantages, device=device)
                 b_returns = b_advantages + b_values
-            # With a continuous policy, also the unclipped sample that the log-probabilities belong
-            # to.
+            # With a continuous policy, also the unclipped sample the log-probabilities belong to.
             sampled = {} if agent.discrete else {"actions": actions}
             hidden_state = rnn_states.swapaxes(1, 2)  # (num_steps, num_envs, layers, state size)
             run.recorder.end_rollout(
@@ -558,9 +534,8 @@ def train(args: Args) -> TrainResult:
             update_start = time.time()
             ratios = []
             for epoch in range(args.update_epochs):
-                minibatches = torch.randperm(sequences.count, device=device).view(
-                    args.num_minibatches, -1
-                )
+                order = torch.randperm(sequences.count, device=device)
+                minibatches = order.view(args.num_minibatches, -1)
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     by_minibatch = b_advantages[sequences.index(minibatches)].transpose(0, 1)
                     adv_means, adv_stds = distributed.mean_std(by_minibatch)
@@ -588,9 +563,8 @@ def train(args: Args) -> TrainResult:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(
-                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
-                    )
+                    clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+                    pg_loss2 = -mb_advantages * clipped_ratio
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                     if args.clip_vloss:
@@ -621,19 +595,14 @@ def train(args: Args) -> TrainResult:
                     )
                     if approx_kl > args.target_kl:
                         break
-            check_finite(
-                agent.parameters(),
-                global_step,
-                policy_loss=pg_loss,
-                value_loss=v_loss,
-                entropy=entropy_loss,
-            )
+            losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
+            check_finite(agent.parameters(), global_step, **losses)
             # --norm-obs, never of an image through the CNN
             if isinstance(agent.obs_norm, RunningNorm):
                 # After the update: the stored log-probs and values, GAE and the update used the
-                # same statistics. every rank's, in the order of the update's sequences
-                b_normalised = agent.normalised_part(observation_at(b_obs, sequences.index()))
-                agent.obs_norm.merge(*distributed.moments(b_normalised.flatten(0, 1)))
+                # same statistics. Every rank's observations, in the order of the sequences.
+                b_sequences_obs = observation_at(b_obs, sequences.index())
+                agent.obs_norm.merge(*distributed.moments(agent.normalised_part(b_sequences_obs)))
             update_seconds = time.time() - update_start
 
             var_y = np.var(b_returns.cpu().numpy())
@@ -686,31 +655,11 @@ def compute_gae(
 
 def check_args(args: Args) -> None:
     """Reject bad settings before anything is built or written."""
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "hidden_size",
-    )
-    positive += (
-        "video_every",
-        "sampling_k",
-        "temperature",
-        "learning_rate",
-        "clip_coef",
-        "max_grad_norm",
-    )
-    positive += ("rnn_hidden_size", "rnn_layers")
-    non_negative = (
-        "seed",
-        "eval_episodes",
-        "checkpoint_every",
-        "torch_threads",
-        "end_learning_rate",
-        "bptt_len",
-    )
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    positive += ("hidden_size", "video_every", "sampling_k", "temperature", "learning_rate")
+    positive += ("clip_coef", "max_grad_norm", "rnn_hidden_size", "rnn_layers")
+    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads")
+    non_negative += ("end_learning_rate", "bptt_len")
     cli.check_ranges(
         args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
     )
@@ -718,11 +667,9 @@ def check_args(args: Args) -> None:
         raise UsageError(f"--bptt-len {args.bptt_len} must divide --num-steps {args.num_steps}")
     num_sequences = args.num_envs * (args.num_steps // args.bptt_len if args.bptt_len else 1)
     if num_sequences % args.num_minibatches:
-        what = (
-            "--num-envs x --num-steps / --bptt-len"
-            if args.bptt_len
-            else "--num-envs (whole-rollout sequences)"
-        )
+        what = "--num-envs (whole-rollout sequences)"
+        if args.bptt_len:
+            what = "--num-envs x --num-steps / --bptt-len"
         raise UsageError(
             f"--num-minibatches {args.num_minibatches} must divide the number of training sequences, {what} = "
             f"{num_sequences}"
@@ -809,13 +756,13 @@ def check_policy(
 
 
 def check_replay(
-    states: Tensor,
+    initial_state: Tensor,
     episode_starts: Tensor,
     replayed: tuple[Tensor, Tensor],
     recorded: tuple[Tensor, Tensor],
 ) -> None:
     """Before the first gradient step: stop unless the update's pass along training sequences (from
-    their recorded `states`, reset where `episode_starts`) gives the `recorded` actor outputs and
+    their recorded `initial_state`, reset where `episode_starts`) gives the `recorded` actor outputs and
     values of the rollout's pass, to float32 rounding (1e-4 of their largest magnitude plus 1e-5:
     docs/ppo_lstm.md, "Update")."""
     for replayed_part, recorded_part, what in zip(
@@ -830,11 +777,10 @@ def check_replay(
         )
         step, sequence = divmod(int(difference.argmax()), episode_starts.shape[1])
         starts = episode_starts[: step + 1, sequence].nonzero()
-        where = (
-            f"{step - int(starts[-1])} steps after an episode start"
-            if len(starts)
-            else f"{step} steps after a recorded state of norm {states[:, sequence].norm().item():.3g}"
-        )
+        norm = initial_state[:, sequence].norm().item()
+        where = f"{step} steps after a recorded state of norm {norm:.3g}"
+        if len(starts):
+            where = f"{step - int(starts[-1])} steps after an episode start"
         raise PolicyMismatch(
             f"the update's {what} differ from the rollout's (largest difference {difference.max().item():.3g}, "
             f"tolerance {tolerance.item():.3g}, {where}): each training sequence must start from the state "
@@ -881,7 +827,8 @@ class Segments:
         self.offset = torch.arange(len(flat), device=flat.device) - first_positions[self.piece]
         pieces = boundaries.sum(0)
         self.first_pieces = pieces.cumsum(0) - pieces  # each sequence's first
-        self.num_pieces, self.max_length = len(first_positions), int(self.offset.max()) + 1
+        self.num_pieces = len(first_positions)
+        self.max_length = int(self.offset.max()) + 1
         self.shape = (num_steps, num_sequences)
 
     def pad(self, x: Tensor) -> Tensor:
@@ -896,7 +843,7 @@ class Segments:
         num_steps, num_sequences = self.shape
         return padded[self.offset, self.piece].reshape(num_sequences, num_steps, -1).transpose(0, 1)
 
-    def initial_states(self, state: Tensor) -> Tensor:
+    def initial_state(self, state: Tensor) -> Tensor:
         """Each piece's first state: `state` (layers, B, S) for each sequence's first piece, zero
         for the rest."""
         initial = state.new_zeros(state.shape[0], self.num_pieces, state.shape[-1])
@@ -909,7 +856,8 @@ def evaluate(
 ) -> list[float]:
     """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with the
     hidden state it came from."""
-    device, state = next(agent.parameters()).device, agent.initial_state(1)
+    device = next(agent.parameters()).device
+    state = agent.initial_state(1)
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> tuple[np.ndarray, dict]:

@@ -431,10 +431,12 @@ def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(
 ):
     source = (REPO / "ppo_lstm.py").read_text()
     edits = {  # the edit a researcher makes: the cell's module, and a layer norm on its input
-        "self.rnn = cell(encoder_size, rnn_hidden_size, layers)": (
-            "self.rnn = nn.GRU(encoder_size, rnn_hidden_size, 2)"
+        "self.rnn = cell(encoder_size, args.rnn_hidden_size, args.rnn_layers)": (
+            "self.rnn = nn.GRU(encoder_size, args.rnn_hidden_size, 2)"
         ),
-        "nn.Sequential(linear, nn.Tanh())": "nn.Sequential(linear, nn.Tanh(), nn.LayerNorm(hidden_size))",
+        "nn.Sequential(linear, nn.Tanh())": (
+            "nn.Sequential(linear, nn.Tanh(), nn.LayerNorm(args.hidden_size))"
+        ),
     }
     for old, new in edits.items():
         assert old in source, "the edit no longer applies to ppo_lstm.py: update this test"
