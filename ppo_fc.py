@@ -502,9 +502,8 @@ def train(args: Args) -> TrainResult:
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    old_approx_kl, approx_kl = distributed.mean(
-                        torch.stack([old_approx_kl, approx_kl])
-                    )
+                    kls = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
+                    old_approx_kl, approx_kl = kls
                     if approx_kl > args.target_kl:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}

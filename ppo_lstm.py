@@ -35,6 +35,7 @@ from common.envs import (
     observation_map,
     observation_tensor,
     observation_zeros,
+    stacked_observations,
     store_observation,
 )
 from common.errors import PolicyMismatch, UsageError, check_finite
@@ -353,6 +354,12 @@ class Agent(nn.Module):
             next_state = torch.cat([next_state, critic_state], -1) if segments is None else None
         return self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state
 
+    def update_obs_norm(self, x: Tensor | dict[str, Tensor]) -> None:
+        """With --norm-obs (never of an image through the CNN): the running statistics take in the
+        batch of observations `x` of every rank."""
+        if isinstance(self.obs_norm, RunningNorm):
+            self.obs_norm.merge(*distributed.moments(self.normalised_part(x)))
+
     def normalised_part(self, x: Tensor | dict[str, Tensor]) -> Tensor:
         """What `obs_norm` normalises: a Dict's vector with the CNN, else the observation flat (an
         image as it is for the CNN, its pixels flattened with --encoder mlp, then a Dict's vector).
@@ -419,15 +426,13 @@ def train(args: Args) -> TrainResult:
     norm_adv = args.norm_adv and global_batch_size > args.num_minibatches
 
     agent = build_agent(args, None, device)
-    # The fused kernel updates every parameter in one call: a fifth of the update time for a network
-    # this small.
+    # fused: one kernel for every parameter, a fifth of the update time for a network this small
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # what a checkpoint carries: written and read from here
-    saved = {"model": agent, "optimizer": optimizer}
+    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint carries, by key
     checkpoints.restore(checkpoint, saved)
     distributed.broadcast_module(agent)  # every rank starts from rank 0's parameters
     run = run_start.Run(
-        args, checkpoint, make_env, num_iterations, global_batch_size, SCRIPT, CHECKPOINT_FORMAT
+        SCRIPT, CHECKPOINT_FORMAT, args, checkpoint, saved, make_env, global_batch_size
     )
     global_step = run.global_step
     next_obs = run.next_obs
@@ -435,12 +440,9 @@ def train(args: Args) -> TrainResult:
     next_rnn_state = agent.initial_state(args.num_envs).cpu().numpy()
     # What the loop carries from step to step, updated in place: a checkpoint saves it, and a
     # resumed run's episodes go on with the memory they had.
-    carried = {"episode_starts": next_starts, "rnn_state": next_rnn_state}
-    for key, array in carried.items():
-        array[...] = run.carried.get(key, array)
+    carried = run.carry({"episode_starts": next_starts, "rnn_state": next_rnn_state})
 
-    # Rollout storage, in NumPy: filled step by step without conversions. Images stay uint8 until
-    # the network.
+    # Rollout storage in NumPy, filled without conversions; images stay uint8 until the network.
     action_shape = () if agent.discrete else (agent.action_size,)
     action_dtype = np.int64 if agent.discrete else np.float32
     obs = observation_zeros(run.envs.single_observation_space, args.num_steps, args.num_envs)
@@ -454,14 +456,11 @@ def train(args: Args) -> TrainResult:
     # the state each step acted from (zero at an episode start): training sequences start from these
     rnn_states = np.zeros((args.num_steps, *next_rnn_state.shape), dtype=np.float32)
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
+    reward_clip = args.norm_reward_clip if args.norm_reward else np.inf
+    # The rollout only acts; log-probs and values come after it, from one torch pass along it.
+    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+    numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
 
-    def as_stored(observation: np.ndarray | dict) -> np.ndarray | dict:
-        return observation_map(lambda part, stored: part.astype(stored.dtype), observation, obs)
-
-    def write_checkpoint(iteration: int) -> Path:
-        return run.save(iteration, global_step, next_obs, saved, **carried)
-
-    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     with run:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -470,11 +469,7 @@ def train(args: Args) -> TrainResult:
                 optimizer.param_groups[0]["lr"] = lrnow
             rollout_start = time.time()
 
-            # The rollout only acts; log-probs and values come after it, from one torch pass along
-            # it. Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-            numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
-            # As stored: float32 integer observations (one-hot, MiniGrid's) would not normalise.
-            act, numpy_copy = rollout_policy(agent, numpy_rollout, as_stored(next_obs))
+            act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs)
             noise = agent.sampling_noise((args.num_steps, args.num_envs)).cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
@@ -489,16 +484,13 @@ def train(args: Args) -> TrainResult:
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
                 terminations[step] = terminated
                 truncations[step] = truncated
-                rewards[step] = reward
-                # clipped here, not by a wrapper: the recorder scales the env's back
-                if args.norm_reward:
-                    rewards[step] = reward.clip(-args.norm_reward_clip, args.norm_reward_clip)
+                # clipped here, not by a wrapper: the recorder scales the env's own reward back
+                rewards[step] = reward.clip(-reward_clip, reward_clip)
                 run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
                 # truncated episodes bootstrap from their last observation's value, seen with memory
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = infos["final_obs"][truncated_only]
-                    last_obs = observation_map(lambda *parts: np.stack(parts), *last_obs)
+                    last_obs = stacked_observations(infos["final_obs"][truncated_only])
                     last_state = next_rnn_state[:, truncated_only]
                     final_values[step, truncated_only] = agent.bootstrap_value(last_obs, last_state)
                 next_starts[...] = terminated | truncated
@@ -523,8 +515,7 @@ def train(args: Args) -> TrainResult:
                 )  # fmt: skip
                 b_advantages = torch.as_tensor(advantages, device=device)
                 b_returns = b_advantages + b_values
-            # With a continuous policy, also the unclipped sample the log-probabilities belong to.
-            sampled = {} if agent.discrete else {"actions": actions}
+            sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
             hidden_state = rnn_states.swapaxes(1, 2)  # (num_steps, num_envs, layers, state size)
             run.recorder.end_rollout(
                 logprobs=b_logprobs, values=b_values, hidden_state=hidden_state, **sampled
@@ -590,25 +581,20 @@ def train(args: Args) -> TrainResult:
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    old_approx_kl, approx_kl = distributed.mean(
-                        torch.stack([old_approx_kl, approx_kl])
-                    )
+                    kls = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
+                    old_approx_kl, approx_kl = kls
                     if approx_kl > args.target_kl:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
             check_finite(agent.parameters(), global_step, **losses)
-            # --norm-obs, never of an image through the CNN
-            if isinstance(agent.obs_norm, RunningNorm):
-                # After the update: the stored log-probs and values, GAE and the update used the
-                # same statistics. Every rank's observations, in the order of the sequences.
-                b_sequences_obs = observation_at(b_obs, sequences.index())
-                agent.obs_norm.merge(*distributed.moments(agent.normalised_part(b_sequences_obs)))
+            # After the update: the stored log-probs and values, GAE and the update used the same
+            # statistics (taken in the order of the sequences).
+            agent.update_obs_norm(observation_at(b_obs, sequences.index()))
             update_seconds = time.time() - update_start
 
-            var_y = np.var(b_returns.cpu().numpy())
-            explained_var = (
-                np.nan if var_y == 0 else 1 - np.var((b_returns - b_values).cpu().numpy()) / var_y
-            )
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             clipfrac = ((torch.cat(ratios, 1) - 1.0).abs() > args.clip_coef).float().mean()
             run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
@@ -618,15 +604,13 @@ def train(args: Args) -> TrainResult:
                 "losses/explained_variance": explained_var, "perf/rollout_seconds": rollout_seconds,
                 "perf/update_seconds": update_seconds,
             })  # fmt: skip
-            saving.iteration_done(iteration)
-            stop = run.stop_requested()  # Ctrl-C on any rank: every rank stops after this iteration
-            if stop:
+            # a checkpoint if one is due; Ctrl-C on any rank stops every rank here
+            if run.iteration_done(iteration, global_step, next_obs, **carried):
                 break
-        saving.run_ended(iteration, stop)
-        run.recorder.save()
+        run.end(iteration)
     evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
     eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
-    return run.finish(agent, global_step, eval_returns, saving.path)
+    return run.finish(agent, global_step, eval_returns)
 
 
 def compute_gae(
@@ -717,7 +701,8 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
 
     # from a random state: every part of the next state counts
     def trial() -> tuple[np.ndarray, ...]:
-        repeated, noise = stand_in.trial_inputs(obs, agent.action_size)
+        # float32, as the rollout stores vectors (the copy acts on vectors only)
+        repeated, noise = stand_in.trial_inputs(obs.astype(np.float32), agent.action_size)
         state = np.random.default_rng(0).standard_normal(
             (agent.rnn_layers, len(repeated), agent.state_size)
         )

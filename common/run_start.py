@@ -162,6 +162,15 @@ class Run:
         self.stopped = False
         self._loop_state: tuple[int, Any, dict[str, Any]] = (self.global_step, self.next_obs, {})
 
+    def carry(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`arrays`, what the loop carries from step to step (updated in place), filled with what a
+        resumed run's loop carried where its envs go on with their episodes; returned, to pass to
+        `iteration_done` and `save`."""
+        for key, array in arrays.items():
+            if key in self.carried:
+                array[...] = self.carried[key]
+        return arrays
+
     def step(self, env_obs, sent_action, reward, terminated, truncated, infos, global_step) -> None:
         """After each `envs.step`: the transition to the recorder, finished episodes to the log."""
         self.recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
