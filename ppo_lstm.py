@@ -422,8 +422,7 @@ def train(args: Args) -> TrainResult:
     world_size = distributed.world_size()
     global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
     num_iterations = args.total_timesteps // global_batch_size
-    # a minibatch of one step has no std
-    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches
+    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches  # one step has no std
 
     agent = build_agent(args, None, device)
     # fused: one kernel for every parameter, a fifth of the update time for a network this small
@@ -438,8 +437,7 @@ def train(args: Args) -> TrainResult:
     next_obs = run.next_obs
     next_starts = np.ones(args.num_envs, dtype=bool)
     next_rnn_state = agent.initial_state(args.num_envs).cpu().numpy()
-    # What the loop carries from step to step, updated in place: a checkpoint saves it, and a
-    # resumed run's episodes go on with the memory they had.
+    # the loop's state across steps, updated in place: checkpoints save it, and resume restores it
     carried = run.carry({"episode_starts": next_starts, "rnn_state": next_rnn_state})
 
     # Rollout storage in NumPy, filled without conversions; images stay uint8 until the network.
@@ -457,7 +455,6 @@ def train(args: Args) -> TrainResult:
     rnn_states = np.zeros((args.num_steps, *next_rnn_state.shape), dtype=np.float32)
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
     reward_clip = args.norm_reward_clip if args.norm_reward else np.inf
-    # The rollout only acts; log-probs and values come after it, from one torch pass along it.
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
 
@@ -496,14 +493,14 @@ def train(args: Args) -> TrainResult:
                 next_starts[...] = terminated | truncated
             run.combine_return_stats()  # all ranks go on from the return statistics of all envs
 
-            # The batch: the rollout as tensors, (num_steps, num_envs, ...)
+            # The batch: the rollout as tensors, (num_steps, num_envs, ...). The log-probs and values
+            # come from one torch pass along it, from the state its first step acted from.
             with torch.no_grad():
                 b_obs = observation_tensor(obs, device)
                 b_starts = torch.as_tensor(episode_starts, device=device)
                 b_actions = torch.as_tensor(actions, device=device)
                 b_rnn_states = torch.as_tensor(rnn_states, device=device)
                 b_noise = torch.as_tensor(noise, device=device)
-                # from the state its first step acted from
                 b_actor_outs, b_values, _ = agent(b_obs, b_rnn_states[0], b_starts)
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
                 values = b_values.cpu().numpy()
@@ -531,8 +528,7 @@ def train(args: Args) -> TrainResult:
                     by_minibatch = b_advantages[sequences.index(minibatches)].transpose(0, 1)
                     adv_means, adv_stds = distributed.mean_std(by_minibatch)
                 for i, mb in enumerate(minibatches):
-                    # the steps of the minibatch's sequences, (length, sequences)
-                    mb_inds = sequences.index(mb)
+                    mb_inds = sequences.index(mb)  # its sequences' steps, (length, sequences)
                     mb_starts = b_starts[mb_inds]
                     mb_initial_state = sequences.initial_state(b_rnn_states, mb)
                     mb_obs = observation_at(b_obs, mb_inds)
