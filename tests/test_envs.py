@@ -195,7 +195,7 @@ def test_minigrid_loses_its_mission_text_and_steps_in_a_same_step_vector_env(mon
         [make_env, make_env], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
     # direction one-hot and the image
-    assert vector.single_observation_space.shape == (4 + 7 * 7 * 3)
+    assert vector.single_observation_space.shape == (4 + 7 * 7 * 3,)
     obs, _ = vector.reset(seed=0)
     assert obs.shape == (2, 151)
     for _ in range(3):
@@ -320,9 +320,9 @@ def test_images_are_kept_for_the_cnn_and_every_other_box_is_flattened_as_before(
     image, features = Box(0, 255, (3, 40, 40), np.uint8), Box(0.0, 1.0, (40, 40), np.float32)
     assert flat_observations(Boxed(image), keep_images=True).observation_space == image
     # the scripts without a CNN
-    assert flat_observations(Boxed(image)).observation_space.shape == (4800)
+    assert flat_observations(Boxed(image)).observation_space.shape == (4800,)
     # not pixels
-    assert flat_observations(Boxed(features), keep_images=True).observation_space.shape == (1600)
+    assert flat_observations(Boxed(features), keep_images=True).observation_space.shape == (1600,)
 
 
 def test_a_dict_with_one_image_part_becomes_an_image_and_a_vector_or_the_image_alone():
