@@ -59,7 +59,9 @@ from common.train_result import TrainResult
 from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
-CHECKPOINT_FORMAT = 2  # 2: --norm-obs normalises the env's observation only (the previous action and reward are not)
+# 3: nanoGPT's module names; 2: --norm-obs normalises the env's observation only (not the previous
+# action and reward)
+CHECKPOINT_FORMAT = 3
 CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 
 
@@ -338,9 +340,11 @@ KeysValues = tuple[Tensor, Tensor]
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        # key, query, value projections for all heads, but in a batch
+        self.c_attn = nn.Linear(config.d_model, 3 * config.d_model)
+        # output projection
+        self.c_proj = nn.Linear(config.d_model, config.d_model)
         self.n_heads = config.n_heads
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
-        self.proj = nn.Linear(config.d_model, config.d_model)
 
     def forward(
         self, x: Tensor, rotation: tuple[Tensor, Tensor], mask: Tensor, cached: KeysValues | None
@@ -348,29 +352,37 @@ class CausalSelfAttention(nn.Module):
         """Attention of the tokens `x` (B, T, C) to the `cached` keys and values of earlier steps
         and to their own, where `mask` (B, 1, T, cached + T) allows; also every key and value
         attended to."""
-        batch, steps, width = x.shape
-        heads = (
-            self.qkv(x).view(batch, steps, 3 * self.n_heads, width // self.n_heads).transpose(1, 2)
-        )
-        q, k, v = heads.split(self.n_heads, 1)
-        q, k = rotate(q, rotation), rotate(k, rotation)
+        B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (d_model)
+        # query, key, values for all heads in batch and move head forward to be the batch dim
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
+        # RoPE in place of nanoGPT's position embedding: attention sees how far apart steps are
+        q = rotate(q, rotation)
+        k = rotate(k, rotation)
         if cached is not None:
-            k, v = torch.cat([cached[0], k], 2), torch.cat([cached[1], v], 2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.proj(y.transpose(1, 2).reshape(batch, steps, width)), (k, v)
+            k = torch.cat([cached[0], k], 2)  # (B, nh, cached + T, hs)
+            v = torch.cat([cached[1], v], 2)  # (B, nh, cached + T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
+        # re-assemble all head outputs side by side
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        # output projection
+        return self.c_proj(y), (k, v)
 
 
 class MLP(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(config.d_model, 4 * config.d_model),
-            nn.GELU(),
-            nn.Linear(4 * config.d_model, config.d_model),
-        )
+        self.c_fc = nn.Linear(config.d_model, 4 * config.d_model)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.d_model, config.d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        x = self.c_fc(x)
+        x = self.gelu(x)
+        x = self.c_proj(x)
+        return x
 
 
 class Block(nn.Module):
@@ -378,15 +390,18 @@ class Block(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(config.d_model), CausalSelfAttention(config)
-        self.ln_2, self.mlp = nn.LayerNorm(config.d_model), MLP(config)
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config)
 
     def forward(
         self, x: Tensor, rotation: tuple[Tensor, Tensor], mask: Tensor, cached: KeysValues | None
     ) -> tuple[Tensor, KeysValues]:
         attended, keys_values = self.attn(self.ln_1(x), rotation, mask, cached)
         x = x + attended
-        return x + self.mlp(self.ln_2(x)), keys_values
+        x = x + self.mlp(self.ln_2(x))
+        return x, keys_values
 
 
 def window_mask(episodes: Tensor, context_len: int) -> Tensor:
@@ -455,7 +470,7 @@ class Agent(nn.Module):
                 if isinstance(layer, nn.Linear):
                     nn.init.normal_(layer.weight, 0.0, 0.02)
                     nn.init.zeros_(layer.bias)
-            for layer in (block.attn.proj, block.mlp.net[-1]):
+            for layer in (block.attn.c_proj, block.mlp.c_proj):
                 nn.init.normal_(layer.weight, 0.0, 0.02 / math.sqrt(2 * args.n_layers))
 
     @property

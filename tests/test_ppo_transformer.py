@@ -546,6 +546,30 @@ def test_checkpoints_of_another_script_are_refused(tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
+def test_a_checkpoint_of_an_older_format_is_refused_with_one_error_line(tmp_path):
+    # Format 3 renamed the transformer's modules (nanoGPT's names): a format 2 checkpoint is refused by its format,
+    # before its weights are tried.
+    result = ppo_transformer.train(
+        quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True)
+    )
+    checkpoint = torch.load(result.checkpoint, weights_only=True)
+    checkpoint["format"] = 2
+    older = result.checkpoint.parent / "older.pt"  # in its run's checkpoints/, as --resume takes it
+    torch.save(checkpoint, older)
+    current = ppo_transformer.CHECKPOINT_FORMAT
+    expected = (
+        f"ppo_transformer checkpoint of another format (format 2, this version reads {current}"
+    )
+    for flag in ("--eval-checkpoint", "--resume"):
+        completed = run_cli(flag, str(older), "--run-dir", str(tmp_path / "refused"))
+        assert completed.returncode == 2, completed.stderr
+        lines = completed.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], (
+            completed.stderr
+        )
+    assert not (tmp_path / "refused").exists()
+
+
 def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_positions(tmp_path):
     args = quick_args(
         tmp_path, env_id="CartPole-v1", total_timesteps=2048, save_model=True, eval_episodes=3
