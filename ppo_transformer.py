@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,11 +28,9 @@ from common import (
     checkpoints,
     cli,
     distributed,
-    env_state,
     evaluation,
     run_start,
     stand_in,
-    tracking,
 )
 from common.envs import (
     IMAGE,
@@ -49,20 +46,16 @@ from common.envs import (
     observation_tensor,
     observation_zeros,
     store_observation,
-    training_envs,
 )
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
-from common.interrupt import GracefulInterrupt
 from common.running_norm import RunningNorm
-from common.seeding import seed_and_pick_device, threads_for
+from common.seeding import threads_for
 from common.train_result import TrainResult
-from common.trajectories import RolloutRecorder
 
 SCRIPT = Path(__file__).stem
 # 3: nanoGPT's module names; 2: --norm-obs normalises the env's observation only (not the previous
 # action and reward)
 CHECKPOINT_FORMAT = 3
-CHECKPOINT_KEYS = ("model", "optimizer", "iteration", "reward_rms", "episodes")
 
 
 @dataclass
@@ -179,6 +172,30 @@ class Args:
     """under torchrun: the process group's backend (default: nccl on a GPU, gloo on the CPU)"""
 
 
+def make_env(
+    env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1,
+    prev_action_reward: bool = True,
+):  # fmt: skip
+    def thunk():
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
+            env = gym.wrappers.RecordVideo(
+                env, video_folder, episode_trigger=lambda n: n % video_every == 0
+            )
+        else:
+            env = gym.make(env_id, **atari.make_kwargs(env_id))
+        # CleanRL's Atari wrappers (only for Atari games); one frame, as the memory sees the steps
+        # before it
+        env = atari.preprocessed(env, frame_stack=1)
+        # per env: vector observation wrappers refuse SAME_STEP autoreset
+        env = joint_actions(flat_observations(env, keep_images=True, image_parts=True))
+        # others: refused later
+        actions_known = isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))
+        return PreviousActionReward(env) if prev_action_reward and actions_known else env
+
+    return thunk
+
+
 class PreviousActionReward(gym.Wrapper):
     """Appends the previous action (one-hot when discrete, as the env took it) and the env's own
     reward to the flat observation, or to the VECTOR part of an image's (an image alone gets one):
@@ -192,10 +209,8 @@ class PreviousActionReward(gym.Wrapper):
         self.action_size = (
             int(env.action_space.n) if self.discrete else int(np.prod(env.action_space.shape))
         )
-        space, extra = (
-            env.observation_space,
-            np.full(self.action_size + 1, np.inf, dtype=np.float32),
-        )
+        space = env.observation_space
+        extra = np.full(self.action_size + 1, np.inf, dtype=np.float32)
         self.image = image_layout(space) is not None
         if self.image:
             space = gym.spaces.Dict({IMAGE: space, VECTOR: gym.spaces.Box(-extra, extra)})
@@ -230,30 +245,6 @@ class PreviousActionReward(gym.Wrapper):
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         return self.with_previous(obs, action, float(reward)), reward, terminated, truncated, info
-
-
-def make_env(
-    env_id: str, idx: int = 0, capture_video: bool = False, video_folder: str = "", video_every: int = 1,
-    prev_action_reward: bool = True,
-):  # fmt: skip
-    def thunk():
-        if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
-            env = gym.wrappers.RecordVideo(
-                env, video_folder, episode_trigger=lambda n: n % video_every == 0
-            )
-        else:
-            env = gym.make(env_id, **atari.make_kwargs(env_id))
-        # CleanRL's Atari wrappers (only for Atari games); one frame, as the memory sees the steps
-        # before it
-        env = atari.preprocessed(env, frame_stack=1)
-        # per env: vector observation wrappers refuse SAME_STEP autoreset
-        env = joint_actions(flat_observations(env, keep_images=True, image_parts=True))
-        # others: refused later
-        actions_known = isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))
-        return PreviousActionReward(env) if prev_action_reward and actions_known else env
-
-    return thunk
 
 
 def layer_init(
@@ -408,10 +399,10 @@ def window_mask(episodes: Tensor, context_len: int) -> Tensor:
     """Who attends to whom along sequences whose tokens belong to the `episodes` (B, T) of ids:
     token i to token j of the same episode with i - K < j <= i. (B, 1, T, T), for every layer."""
     index = torch.arange(episodes.shape[1], device=episodes.device)
-    back = index[:, None] - index[None, :]
-    return (((back >= 0) & (back < context_len)) & (episodes[:, :, None] == episodes[:, None, :]))[
-        :, None
-    ]
+    back = index[:, None] - index[None, :]  # (T, T): how far token i looks back to token j
+    in_window = (back >= 0) & (back < context_len)
+    same_episode = episodes[:, :, None] == episodes[:, None, :]  # (B, T, T)
+    return (in_window & same_episode)[:, None]
 
 
 class Agent(nn.Module):
@@ -427,35 +418,29 @@ class Agent(nn.Module):
         # goes through the CNN; the vector (the previous action and reward included) joins its
         # features. With --encoder mlp the image's pixels are flattened in front of the vector, and
         # normalised with it.
-        parts = observation_space if isinstance(observation_space, gym.spaces.Dict) else None
-        image_space = (
-            parts[IMAGE]
-            if parts
-            else observation_space
-            if image_layout(observation_space)
-            else None
-        )
-        vector_space = parts[VECTOR] if parts else None if image_space else observation_space
+        image_space = None
+        vector_space = observation_space
+        if isinstance(observation_space, gym.spaces.Dict):
+            image_space = observation_space[IMAGE]
+            vector_space = observation_space[VECTOR]
+        elif image_layout(observation_space):
+            image_space = observation_space
+            vector_space = None
         layout = cnn_layout(image_space or observation_space, args.encoder)
         self.image_rank = len(image_space.shape) if image_space else 0
         self.image_encoder = NatureCNN(image_space, layout) if layout else None
         vector_size = int(np.prod(vector_space.shape)) if vector_space else 0
         if image_space is not None and layout is None:
             vector_size += int(np.prod(image_space.shape))  # the flattened pixels, then the vector
-        # The previous action and reward (appended by PreviousActionReward) are the agent's own
-        # doing: normalised like the rest, a one-hot of an action taken a share p of the time grows
-        # as 1/sqrt(p) when taken, and one answer of four was never given on RepeatPreviousEasy
-        # (docs/ppo_transformer.md). The action goes in as it is, the reward divided by its running
-        # root mean square.
+        # The previous action goes in as it is, the reward divided by its running RMS: normalised,
+        # a one-hot of an action taken a share p of the time grows as 1/sqrt(p) when taken
+        # (docs/ppo_transformer.md).
         previous = self.action_size + 1 if args.prev_action_reward else 0
         action_part = slice(vector_size - previous, vector_size - 1) if previous else None
         reward_part = slice(vector_size - 1, vector_size) if previous else None
-        normalised = args.norm_obs and vector_size > 0
-        self.obs_norm = (
-            RunningNorm(vector_size, as_is=action_part, scaled_only=reward_part)
-            if normalised
-            else None
-        )
+        self.obs_norm = None
+        if args.norm_obs and vector_size > 0:
+            self.obs_norm = RunningNorm(vector_size, as_is=action_part, scaled_only=reward_part)
         self.embed = layer_init(nn.Linear((512 if layout else 0) + vector_size, args.d_model))
         self.blocks = nn.ModuleList(Block(self.config) for _ in range(args.n_layers))
         self.ln_f = nn.LayerNorm(args.d_model)
@@ -498,8 +483,8 @@ class Agent(nn.Module):
         return self.actor(x), self.critic(x).squeeze(-1), keys_values
 
     def token_input(self, obs: Tensor | dict[str, Tensor]) -> Tensor:
-        """What each step's token is made from: the image's CNN features, then the vector part, normalised with
-        --norm-obs. Images come as uint8 and become float only here."""
+        """What each step's token is made from: the image's CNN features, then the vector part,
+        normalised with --norm-obs. Images come as uint8 and become float only here."""
         vector = self.vector_part(obs)
         if vector is not None and self.obs_norm is not None:
             vector = self.obs_norm(vector)
@@ -512,13 +497,11 @@ class Agent(nn.Module):
         """The part of the observation that is not the CNN's, as float (--norm-obs normalises it): a
         vector, a Dict's vector, or with --encoder mlp an image's pixels flattened in front of it;
         None for an image alone."""
-        image, vector = (
-            (obs[IMAGE], obs[VECTOR])
-            if isinstance(obs, dict)
-            else (obs, None)
-            if self.image_rank
-            else (None, obs)
-        )
+        image, vector = None, obs
+        if isinstance(obs, dict):
+            image, vector = obs[IMAGE], obs[VECTOR]
+        elif self.image_rank:
+            image, vector = obs, None
         if self.image_encoder is None and image is not None:
             pixels = image.flatten(-self.image_rank).float()
             return pixels if vector is None else torch.cat([pixels, vector.float()], -1)
@@ -548,13 +531,16 @@ class Context:
     what it gave against one pass of `Agent.forward` along whole sequences."""
 
     def __init__(self, agent: Agent, keys_values: list[KeysValues], valid: Tensor):
-        self.agent, self.keys_values, self.valid = agent, keys_values, valid
+        self.agent = agent
+        self.keys_values = keys_values
+        self.valid = valid
 
     @classmethod
     def after(cls, agent: Agent, obs: Tensor, positions: Tensor, valid: Tensor) -> Context:
         """The context after the steps `obs` (B, T, obs) at `positions`, of which those `valid` (B,
         T) belong to the current episode (they end the sequence): recomputed with the current
-        parameters. T must be L(K-1)."""
+        parameters. T must be L(K-1): a layer's output at a step depends on the K - 1 steps before
+        it in the layer below, so the last layer's K - 1 keys and values depend on L(K-1) steps."""
         if positions.shape[1] == 0:  # K = 1: a step attends to itself only
             return cls.empty(agent, len(positions))
         episodes = first_of_each_run(valid).cumsum(1)
@@ -568,13 +554,10 @@ class Context:
     def empty(cls, agent: Agent, batch_size: int) -> Context:
         """The context of `batch_size` envs before their first steps: nothing in it belongs to their
         episodes."""
-        device, config = next(agent.parameters()).device, agent.config
-        shape = (
-            batch_size,
-            config.n_heads,
-            config.context_len - 1,
-            config.d_model // config.n_heads,
-        )
+        device = next(agent.parameters()).device
+        config = agent.config
+        head_size = config.d_model // config.n_heads
+        shape = (batch_size, config.n_heads, config.context_len - 1, head_size)
         nothing = torch.zeros(shape, device=device)
         valid = torch.zeros(batch_size, config.context_len - 1, dtype=torch.bool, device=device)
         return cls(agent, [(nothing, nothing)] * config.n_layers, valid)
@@ -592,10 +575,13 @@ class Context:
         step joins the context."""
         if envs is not None and keep:
             raise ValueError("a step of some envs only cannot join the context of all")
-        keys_values = (
-            self.keys_values if envs is None else [(k[envs], v[envs]) for k, v in self.keys_values]
-        )
-        valid = (self.valid if envs is None else self.valid[envs]) & ~starts[:, None]
+        keys_values = self.keys_values
+        valid = self.valid
+        if envs is not None:
+            keys_values = [(k[envs], v[envs]) for k, v in keys_values]
+            valid = valid[envs]
+        valid = valid & ~starts[:, None]
+        # (B, 1, 1, K): the context's steps of the step's episode, and the step itself
         mask = torch.cat([valid, valid.new_ones(len(valid), 1)], 1)[:, None, None, :]
         actor_out, value, keys_values = self.agent(
             observation_at(obs, np.s_[:, None]), positions[:, None], mask, keys_values
@@ -605,11 +591,379 @@ class Context:
             self.valid = mask[:, 0, 0, 1:]
         return actor_out[:, 0], value[:, 0]
 
+    def values_after(self, obs: Tensor, positions: Tensor, envs: Tensor) -> Tensor:
+        """The values of `envs`' next steps, observing `obs` at `positions` in the episodes they
+        continue, without joining the context: a truncated episode's last observation."""
+        no_starts = torch.zeros(len(positions), dtype=torch.bool, device=positions.device)
+        return self.step(obs, positions, no_starts, envs, keep=False)[1]
+
 
 def first_of_each_run(valid: Tensor) -> Tensor:
     """Where each run of `valid` (B, T) steps begins: the first step of the current episode held in
     a context."""
     return valid & ~torch.cat([torch.zeros_like(valid[:, :1]), valid[:, :-1]], 1)
+
+
+def train(args: Args) -> TrainResult:
+    args, checkpoint, device = run_start.setup(args, SCRIPT, CHECKPOINT_FORMAT, check_args)
+    world_size = distributed.world_size()
+    num_envs = args.num_envs
+    global_batch_size = num_envs * args.num_steps * world_size  # over all processes
+    num_iterations = args.total_timesteps // global_batch_size
+    # a minibatch of one has no std
+    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches
+
+    agent = build_agent(args, None, device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # what a checkpoint carries: written and read from here
+    saved = {"model": agent, "optimizer": optimizer}
+    checkpoints.restore(checkpoint, saved)
+    distributed.broadcast_module(agent)  # every rank starts from rank 0's parameters
+    run = run_start.Run(
+        args, checkpoint, env_maker(args), num_iterations, global_batch_size,
+        SCRIPT, CHECKPOINT_FORMAT,
+    )  # fmt: skip
+    global_step = run.global_step
+    next_obs = run.next_obs
+
+    # Rollout storage, (steps, envs, ...) as CleanRL's, in NumPy. Images stay uint8 until the network.
+    observation_space = run.envs.single_observation_space
+    action_shape = () if agent.discrete else (agent.action_size,)
+    action_dtype = np.int64 if agent.discrete else np.float32
+    obs = observation_zeros(observation_space, args.num_steps, num_envs)
+    actions = np.zeros((args.num_steps, num_envs, *action_shape), dtype=action_dtype)
+    rewards = np.zeros((args.num_steps, num_envs), dtype=np.float32)
+    terminations = np.zeros((args.num_steps, num_envs), dtype=bool)
+    truncations = np.zeros((args.num_steps, num_envs), dtype=bool)
+    episode_starts = np.zeros((args.num_steps, num_envs), dtype=bool)
+    positions = np.zeros((args.num_steps, num_envs), dtype=np.int64)  # each step's in its episode
+    # where an episode was truncated: the value of its last observation
+    final_values = np.zeros((args.num_steps, num_envs), dtype=np.float32)
+    # What the rollout acted on, (envs, steps) as the update's sequences, which must give the same.
+    acted_outs = torch.zeros((num_envs, args.num_steps, agent.action_size), device=device)
+    acted_values = torch.zeros((num_envs, args.num_steps), device=device)
+
+    # the steps each env's sequence in the update starts with
+    prefix = agent.receptive_field
+    carried = Carried.start(run.carried, observation_space, num_envs, prefix)
+
+    as_tensor = partial(torch.as_tensor, device=device)
+    obs_tensor = partial(observation_tensor, device=device)
+
+    def by_env(rollout: np.ndarray) -> Tensor:  # (steps, envs, ...) as sequences (envs, steps, ...)
+        return as_tensor(rollout).transpose(0, 1)
+
+    def write_checkpoint(iteration: int) -> Path:
+        return run.save(iteration, global_step, next_obs, saved, **vars(carried))
+
+    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
+    with run:
+        for iteration in range(run.iterations_done + 1, num_iterations + 1):
+            if args.anneal_lr:
+                frac = (iteration - 1.0) / num_iterations
+                lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
+                optimizer.param_groups[0]["lr"] = lrnow
+            rollout_start = time.time()
+
+            # The rollout acts through the key/value context; after it, one pass along each env's
+            # sequence gives the log-probs and values, and must give what the rollout acted on.
+            context_obs = obs_tensor(carried.context_obs)
+            context_positions = as_tensor(carried.context_positions)
+            context_valid = as_tensor(carried.context_valid)
+            with torch.no_grad():
+                context = Context.after(agent, context_obs, context_positions, context_valid)
+            for step in range(args.num_steps):
+                global_step += num_envs * world_size
+                store_observation(obs, step, next_obs)
+                episode_starts[step] = carried.episode_starts
+                positions[step] = carried.episode_positions
+                env_obs = next_obs  # the env's, in its dtype, for the recorder
+                with torch.no_grad():
+                    step_obs = obs_tensor(observation_at(obs, step))
+                    actor_out, value = context.step(
+                        step_obs, as_tensor(positions[step]), as_tensor(episode_starts[step])
+                    )
+                    action = agent.distribution(actor_out).sample()
+                acted_outs[:, step] = actor_out
+                acted_values[:, step] = value
+                actions[step] = action.cpu().numpy()
+                sent_action = env_action(actions[step], agent.action_space)
+                next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
+                terminations[step] = terminated
+                truncations[step] = truncated
+                rewards[step] = reward
+                # clipped here, not by a wrapper: the recorder scales the env's back
+                if args.norm_reward:
+                    rewards[step] = reward.clip(-args.norm_reward_clip, args.norm_reward_clip)
+                run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
+                # Truncated episodes bootstrap from the value of their last observation, the step
+                # after the one that just joined their context.
+                truncated_only = truncated & ~terminated
+                if args.bootstrap_truncation and truncated_only.any():
+                    last_obs = infos["final_obs"][truncated_only]
+                    last_obs = observation_map(lambda *parts: np.stack(parts), *last_obs)
+                    last_positions = as_tensor(positions[step][truncated_only] + 1)
+                    with torch.no_grad():
+                        last_values = context.values_after(
+                            obs_tensor(last_obs), last_positions, as_tensor(truncated_only)
+                        )
+                    final_values[step, truncated_only] = last_values.cpu().numpy()
+                carried.episode_starts = terminated | truncated
+                carried.episode_positions = np.where(carried.episode_starts, 0, positions[step] + 1)
+            run.combine_return_stats()  # all ranks go on from the return statistics of all envs
+
+            # The batch: each env's sequence (envs, steps, ...), its carried context, then its
+            # rollout; one episode id per step.
+            b_obs = observation_map(
+                lambda context_part, part: torch.cat([context_part, by_env(part)], 1),
+                context_obs,
+                obs,
+            )
+            b_positions = torch.cat([context_positions, by_env(positions)], 1)
+            b_starts = torch.cat([first_of_each_run(context_valid), by_env(episode_starts)], 1)
+            b_valid = torch.cat([context_valid, torch.ones_like(b_starts[:, prefix:])], 1)
+            b_episodes = b_starts.cumsum(1)
+            b_mask = window_mask(b_episodes, args.context_len)
+            b_actions = by_env(actions)
+            with torch.no_grad():
+                b_actor_outs, b_values, _ = agent(b_obs, b_positions, b_mask)
+                # the rollout's steps
+                b_actor_outs = b_actor_outs[:, prefix:]
+                b_values = b_values[:, prefix:]
+                acted = (acted_outs, acted_values)
+                check_outputs(
+                    (b_actor_outs, b_values), acted, b_positions[:, prefix:], CONTEXT_MISMATCH
+                )
+                b_logprobs = check_policy(b_actor_outs, b_actions, agent)
+                next_starts = as_tensor(carried.episode_starts)
+                next_positions = as_tensor(carried.episode_positions)
+                _, next_value = context.step(
+                    obs_tensor(next_obs), next_positions, next_starts, keep=False
+                )
+                values = b_values.T.cpu().numpy()
+                advantages = compute_gae(
+                    rewards, values, next_value.cpu().numpy(), terminations, truncations, final_values,
+                    args.gamma, args.gae_lambda,
+                )  # fmt: skip
+                b_advantages = by_env(advantages)
+                b_returns = b_advantages + b_values
+            # The next rollout's context: each env's last L(K-1) steps, those of the episode its
+            # next step continues.
+            current = (b_episodes == b_episodes[:, -1:]) & b_valid & ~next_starts[:, None]
+            last_steps = lambda part: part[:, args.num_steps :].cpu().numpy()  # noqa: E731
+            carried.context_obs = observation_map(last_steps, b_obs)
+            carried.context_positions = last_steps(b_positions)
+            carried.context_valid = last_steps(current)
+            # With a continuous policy, also the unclipped sample that `b_logprobs` belong to.
+            sampled = {} if agent.discrete else {"actions": actions}
+            run.recorder.end_rollout(
+                logprobs=b_logprobs.T, values=values, position=positions, **sampled
+            )
+            rollout_seconds = time.time() - rollout_start
+
+            update_start = time.time()
+            ratios = []
+            for epoch in range(args.update_epochs):
+                # minibatches of whole sequences
+                minibatches = torch.randperm(num_envs, device=device).view(args.num_minibatches, -1)
+                if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
+                    adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
+                for i, mb_envs in enumerate(minibatches):
+                    mb_obs = observation_at(b_obs, mb_envs)
+                    actor_out, newvalue, _ = agent(mb_obs, b_positions[mb_envs], b_mask[mb_envs])
+                    # the rollout's steps
+                    actor_out = actor_out[:, prefix:]
+                    newvalue = newvalue[:, prefix:]
+                    if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
+                        mb_acted = (acted_outs[mb_envs], acted_values[mb_envs])
+                        mb_positions = b_positions[mb_envs, prefix:]
+                        check_outputs(
+                            (actor_out, newvalue), mb_acted, mb_positions, REPLAY_MISMATCH
+                        )
+                    newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_envs])
+                    logratio = newlogprob - b_logprobs[mb_envs]
+                    ratio = logratio.exp()
+                    ratios.append(ratio.detach())
+
+                    mb_advantages = b_advantages[mb_envs]
+                    mb_returns = b_returns[mb_envs]
+                    mb_values = b_values[mb_envs]
+                    if norm_adv:
+                        mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
+
+                    pg_loss1 = -mb_advantages * ratio
+                    pg_loss2 = -mb_advantages * torch.clamp(
+                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
+                    )
+                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                    if args.clip_vloss:
+                        v_loss_unclipped = (newvalue - mb_returns) ** 2
+                        v_clipped = mb_values + torch.clamp(
+                            newvalue - mb_values, -args.clip_coef, args.clip_coef
+                        )
+                        v_loss_clipped = (v_clipped - mb_returns) ** 2
+                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    distributed.average_gradients(agent.parameters())  # the global minibatch's
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                    optimizer.step()
+
+                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
+                    old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
+                    old_approx_kl, approx_kl = distributed.mean(
+                        torch.stack([old_approx_kl, approx_kl])
+                    )
+                    if approx_kl > args.target_kl:
+                        break
+            check_finite(
+                agent.parameters(),
+                global_step,
+                policy_loss=pg_loss,
+                value_loss=v_loss,
+                entropy=entropy_loss,
+            )
+            if agent.obs_norm is not None:  # --norm-obs, where there is a vector
+                # After the update: the stored log-probs and values, GAE and the update all used the
+                # same statistics. Every rank's.
+                vectors = agent.vector_part(obs_tensor(obs))
+                agent.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))
+            update_seconds = time.time() - update_start
+
+            var_y = np.var(b_returns.cpu().numpy())
+            explained_var = (
+                np.nan if var_y == 0 else 1 - np.var((b_returns - b_values).cpu().numpy()) / var_y
+            )
+            clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
+            run.log.iteration(global_step, {
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
+                "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
+                "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
+                "losses/explained_variance": explained_var, "perf/rollout_seconds": rollout_seconds,
+                "perf/update_seconds": update_seconds,
+            })  # fmt: skip
+            saving.iteration_done(iteration)
+            stop = run.stop_requested()  # Ctrl-C on any rank: every rank stops after this iteration
+            if stop:
+                break
+        saving.run_ended(iteration, stop)
+        run.recorder.save()
+    evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
+    eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
+    return run.finish(agent, global_step, eval_returns, saving.path)
+
+
+def compute_gae(
+    rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
+    truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
+) -> np.ndarray:  # fmt: skip
+    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an
+    episode end stops the recursion; a truncated step bootstraps from `final_values`."""
+    nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
+    # final_values elsewhere is not read
+    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
+    following_values = np.concatenate([values[1:], next_value[None]])
+    deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
+    advantages = np.zeros_like(deltas)
+    lastgaelam = np.zeros_like(next_value)
+    for t in reversed(range(len(deltas))):
+        advantages[t] = lastgaelam = (
+            deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
+        )
+    return advantages
+
+
+# What train() calls, for a second reading: argument checks, the agent, what the loop carries, the
+# checks of the rollout against the update, evaluation.
+
+
+def check_args(args: Args) -> None:
+    """Reject bad settings before anything is built or written."""
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    positive += ("video_every", "sampling_k", "temperature", "learning_rate", "clip_coef")
+    positive += ("max_grad_norm", "d_model", "n_heads", "n_layers", "context_len")
+    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads")
+    non_negative += ("end_learning_rate",)
+    cli.check_ranges(
+        args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
+    )
+    if args.d_model % args.n_heads or (args.d_model // args.n_heads) % 2:
+        raise UsageError(
+            f"--n-heads {args.n_heads} must divide --d-model {args.d_model} into an even width per head (RoPE rotates "
+            "pairs)"
+        )
+    if args.num_envs % args.num_minibatches:
+        raise UsageError(
+            f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs} (minibatches are whole "
+            "env rollouts)"
+        )
+    batch_size = args.num_envs * args.num_steps * distributed.launched_size()
+    if args.total_timesteps < batch_size:
+        raise UsageError(
+            f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
+        )
+
+
+def env_maker(args: Args):
+    """`make_env` with the run's --prev-action-reward, as the common helpers call it."""
+    return partial(make_env, prev_action_reward=args.prev_action_reward)
+
+
+def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
+    """The agent for `args.env_id`, with the checkpoint's weights if given."""
+    observation_space, action_space = checked_spaces(env_maker(args), args)
+    agent = Agent(observation_space, action_space, args).to(device)
+    if checkpoint is not None:
+        checkpoints.load_weights(agent, checkpoint, args.env_id)
+    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
+    return agent
+
+
+@dataclass
+class Carried:
+    """What the loop carries from one rollout to the next, and a checkpoint with it (`Run.save`;
+    back in `run.carried`): where each env's next step is in its episode, and its last L(K-1)
+    steps, which recompute the rollout's context and begin its sequence in the update."""
+
+    episode_starts: np.ndarray  # (envs,)
+    episode_positions: np.ndarray  # (envs,)
+    context_obs: np.ndarray | dict  # (envs, L(K-1), ...)
+    context_positions: np.ndarray  # (envs, L(K-1))
+    context_valid: np.ndarray  # (envs, L(K-1)): of the episode that the next step continues
+
+    @classmethod
+    def start(cls, resumed: dict, space: gym.Space, num_envs: int, prefix: int) -> Carried:
+        """A resumed run's (`run.carried`), else a new run's: episodes to start, no context."""
+        new = cls(
+            np.ones(num_envs, dtype=bool),
+            np.zeros(num_envs, dtype=np.int64),
+            observation_zeros(space, num_envs, prefix),
+            np.zeros((num_envs, prefix), dtype=np.int64),
+            np.zeros((num_envs, prefix), dtype=bool),
+        )
+        return cls(**{name: resumed.get(name, value) for name, value in vars(new).items()})
+
+
+CONTEXT_MISMATCH = (
+    "the rollout's key/value context (Context.step) acted otherwise than Agent.forward along each "
+    "env's sequence: it must attend to the K - 1 steps before each step in its episode, as "
+    "window_mask does"
+)
+REPLAY_MISMATCH = (
+    "before any gradient step, the update's pass along these envs' sequences differs from what the "
+    "rollout acted on: does the network depend on the batch (batch norm) or draw at random "
+    "(dropout)?"
+)
 
 
 def check_outputs(
@@ -638,391 +992,7 @@ def check_outputs(
         )
 
 
-def check_args(args: Args) -> None:
-    """Reject bad settings before anything is built or written."""
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "video_every",
-    )
-    positive += (
-        "sampling_k",
-        "temperature",
-        "learning_rate",
-        "clip_coef",
-        "max_grad_norm",
-        "d_model",
-        "n_heads",
-    )
-    positive += ("n_layers", "context_len")
-    non_negative = (
-        "seed",
-        "eval_episodes",
-        "checkpoint_every",
-        "torch_threads",
-        "end_learning_rate",
-    )
-    cli.check_ranges(
-        args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
-    )
-    if args.d_model % args.n_heads or (args.d_model // args.n_heads) % 2:
-        raise UsageError(
-            f"--n-heads {args.n_heads} must divide --d-model {args.d_model} into an even width per head (RoPE rotates "
-            "pairs)"
-        )
-    if args.num_envs % args.num_minibatches:
-        raise UsageError(
-            f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs} (minibatches are whole "
-            "env rollouts)"
-        )
-    batch_size = args.num_envs * args.num_steps * distributed.launched_size()
-    if args.total_timesteps < batch_size:
-        raise UsageError(
-            f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
-        )
-
-
-def from_checkpoint(
-    path: str | None, args: Args, kept: tuple[str, ...], strict: bool
-) -> tuple[Args, dict | None]:
-    """A checkpoint of this script and its run's settings, the `kept` flags from `args` (`strict`:
-    no other differs); no path: `args` and no checkpoint."""
-    if path is None:
-        return args, None
-    checkpoint = checkpoints.load(path, SCRIPT, CHECKPOINT_FORMAT, CHECKPOINT_KEYS)
-    settings = checkpoints.settings(checkpoint, args, kept, strict)
-    check_args(settings)
-    return settings, checkpoint
-
-
-def env_maker(args: Args):
-    """`make_env` with the run's --prev-action-reward, as the common helpers call it."""
-    return partial(make_env, prev_action_reward=args.prev_action_reward)
-
-
-def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
-    """The agent for `args.env_id`, with the checkpoint's weights if given."""
-    observation_space, action_space = checked_spaces(env_maker(args), args)
-    agent = Agent(observation_space, action_space, args).to(device)
-    if checkpoint is not None:
-        checkpoints.load_weights(agent, checkpoint, args.env_id)
-    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
-    return agent
-
-
-def train(args: Args) -> TrainResult:
-    check_args(args)
-    # under torchrun: join its processes (docs/distributed.md)
-    distributed.setup(args.dist_backend, args.cuda)
-    args, checkpoint = from_checkpoint(args.resume, args, checkpoints.RUN_TIME_FLAGS, strict=True)
-    world_size = distributed.world_size()
-    global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
-    # (a minibatch of one has no std)
-    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches
-    num_iterations = args.total_timesteps // global_batch_size
-    reward_clip = args.norm_reward_clip
-
-    # Each rank draws its own sampling noise and minibatches, from the same parameters (rank 0's).
-    seed = distributed.rank_seed(args.seed)
-    device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
-    agent = build_agent(args, checkpoint, device)
-    distributed.broadcast_module(agent)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-    run = run_start.start_run(args, checkpoint, num_iterations, global_batch_size)
-    global_step = run.global_step
-    envs, reward_normalizer = training_envs(
-        env_maker(args), args, str(run.video_folder), checkpoint
-    )
-    combine_return_stats = distributed.CombinedReturnStats(reward_normalizer)
-
-    # Rollout storage, (num_steps, num_envs, ...).
-    num_envs, prefix = args.num_envs, agent.receptive_field
-    observation_space = envs.single_observation_space
-    action_shape = () if agent.discrete else (agent.action_size,)
-    obs = observation_zeros(observation_space, args.num_steps, num_envs)  # images stay uint8
-    # each step's index within its episode
-    positions = np.zeros((args.num_steps, num_envs), dtype=np.int64)
-    # where an episode was truncated
-    final_values = np.zeros((args.num_steps, num_envs), dtype=np.float32)
-    rewards = np.zeros((args.num_steps, num_envs), dtype=np.float32)
-    terminations, truncations, episode_starts = np.zeros((3, args.num_steps, num_envs), dtype=bool)
-    actions = np.zeros(
-        (args.num_steps, num_envs, *action_shape), dtype=np.int64 if agent.discrete else np.float32
-    )
-    # what the rollout saw
-    acted_outs = torch.zeros((args.num_steps, num_envs, agent.action_size), device=device)
-    acted_values = torch.zeros((args.num_steps, num_envs), device=device)
-
-    # Last, after everything is built. Each env carries its last L(K-1) steps across rollouts (and
-    # checkpoints): the rollout's context is recomputed from them with the current parameters, and
-    # training prefixes them.
-    next_obs_np, carried = env_state.start(envs, checkpoint, args.seed + global_step)
-    recorder = RolloutRecorder(args, num_envs, checkpoint, carried, reward_normalizer)
-    next_starts = carried.get("episode_starts", np.ones(num_envs, dtype=bool))
-    next_positions = carried.get("episode_positions", np.zeros(num_envs, dtype=np.int64))
-    context_obs = carried.get("context_obs", observation_zeros(observation_space, num_envs, prefix))
-    context_positions = carried.get(
-        "context_positions", np.zeros((num_envs, prefix), dtype=np.int64)
-    )
-    context_valid = carried.get("context_valid", np.zeros((num_envs, prefix), dtype=bool))
-    log = tracking.TrainingLog(
-        run.writer, args, run.video_folder, num_iterations * global_batch_size, global_step
-    )
-
-    def write_checkpoint(iteration: int) -> Path:
-        state = {
-            "model": agent.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "iteration": iteration,
-        }
-        state["reward_rms"] = checkpoints.reward_normalizer_state(reward_normalizer)
-        state["episodes"] = env_state.capture(
-            envs, next_obs_np, episode_starts=next_starts, episode_positions=next_positions, context_obs=context_obs,
-            context_positions=context_positions, context_valid=context_valid,
-        )  # fmt: skip
-        state["trajectories"] = recorder.checkpoint_state()  # its steps so far, written
-        log.flush(global_step)  # and the logs up to the checkpoint
-        return checkpoints.save(
-            run.path / "checkpoints", SCRIPT, CHECKPOINT_FORMAT, args, global_step, **state
-        )
-
-    as_tensor = partial(torch.as_tensor, device=device)
-
-    obs_tensor = partial(observation_tensor, device=device)
-    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
-    with GracefulInterrupt() as interrupt, closing(envs), log:
-        for iteration in range(run.iterations_done + 1, num_iterations + 1):
-            if args.anneal_lr:
-                frac = (iteration - 1.0) / num_iterations
-                optimizer.param_groups[0]["lr"] = (
-                    1.0 - frac
-                ) * args.learning_rate + frac * args.end_learning_rate
-            rollout_start = time.time()
-
-            # The rollout acts through the key/value context; after it, one pass along each env's
-            # sequence gives the log-probs and values, and must give what the rollout acted on.
-            t_context_obs, t_context_positions = (
-                obs_tensor(context_obs),
-                as_tensor(context_positions),
-            )
-            t_context_valid = as_tensor(context_valid)
-            with torch.no_grad():
-                context = Context.after(agent, t_context_obs, t_context_positions, t_context_valid)
-            for step in range(args.num_steps):
-                global_step += num_envs * world_size
-                store_observation(obs, step, next_obs_np)
-                episode_starts[step] = next_starts
-                env_obs = next_obs_np  # the env's, in its dtype, for the recorder
-                positions[step] = next_positions
-                with torch.no_grad():
-                    step_obs = obs_tensor(observation_at(obs, step))
-                    actor_out, value = context.step(
-                        step_obs, as_tensor(positions[step]), as_tensor(next_starts)
-                    )
-                    action = agent.distribution(actor_out).sample()
-                acted_outs[step], acted_values[step] = actor_out, value
-                actions[step] = action.cpu().numpy()
-                sent_action = env_action(actions[step], agent.action_space)
-                next_obs_np, reward, terminated, truncated, infos = envs.step(sent_action)
-                terminations[step], truncations[step] = terminated, truncated
-                # Clipped here, not by a wrapper: the recorder can scale the env's own reward back.
-                rewards[step] = (
-                    reward.clip(-reward_clip, reward_clip) if reward_normalizer else reward
-                )
-                recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
-
-                # Truncated episodes bootstrap from the value of their last observation, seen with
-                # their context.
-                truncated_only = truncated & ~terminated
-                if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = obs_tensor(
-                        observation_map(
-                            lambda *parts: np.stack(parts), *infos["final_obs"][truncated_only]
-                        )
-                    )
-                    where = as_tensor(truncated_only)
-                    with torch.no_grad():
-                        _, last_value = context.step(
-                            last_obs,
-                            as_tensor(positions[step])[where] + 1,
-                            torch.zeros_like(where[where]),
-                            where,
-                            keep=False,
-                        )
-                    final_values[step, truncated_only] = last_value.cpu().numpy()
-                next_starts = terminated | truncated
-                next_positions = np.where(next_starts, 0, positions[step] + 1)
-                log.episodes.record(infos, global_step)
-            combine_return_stats()  # all ranks go on from the return statistics of all envs
-
-            # Each env's sequence: its carried context, then its rollout; one episode id per step.
-            s_obs = observation_map(
-                lambda carried_part, part: torch.cat([carried_part, as_tensor(part).transpose(0, 1)], 1),
-                t_context_obs, obs,
-            )  # fmt: skip
-            s_positions = torch.cat([t_context_positions, as_tensor(positions).T], 1)
-            s_starts = torch.cat(
-                [first_of_each_run(t_context_valid), as_tensor(episode_starts).T], 1
-            )
-            s_valid = torch.cat([t_context_valid, torch.ones_like(s_starts[:, prefix:])], 1)
-            s_episodes = s_starts.cumsum(1)
-            s_mask = window_mask(s_episodes, args.context_len)
-            with torch.no_grad():
-                actor_outs, values, _ = agent(s_obs, s_positions, s_mask)
-                # (num_envs, num_steps, ...)
-                actor_outs, values = (actor_outs[:, prefix:], values[:, prefix:])
-                check_outputs(
-                    (actor_outs, values), (acted_outs.transpose(0, 1), acted_values.T), s_positions[:, prefix:],
-                    "the rollout's key/value context (Context.step) acted otherwise than Agent.forward along each "
-                    "env's sequence: it must attend to the K - 1 steps before each step in its episode, as "
-                    "window_mask does",
-                )  # fmt: skip
-                t_actions = as_tensor(actions).transpose(0, 1)
-                logprobs = check_draws(agent, actor_outs, t_actions)
-                next_starts_t = as_tensor(next_starts)
-                next_positions_t = as_tensor(next_positions)
-                _, next_value = context.step(
-                    obs_tensor(next_obs_np), next_positions_t, next_starts_t, keep=False
-                )
-                advantages = compute_gae(
-                    rewards, values.T.cpu().numpy(), next_value.cpu().numpy(), terminations, truncations, final_values,
-                    args.gamma, args.gae_lambda,
-                )  # fmt: skip
-                advantages = as_tensor(advantages).T
-                returns = advantages + values
-            # The next rollout's context: each env's last L(K-1) steps, those of the episode its
-            # next step continues.
-            current = (s_episodes == s_episodes[:, -1:]) & s_valid & ~next_starts_t[:, None]
-            kept = s_positions.shape[1] - prefix
-            context_obs = observation_map(
-                lambda part: part.cpu().numpy(), observation_at(s_obs, np.s_[:, kept:])
-            )
-            context_positions = s_positions[:, kept:].cpu().numpy()
-            context_valid = current[:, kept:].cpu().numpy()
-            # With a continuous policy, also the unclipped sample that `logprobs` belong to.
-            sampled = {} if agent.discrete else {"actions": actions}
-            recorder.end_rollout(
-                logprobs=logprobs.T, values=values.T, position=positions, **sampled
-            )
-            rollout_seconds = time.time() - rollout_start
-
-            update_start = time.time()
-            ratios = []
-            for epoch in range(args.update_epochs):
-                minibatches = torch.randperm(num_envs, device=device).view(args.num_minibatches, -1)
-                if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
-                    adv_means, adv_stds = distributed.mean_std(advantages[minibatches])
-                for i, mb in enumerate(minibatches):
-                    mb_obs = observation_at(s_obs, mb)
-                    actor_out, newvalue, _ = agent(mb_obs, s_positions[mb], s_mask[mb])
-                    # only the rollout's steps
-                    actor_out, newvalue = (actor_out[:, prefix:], newvalue[:, prefix:])
-                    if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
-                        check_outputs(
-                            (actor_out, newvalue), (acted_outs[:, mb].transpose(0, 1), acted_values[:, mb].T),
-                            s_positions[mb, prefix:],
-                            "before any gradient step, the update's pass along these envs' sequences differs from "
-                            "what the rollout acted on: does the network depend on the batch (batch norm) or draw at "
-                            "random (dropout)?",
-                        )  # fmt: skip
-                    newlogprob, entropy = agent.log_prob_and_entropy(actor_out, t_actions[mb])
-                    logratio = newlogprob - logprobs[mb]
-                    ratio = logratio.exp()
-                    ratios.append(ratio.detach())
-
-                    mb_advantages, mb_returns, mb_values = advantages[mb], returns[mb], values[mb]
-                    if norm_adv:
-                        mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
-
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(
-                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
-                    )
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(
-                            newvalue - mb_values, -args.clip_coef, args.clip_coef
-                        )
-                        v_loss_clipped = (v_clipped - mb_returns) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    # the global minibatch's gradient
-                    distributed.average_gradients(agent.parameters())
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
-                    optimizer.step()
-
-                with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
-                    old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    old_approx_kl, approx_kl = distributed.mean(
-                        torch.stack([old_approx_kl, approx_kl])
-                    )
-                    if approx_kl > args.target_kl:
-                        break
-            check_finite(
-                agent.parameters(),
-                global_step,
-                policy_loss=pg_loss,
-                value_loss=v_loss,
-                entropy=entropy_loss,
-            )
-            if agent.obs_norm is not None:  # --norm-obs, where there is a vector
-                # After the update: the stored log-probs and values, GAE and the update all used the
-                # same statistics.
-                vectors = agent.vector_part(obs_tensor(obs))
-                # all ranks'
-                agent.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))
-            update_seconds = time.time() - update_start
-
-            var_y = np.var(returns.cpu().numpy())
-            explained_var = (
-                np.nan if var_y == 0 else 1 - np.var((returns - values).cpu().numpy()) / var_y
-            )
-            clipfrac = (
-                ((torch.cat([r.reshape(-1) for r in ratios]) - 1.0).abs() > args.clip_coef)
-                .float()
-                .mean()
-            )
-            log.iteration(global_step, {
-                "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
-                "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
-                "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
-                "losses/explained_variance": explained_var,
-                "perf/rollout_seconds": rollout_seconds, "perf/update_seconds": update_seconds,
-            })  # fmt: skip
-            saving.iteration_done(iteration)
-            # one rank's Ctrl-C stops all
-            interrupt.requested = stop = distributed.any_rank(interrupt.requested)
-            if stop:  # Ctrl-C: the run stops after a whole iteration
-                break
-        saving.run_ended(iteration, stop)
-        recorder.save()
-    evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
-    eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
-    log.finish()
-    episodes = log.episodes
-    return TrainResult(
-        agent, global_step, run.path, episodes.returns, episodes.lengths, eval_returns, saving.path
-    )
-
-
-def check_draws(agent: Agent, actor_outs: Tensor, actions: Tensor) -> Tensor:
+def check_policy(actor_outs: Tensor, actions: Tensor, agent: Agent) -> Tensor:
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
     policy's `actor_outs`, after checking that the actions are plausibly its draws
     (common/stand_in.py)."""
@@ -1032,26 +1002,6 @@ def check_draws(agent: Agent, actor_outs: Tensor, actions: Tensor) -> Tensor:
     else:
         stand_in.check_draws(actions.flatten(0, 1), mean=policy.mean, std=policy.stddev)
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
-
-
-def compute_gae(
-    rewards: np.ndarray, values: np.ndarray, next_value: np.ndarray, terminations: np.ndarray,
-    truncations: np.ndarray, final_values: np.ndarray, gamma: float, gae_lambda: float,
-) -> np.ndarray:  # fmt: skip
-    """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an
-    episode end stops the recursion; a truncated step bootstraps from `final_values`."""
-    nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
-    # final_values elsewhere is not read
-    bootstrap = np.where(truncations & ~terminations, final_values, 0.0)
-    following_values = np.concatenate([values[1:], next_value[None]])
-    deltas = rewards + gamma * (following_values * nextnonterminal + bootstrap) - values
-    advantages = np.zeros_like(deltas)
-    lastgaelam = np.zeros_like(next_value)
-    for t in reversed(range(len(deltas))):
-        advantages[t] = lastgaelam = (
-            deltas[t] + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
-        )
-    return advantages
 
 
 def evaluate(
@@ -1075,21 +1025,16 @@ def evaluate(
         action = evaluation.select_action(
             agent.distribution(actor_out), args.sampling_method, args.temperature, args.sampling_k
         )
-        return env_action(action.cpu().numpy(), agent.action_space), {
-            "policy": {"position": position.copy()}
-        }
+        recorded = {"policy": {"position": position.copy()}}
+        return env_action(action.cpu().numpy(), agent.action_space), recorded
 
     return evaluation.evaluate(agent, act, env_maker(args), args, writer, step, record_to)
 
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    check_args(args)
-    trained, checkpoint = from_checkpoint(
-        args.eval_checkpoint, args, checkpoints.EVALUATION_FLAGS, strict=False
-    )
-    device = seed_and_pick_device(
-        trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
+    trained, checkpoint, device = run_start.setup_evaluation(
+        args, SCRIPT, CHECKPOINT_FORMAT, check_args
     )
     agent = build_agent(trained, checkpoint, device)
     step = checkpoint["global_step"]
