@@ -23,15 +23,7 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import (
-    atari,
-    checkpoints,
-    cli,
-    distributed,
-    evaluation,
-    run_start,
-    stand_in,
-)
+from common import atari, checkpoints, cli, distributed, evaluation, run_start, stand_in
 from common.envs import (
     IMAGE,
     VECTOR,
@@ -197,11 +189,9 @@ def make_env(
 
 
 class PreviousActionReward(gym.Wrapper):
-    """Appends the previous action (one-hot when discrete, as the env took it) and the env's own
-    reward to the flat observation, or to the VECTOR part of an image's (an image alone gets one):
-    they join the CNN's features, never the pixels. Zeros at an episode's first step. Inside the
-    env, so evaluation, trajectory files and a resumed episode's replay see them as training does.
-    """
+    """Appends the previous action (one-hot when discrete) and reward to the flat observation, or
+    to the VECTOR part of an image's (an image alone gets one); zeros at an episode's first step.
+    Inside the env: evaluation, trajectory files and replays see them too."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -257,8 +247,7 @@ def layer_init(
 
 class NatureCNN(nn.Module):
     """The Nature DQN's three convolutions and 512 units, as in CleanRL's ppo_atari.py, on images of
-    `layout` ("hw", "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes. It makes each
-    step's token, with the vector."""
+    `layout` ("hw", "chw" or "hwc"), uint8, scaled by 1/255; any leading batch axes."""
 
     def __init__(self, image_space: gym.spaces.Box, layout: str):
         super().__init__()
@@ -309,9 +298,8 @@ class TransformerConfig:
 
 
 def rotary(positions: Tensor, head_size: int) -> tuple[Tensor, Tensor]:
-    """RoPE's cosines and sines for tokens at `positions` (B, T), their steps within their episodes:
-    rotating queries and keys by them makes attention see how far apart two steps are, and nothing
-    of where they are."""
+    """RoPE's cosines and sines for tokens at `positions` (B, T) in their episodes: rotated queries
+    and keys let attention see how far apart two steps are, not where they are."""
     frequencies = 10_000.0 ** -(torch.arange(0, head_size, 2, device=positions.device) / head_size)
     # (B, 1, T, head_size / 2), shared by the heads
     angles = positions[:, None, :, None].float() * frequencies
@@ -325,40 +313,34 @@ def rotate(x: Tensor, rotation: tuple[Tensor, Tensor]) -> Tensor:
 
 
 KeysValues = tuple[Tensor, Tensor]
-"""one layer's keys and values, each (B, heads, T, head size)"""
+"""one layer's keys and values, each (B, nh, T, hs)"""
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        # key, query, value projections for all heads, but in a batch
         self.c_attn = nn.Linear(config.d_model, 3 * config.d_model)
-        # output projection
         self.c_proj = nn.Linear(config.d_model, config.d_model)
         self.n_heads = config.n_heads
 
     def forward(
         self, x: Tensor, rotation: tuple[Tensor, Tensor], mask: Tensor, cached: KeysValues | None
     ) -> tuple[Tensor, KeysValues]:
-        """Attention of the tokens `x` (B, T, C) to the `cached` keys and values of earlier steps
-        and to their own, where `mask` (B, 1, T, cached + T) allows; also every key and value
-        attended to."""
+        """Attention of `x` (B, T, C) to the `cached` keys and values and to its own, where `mask`
+        (B, 1, T, cached + T) allows; also the keys and values attended to."""
         B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (d_model)
-        # query, key, values for all heads in batch and move head forward to be the batch dim
         q, k, v = self.c_attn(x).split(C, dim=2)
         k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
         q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
-        # RoPE in place of nanoGPT's position embedding: attention sees how far apart steps are
+        # RoPE, not nanoGPT's position embedding: attention sees how far apart steps are
         q = rotate(q, rotation)
         k = rotate(k, rotation)
         if cached is not None:
             k = torch.cat([cached[0], k], 2)  # (B, nh, cached + T, hs)
             v = torch.cat([cached[1], v], 2)  # (B, nh, cached + T, hs)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
-        # re-assemble all head outputs side by side
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        # output projection
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # the heads side by side
         return self.c_proj(y), (k, v)
 
 
@@ -396,8 +378,8 @@ class Block(nn.Module):
 
 
 def window_mask(episodes: Tensor, context_len: int) -> Tensor:
-    """Who attends to whom along sequences whose tokens belong to the `episodes` (B, T) of ids:
-    token i to token j of the same episode with i - K < j <= i. (B, 1, T, T), for every layer."""
+    """Who attends to whom: token i to token j of the same episode (`episodes`: (B, T) ids) with
+    i - K < j <= i. (B, 1, T, T), for every layer."""
     index = torch.arange(episodes.shape[1], device=episodes.device)
     back = index[:, None] - index[None, :]  # (T, T): how far token i looks back to token j
     in_window = (back >= 0) & (back < context_len)
@@ -414,10 +396,8 @@ class Agent(nn.Module):
             int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         )
         self.config = TransformerConfig(args.d_model, args.n_heads, args.n_layers, args.context_len)
-        # An observation is a vector, an image, or both (common.envs.image_and_vector). The image
-        # goes through the CNN; the vector (the previous action and reward included) joins its
-        # features. With --encoder mlp the image's pixels are flattened in front of the vector, and
-        # normalised with it.
+        # An observation is a vector, an image, or both: the CNN's features of the image, or its
+        # pixels with --encoder mlp, go in front of the vector (and the previous action and reward).
         image_space = None
         vector_space = observation_space
         if isinstance(observation_space, gym.spaces.Dict):
@@ -460,17 +440,15 @@ class Agent(nn.Module):
 
     @property
     def receptive_field(self) -> int:
-        """How many steps back an output can depend on: L(K-1). Training prefixes each rollout with
-        that many."""
+        """How many steps back an output can depend on: L(K-1), each sequence's prefix."""
         return self.config.n_layers * (self.config.context_len - 1)
 
     def forward(
         self, obs: Tensor, positions: Tensor, mask: Tensor, cached: list[KeysValues] | None = None
     ) -> tuple[Tensor, Tensor, list[KeysValues]]:
-        """The actor's output and the value at each of the steps `obs` (B, T, obs), whose
-        `positions` (B, T) are their steps within their episodes, attending where `mask` (B, 1, T,
-        cached + T) allows to themselves and to the `cached` keys and values of each layer; also
-        each layer's keys and values attended to."""
+        """The actor's output and the value at the steps `obs` (B, T, obs) at `positions` (B, T) in
+        their episodes, attending where `mask` (B, 1, T, cached + T) allows to themselves and to the
+        `cached` keys and values of each layer; also each layer's keys and values."""
         x = self.embed(self.token_input(obs))
         rotation = rotary(positions, self.config.d_model // self.config.n_heads)
         keys_values = []
@@ -483,8 +461,8 @@ class Agent(nn.Module):
         return self.actor(x), self.critic(x).squeeze(-1), keys_values
 
     def token_input(self, obs: Tensor | dict[str, Tensor]) -> Tensor:
-        """What each step's token is made from: the image's CNN features, then the vector part,
-        normalised with --norm-obs. Images come as uint8 and become float only here."""
+        """What each token is made from: the image's CNN features (the image comes as uint8), then
+        the vector part, normalised with --norm-obs."""
         vector = self.vector_part(obs)
         if vector is not None and self.obs_norm is not None:
             vector = self.obs_norm(vector)
@@ -494,9 +472,8 @@ class Agent(nn.Module):
         return image if vector is None or vector.shape[-1] == 0 else torch.cat([image, vector], -1)
 
     def vector_part(self, obs: Tensor | dict[str, Tensor]) -> Tensor | None:
-        """The part of the observation that is not the CNN's, as float (--norm-obs normalises it): a
-        vector, a Dict's vector, or with --encoder mlp an image's pixels flattened in front of it;
-        None for an image alone."""
+        """The observation but the CNN's part, as float (what --norm-obs normalises); with --encoder
+        mlp an image's pixels come flattened in front; None for an image alone."""
         image, vector = None, obs
         if isinstance(obs, dict):
             image, vector = obs[IMAGE], obs[VECTOR]
@@ -527,8 +504,7 @@ class Agent(nn.Module):
 class Context:
     """What each env's next step attends to: every layer's keys and values of its last K - 1 steps,
     oldest first, and which of them belong to its current episode. The rollout steps through it (a
-    key/value cache: one token per step through the network, not the window), and the update checks
-    what it gave against one pass of `Agent.forward` along whole sequences."""
+    key/value cache: one token per step through the network, not the window)."""
 
     def __init__(self, agent: Agent, keys_values: list[KeysValues], valid: Tensor):
         self.agent = agent
@@ -537,10 +513,9 @@ class Context:
 
     @classmethod
     def after(cls, agent: Agent, obs: Tensor, positions: Tensor, valid: Tensor) -> Context:
-        """The context after the steps `obs` (B, T, obs) at `positions`, of which those `valid` (B,
-        T) belong to the current episode (they end the sequence): recomputed with the current
-        parameters. T must be L(K-1): a layer's output at a step depends on the K - 1 steps before
-        it in the layer below, so the last layer's K - 1 keys and values depend on L(K-1) steps."""
+        """The context after the steps `obs` (B, T, obs) at `positions`, those `valid` (B, T) of the
+        current episode. T must be L(K-1): a layer's step sees K - 1 steps back in the layer below,
+        so the last layer's K - 1 keys and values depend on L(K-1) steps."""
         if positions.shape[1] == 0:  # K = 1: a step attends to itself only
             return cls.empty(agent, len(positions))
         episodes = first_of_each_run(valid).cumsum(1)
@@ -552,8 +527,7 @@ class Context:
 
     @classmethod
     def empty(cls, agent: Agent, batch_size: int) -> Context:
-        """The context of `batch_size` envs before their first steps: nothing in it belongs to their
-        episodes."""
+        """The context of `batch_size` envs before their first steps: nothing of their episodes."""
         device = next(agent.parameters()).device
         config = agent.config
         head_size = config.d_model // config.n_heads
@@ -570,9 +544,9 @@ class Context:
         envs: Tensor | None = None,
         keep: bool = True,
     ):
-        """The actor's output and value of the next step of each env (or of `envs`), observing `obs`
-        (B, obs) at `positions` (B,) and starting an episode where `starts` (B,); with `keep`, the
-        step joins the context."""
+        """The actor's output and value of each env's (or `envs`') next step, `obs` (B, obs) at
+        `positions` (B,), starting episodes where `starts` (B,); with `keep` it joins the
+        context."""
         if envs is not None and keep:
             raise ValueError("a step of some envs only cannot join the context of all")
         keys_values = self.keys_values
@@ -592,15 +566,13 @@ class Context:
         return actor_out[:, 0], value[:, 0]
 
     def values_after(self, obs: Tensor, positions: Tensor, envs: Tensor) -> Tensor:
-        """The values of `envs`' next steps, observing `obs` at `positions` in the episodes they
-        continue, without joining the context: a truncated episode's last observation."""
+        """The values of `envs`' last observations `obs` of truncated episodes, at `positions`."""
         no_starts = torch.zeros(len(positions), dtype=torch.bool, device=positions.device)
         return self.step(obs, positions, no_starts, envs, keep=False)[1]
 
 
 def first_of_each_run(valid: Tensor) -> Tensor:
-    """Where each run of `valid` (B, T) steps begins: the first step of the current episode held in
-    a context."""
+    """Where each run of `valid` (B, T) steps begins: a context's first step of its episode."""
     return valid & ~torch.cat([torch.zeros_like(valid[:, :1]), valid[:, :-1]], 1)
 
 
@@ -626,7 +598,7 @@ def train(args: Args) -> TrainResult:
     global_step = run.global_step
     next_obs = run.next_obs
 
-    # Rollout storage, (steps, envs, ...) as CleanRL's, in NumPy. Images stay uint8 until the network.
+    # Rollout storage (steps, envs, ...) in NumPy, as CleanRL's; images stay uint8.
     observation_space = run.envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
     action_dtype = np.int64 if agent.discrete else np.float32
@@ -639,7 +611,7 @@ def train(args: Args) -> TrainResult:
     positions = np.zeros((args.num_steps, num_envs), dtype=np.int64)  # each step's in its episode
     # where an episode was truncated: the value of its last observation
     final_values = np.zeros((args.num_steps, num_envs), dtype=np.float32)
-    # What the rollout acted on, (envs, steps) as the update's sequences, which must give the same.
+    # what the rollout acted on (envs, steps): the update's pass must give the same
     acted_outs = torch.zeros((num_envs, args.num_steps, agent.action_size), device=device)
     acted_values = torch.zeros((num_envs, args.num_steps), device=device)
 
@@ -696,8 +668,7 @@ def train(args: Args) -> TrainResult:
                 if args.norm_reward:
                     rewards[step] = reward.clip(-args.norm_reward_clip, args.norm_reward_clip)
                 run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
-                # Truncated episodes bootstrap from the value of their last observation, the step
-                # after the one that just joined their context.
+                # truncated episodes bootstrap from the value of their last observation
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
                     last_obs = infos["final_obs"][truncated_only]
@@ -712,12 +683,9 @@ def train(args: Args) -> TrainResult:
                 carried.episode_positions = np.where(carried.episode_starts, 0, positions[step] + 1)
             run.combine_return_stats()  # all ranks go on from the return statistics of all envs
 
-            # The batch: each env's sequence (envs, steps, ...), its carried context, then its
-            # rollout; one episode id per step.
+            # The batch: each env's sequence (envs, steps, ...), its context, then its rollout.
             b_obs = observation_map(
-                lambda context_part, part: torch.cat([context_part, by_env(part)], 1),
-                context_obs,
-                obs,
+                lambda before, part: torch.cat([before, by_env(part)], 1), context_obs, obs
             )
             b_positions = torch.cat([context_positions, by_env(positions)], 1)
             b_starts = torch.cat([first_of_each_run(context_valid), by_env(episode_starts)], 1)
@@ -754,7 +722,7 @@ def train(args: Args) -> TrainResult:
             carried.context_obs = observation_map(last_steps, b_obs)
             carried.context_positions = last_steps(b_positions)
             carried.context_valid = last_steps(current)
-            # With a continuous policy, also the unclipped sample that `b_logprobs` belong to.
+            # a continuous policy's unclipped sample, which the log-probabilities are of
             sampled = {} if agent.discrete else {"actions": actions}
             run.recorder.end_rollout(
                 logprobs=b_logprobs.T, values=values, position=positions, **sampled
@@ -825,16 +793,10 @@ def train(args: Args) -> TrainResult:
                     )
                     if approx_kl > args.target_kl:
                         break
-            check_finite(
-                agent.parameters(),
-                global_step,
-                policy_loss=pg_loss,
-                value_loss=v_loss,
-                entropy=entropy_loss,
-            )
+            losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
+            check_finite(agent.parameters(), global_step, **losses)
             if agent.obs_norm is not None:  # --norm-obs, where there is a vector
-                # After the update: the stored log-probs and values, GAE and the update all used the
-                # same statistics. Every rank's.
+                # after the update, which used the statistics of the rollout; every rank's
                 vectors = agent.vector_part(obs_tensor(obs))
                 agent.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))
             update_seconds = time.time() - update_start
@@ -899,13 +861,13 @@ def check_args(args: Args) -> None:
     )
     if args.d_model % args.n_heads or (args.d_model // args.n_heads) % 2:
         raise UsageError(
-            f"--n-heads {args.n_heads} must divide --d-model {args.d_model} into an even width per head (RoPE rotates "
-            "pairs)"
+            f"--n-heads {args.n_heads} must divide --d-model {args.d_model} into an even width per "
+            "head (RoPE rotates pairs)"
         )
     if args.num_envs % args.num_minibatches:
         raise UsageError(
-            f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs} (minibatches are whole "
-            "env rollouts)"
+            f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs} "
+            "(minibatches are whole env rollouts)"
         )
     batch_size = args.num_envs * args.num_steps * distributed.launched_size()
     if args.total_timesteps < batch_size:
@@ -915,7 +877,7 @@ def check_args(args: Args) -> None:
 
 
 def env_maker(args: Args):
-    """`make_env` with the run's --prev-action-reward, as the common helpers call it."""
+    """`make_env` with the run's --prev-action-reward, for the common helpers."""
     return partial(make_env, prev_action_reward=args.prev_action_reward)
 
 
@@ -932,18 +894,18 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
 @dataclass
 class Carried:
     """What the loop carries from one rollout to the next, and a checkpoint with it (`Run.save`;
-    back in `run.carried`): where each env's next step is in its episode, and its last L(K-1)
-    steps, which recompute the rollout's context and begin its sequence in the update."""
+    back in `run.carried`): each env's next step's place in its episode, and its last L(K-1)
+    steps (envs, L(K-1), ...), which give the rollout's context and begin the update's sequence."""
 
-    episode_starts: np.ndarray  # (envs,)
-    episode_positions: np.ndarray  # (envs,)
-    context_obs: np.ndarray | dict  # (envs, L(K-1), ...)
-    context_positions: np.ndarray  # (envs, L(K-1))
-    context_valid: np.ndarray  # (envs, L(K-1)): of the episode that the next step continues
+    episode_starts: np.ndarray
+    episode_positions: np.ndarray
+    context_obs: np.ndarray | dict
+    context_positions: np.ndarray
+    context_valid: np.ndarray  # of the episode that the next step continues
 
     @classmethod
     def start(cls, resumed: dict, space: gym.Space, num_envs: int, prefix: int) -> Carried:
-        """A resumed run's (`run.carried`), else a new run's: episodes to start, no context."""
+        """A resumed run's, else a new run's: episodes to start, no context."""
         new = cls(
             np.ones(num_envs, dtype=bool),
             np.zeros(num_envs, dtype=np.int64),
@@ -970,8 +932,7 @@ def check_outputs(
     replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tensor], positions: Tensor, why: str
 ):
     """Stop unless `replayed` actor outputs and values equal the `recorded` ones (B, T, ...) to
-    float32 rounding (1e-4 of their largest magnitude plus 1e-5); the message says at which step of
-    its episode the largest difference is."""
+    1e-4 of their largest magnitude plus 1e-5; the message says at which step of an episode."""
     for replayed_part, recorded_part, what in zip(
         replayed, recorded, ("actor outputs", "values"), strict=True
     ):
@@ -993,9 +954,8 @@ def check_outputs(
 
 
 def check_policy(actor_outs: Tensor, actions: Tensor, agent: Agent) -> Tensor:
-    """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
-    policy's `actor_outs`, after checking that the actions are plausibly its draws
-    (common/stand_in.py)."""
+    """The log-probabilities of the rollout's `actions` at the policy's `actor_outs`, after checking
+    that the actions are plausibly its draws (common/stand_in.py)."""
     policy = agent.distribution(actor_outs.flatten(0, 1))
     if agent.discrete:
         stand_in.check_draws(actions.flatten(0, 1), probs=policy.probs)
@@ -1008,7 +968,7 @@ def evaluate(
     agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
 ) -> list[float]:
     """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with its
-    step's position in its episode (the observations before it are in the file)."""
+    step's position in its episode."""
     device = next(agent.parameters()).device
     with torch.no_grad():
         context = Context.empty(agent, 1)
