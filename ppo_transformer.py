@@ -37,6 +37,7 @@ from common.envs import (
     observation_map,
     observation_tensor,
     observation_zeros,
+    stacked_observations,
     store_observation,
 )
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
@@ -471,6 +472,13 @@ class Agent(nn.Module):
         image = self.image_encoder(obs[IMAGE] if isinstance(obs, dict) else obs)
         return image if vector is None or vector.shape[-1] == 0 else torch.cat([image, vector], -1)
 
+    def update_obs_norm(self, obs: Tensor | dict[str, Tensor]) -> None:
+        """With --norm-obs, where there is a vector: the running statistics take in the rollout's
+        observations `obs` (steps, envs, ...) of every rank."""
+        if self.obs_norm is not None:
+            vectors = self.vector_part(obs)
+            self.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))
+
     def vector_part(self, obs: Tensor | dict[str, Tensor]) -> Tensor | None:
         """The observation but the CNN's part, as float (what --norm-obs normalises); with --encoder
         mlp an image's pixels come flattened in front; None for an image alone."""
@@ -582,19 +590,15 @@ def train(args: Args) -> TrainResult:
     num_envs = args.num_envs
     global_batch_size = num_envs * args.num_steps * world_size  # over all processes
     num_iterations = args.total_timesteps // global_batch_size
-    # a minibatch of one has no std
-    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches
+    norm_adv = args.norm_adv and global_batch_size > args.num_minibatches  # one step has no std
 
     agent = build_agent(args, None, device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    # what a checkpoint carries: written and read from here
-    saved = {"model": agent, "optimizer": optimizer}
+    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint carries, by key
     checkpoints.restore(checkpoint, saved)
     distributed.broadcast_module(agent)  # every rank starts from rank 0's parameters
-    run = run_start.Run(
-        args, checkpoint, env_maker(args), num_iterations, global_batch_size,
-        SCRIPT, CHECKPOINT_FORMAT,
-    )  # fmt: skip
+    make = env_maker(args)
+    run = run_start.Run(SCRIPT, CHECKPOINT_FORMAT, args, checkpoint, saved, make, global_batch_size)
     global_step = run.global_step
     next_obs = run.next_obs
 
@@ -619,16 +623,13 @@ def train(args: Args) -> TrainResult:
     prefix = agent.receptive_field
     carried = Carried.start(run.carried, observation_space, num_envs, prefix)
 
+    reward_clip = args.norm_reward_clip if args.norm_reward else np.inf
     as_tensor = partial(torch.as_tensor, device=device)
     obs_tensor = partial(observation_tensor, device=device)
 
     def by_env(rollout: np.ndarray) -> Tensor:  # (steps, envs, ...) as sequences (envs, steps, ...)
         return as_tensor(rollout).transpose(0, 1)
 
-    def write_checkpoint(iteration: int) -> Path:
-        return run.save(iteration, global_step, next_obs, saved, **vars(carried))
-
-    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     with run:
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -663,16 +664,13 @@ def train(args: Args) -> TrainResult:
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
                 terminations[step] = terminated
                 truncations[step] = truncated
-                rewards[step] = reward
-                # clipped here, not by a wrapper: the recorder scales the env's back
-                if args.norm_reward:
-                    rewards[step] = reward.clip(-args.norm_reward_clip, args.norm_reward_clip)
+                # clipped here, not by a wrapper: the recorder scales the env's own reward back
+                rewards[step] = reward.clip(-reward_clip, reward_clip)
                 run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
                 # truncated episodes bootstrap from the value of their last observation
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = infos["final_obs"][truncated_only]
-                    last_obs = observation_map(lambda *parts: np.stack(parts), *last_obs)
+                    last_obs = stacked_observations(infos["final_obs"][truncated_only])
                     last_positions = as_tensor(positions[step][truncated_only] + 1)
                     with torch.no_grad():
                         last_values = context.values_after(
@@ -722,8 +720,7 @@ def train(args: Args) -> TrainResult:
             carried.context_obs = observation_map(last_steps, b_obs)
             carried.context_positions = last_steps(b_positions)
             carried.context_valid = last_steps(current)
-            # a continuous policy's unclipped sample, which the log-probabilities are of
-            sampled = {} if agent.discrete else {"actions": actions}
+            sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
             run.recorder.end_rollout(
                 logprobs=b_logprobs.T, values=values, position=positions, **sampled
             )
@@ -788,23 +785,18 @@ def train(args: Args) -> TrainResult:
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    old_approx_kl, approx_kl = distributed.mean(
-                        torch.stack([old_approx_kl, approx_kl])
-                    )
+                    kls = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
+                    old_approx_kl, approx_kl = kls
                     if approx_kl > args.target_kl:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
             check_finite(agent.parameters(), global_step, **losses)
-            if agent.obs_norm is not None:  # --norm-obs, where there is a vector
-                # after the update, which used the statistics of the rollout; every rank's
-                vectors = agent.vector_part(obs_tensor(obs))
-                agent.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))
+            agent.update_obs_norm(obs_tensor(obs))  # after the update, which used the rollout's
             update_seconds = time.time() - update_start
 
-            var_y = np.var(b_returns.cpu().numpy())
-            explained_var = (
-                np.nan if var_y == 0 else 1 - np.var((b_returns - b_values).cpu().numpy()) / var_y
-            )
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
             run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
@@ -814,15 +806,13 @@ def train(args: Args) -> TrainResult:
                 "losses/explained_variance": explained_var, "perf/rollout_seconds": rollout_seconds,
                 "perf/update_seconds": update_seconds,
             })  # fmt: skip
-            saving.iteration_done(iteration)
-            stop = run.stop_requested()  # Ctrl-C on any rank: every rank stops after this iteration
-            if stop:
+            # a checkpoint if one is due; Ctrl-C on any rank stops every rank here
+            if run.iteration_done(iteration, global_step, next_obs, **vars(carried)):
                 break
-        saving.run_ended(iteration, stop)
-        run.recorder.save()
+        run.end(iteration)
     evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
     eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
-    return run.finish(agent, global_step, eval_returns, saving.path)
+    return run.finish(agent, global_step, eval_returns)
 
 
 def compute_gae(
