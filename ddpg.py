@@ -291,10 +291,31 @@ def train(args: Args) -> TrainResult:
     saved = {"model": agent, "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer}
     saved |= {"noise": noise_state, "updates": updates}
     checkpoints.restore(checkpoint, saved)
-    run = run_start.Run(SCRIPT, CHECKPOINT_FORMAT, args, checkpoint, saved, make_env, args.num_envs)
+
+    def write_checkpoint(iteration: int) -> Path:  # with the replay buffer in a file beside it
+        folder = run.path / "checkpoints"
+        buffer_name = write_buffer(rb, folder, global_step) if args.save_buffer else None
+        state = {**saved, "buffer": buffer_name}
+        path = run.save(iteration, global_step, next_obs, state, **carried)
+        remove_older_buffers(folder, global_step)  # once a checkpoint names the new one
+        return path
+
+    run = run_start.Run(
+        SCRIPT,
+        CHECKPOINT_FORMAT,
+        args,
+        checkpoint,
+        saved,
+        make_env,
+        args.num_envs,
+        write_checkpoint,
+    )
     global_step = run.global_step
     next_obs = run.next_obs
-    episode_starts = run.carried.get("episode_starts", np.ones(args.num_envs, dtype=bool))
+    episode_starts = np.ones(args.num_envs, dtype=bool)
+    carried = run.carry(
+        {"episode_starts": episode_starts}
+    )  # updated in place: a checkpoint saves it
 
     # The actor, the noise and the buffer work on flat actions; the env gets them in its own shape.
     action_space = run.envs.single_action_space
@@ -307,19 +328,8 @@ def train(args: Args) -> TrainResult:
         restore_buffer(rb, checkpoint, args.resume)
     log_every = max(1, 100 // args.num_envs)  # CleanRL logs the losses every 100 steps
 
-    def write_checkpoint(iteration: int) -> Path:
-        folder = run.path / "checkpoints"
-        buffer_name = write_buffer(rb, folder, global_step) if args.save_buffer else None
-        state = {**saved, "buffer": buffer_name}
-        path = run.save(iteration, global_step, next_obs, state, episode_starts=episode_starts)
-        remove_older_buffers(
-            folder, global_step
-        )  # once the checkpoint naming the new one is written
-        return path
-
-    saving = checkpoints.CheckpointSchedule(write_checkpoint, args, run.iterations_done)
     qf1_values = qf1_loss = actor_loss = torch.zeros(())
-    with run:
+    with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
@@ -343,7 +353,7 @@ def train(args: Args) -> TrainResult:
             global_step += args.num_envs
             # The true next observation: where an episode ended, the last one of that episode.
             real_next_obs = next_obs.astype(np.float32)
-            episode_starts = terminations | truncations
+            episode_starts[...] = terminations | truncations
             if episode_starts.any():
                 real_next_obs[episode_starts] = np.stack(infos["final_obs"][episode_starts])
             rb.add(obs, real_next_obs, actions, rewards, terminations)
@@ -394,14 +404,12 @@ def train(args: Args) -> TrainResult:
             crossed = every and global_step // every > (global_step - args.num_envs) // every
             if crossed and not (iteration == num_iterations and args.eval_episodes):  # last: after
                 evaluate(agent, args, run.writer, global_step)
-            saving.iteration_done(iteration)
-            stop = run.stop_requested()  # Ctrl-C: the run stops after a whole iteration
-            if stop:
+            # a checkpoint if one is due; Ctrl-C: the run stops after a whole iteration
+            if run.iteration_done(iteration, global_step, next_obs, **carried):
                 break
-        saving.run_ended(iteration, stop)
-        run.recorder.save()
+        run.end(iteration)
     eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
-    return run.finish(agent, global_step, eval_returns, saving.path)
+    return run.finish(agent, global_step, eval_returns)
 
 
 # What train() calls, for a second reading: argument checks, the agent, the replay buffer's file,
@@ -473,15 +481,14 @@ def remove_older_buffers(folder: Path, global_step: int) -> None:
 def restore_buffer(rb: ReplayBuffer, checkpoint: dict, resume: str) -> None:
     """The replay buffer of the checkpoint --resume continues, if it was written (--save-buffer) and
     is still there; else a notice, and the run goes on with an empty one."""
-    buffer_path = (
-        checkpoints.resume_folder(resume) / "checkpoints" / str(checkpoint["buffer"] or "")
-    )
-    if checkpoint["buffer"] and buffer_path.is_file():
+    name = checkpoint.get("buffer")
+    buffer_path = checkpoints.resume_folder(resume) / "checkpoints" / str(name or "")
+    if name and buffer_path.is_file():
         with np.load(buffer_path, allow_pickle=False) as stored:
             rb.restore(dict(stored))
         return
     why = "has none"
-    if checkpoint["buffer"]:
+    if name:
         why = "is gone (only the newest checkpoint's buffer is kept)"
     cli.notice(
         f"{resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"

@@ -53,9 +53,8 @@ from common.seeding import threads_for
 from common.train_result import TrainResult
 
 SCRIPT = Path(__file__).stem
-CHECKPOINT_FORMAT = (
-    4  # 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
-)
+# 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
+CHECKPOINT_FORMAT = 4
 
 
 @dataclass
@@ -264,9 +263,9 @@ class Agent(nn.Module):
         self.cnn = layout is not None
         if self.cnn:  # ppo_atari.py's agent: one CNN trunk, then a linear actor and critic
             self.network = NatureCNN(image_space, layout, vector_size)
-            self.obs_norm = (
-                RunningNorm(vector_size) if norm_obs and vector_size else nn.Identity()
-            )  # not the image
+            self.obs_norm = nn.Identity()  # never of the image
+            if norm_obs and vector_size:
+                self.obs_norm = RunningNorm(vector_size)
             self.critic = layer_init(nn.Linear(512, 1), std=1.0)
             self.actor = layer_init(nn.Linear(512, self.action_size), std=0.01)
         else:
@@ -399,7 +398,7 @@ def train(args: Args) -> TrainResult:
     # steps. Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
 
-    with run:
+    with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
@@ -540,6 +539,7 @@ def compute_gae(
     """GAE for a (num_steps, num_envs) rollout, in NumPy (cheaper than torch for the recursion's
     small steps). An episode end stops the recursion; a truncated step bootstraps from
     `final_values`, its last observation's value."""
+    # The flags at t are those that step t returned: CleanRL's dones[t + 1].
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
     # final_values elsewhere is not read
     bootstrap = np.where(truncations & ~terminations, final_values, 0.0)

@@ -458,7 +458,7 @@ def train(args: Args) -> TrainResult:
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
 
-    with run:
+    with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
@@ -615,6 +615,7 @@ def compute_gae(
 ) -> np.ndarray:  # fmt: skip
     """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an
     episode end stops the recursion; a truncated step bootstraps from `final_values`."""
+    # The flags at t are those that step t returned: CleanRL's dones[t + 1].
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
     # final_values elsewhere is not read
     bootstrap = np.where(truncations & ~terminations, final_values, 0.0)

@@ -630,7 +630,7 @@ def train(args: Args) -> TrainResult:
     def by_env(rollout: np.ndarray) -> Tensor:  # (steps, envs, ...) as sequences (envs, steps, ...)
         return as_tensor(rollout).transpose(0, 1)
 
-    with run:
+    with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
                 frac = (iteration - 1.0) / num_iterations
@@ -821,6 +821,7 @@ def compute_gae(
 ) -> np.ndarray:  # fmt: skip
     """GAE for a (num_steps, num_envs) rollout in NumPy (cheaper than torch for its small steps): an
     episode end stops the recursion; a truncated step bootstraps from `final_values`."""
+    # The flags at t are those that step t returned: CleanRL's dones[t + 1].
     nextnonterminal = 1.0 - (terminations | truncations).astype(values.dtype)
     # final_values elsewhere is not read
     bootstrap = np.where(truncations & ~terminations, final_values, 0.0)

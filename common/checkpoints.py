@@ -155,12 +155,13 @@ def load_with_settings(
     check_args: Callable[[Config], None],
     kept: Iterable[str],
     strict: bool,
+    required: Iterable[str] = (),
 ) -> tuple[Config, dict | None]:
     """The checkpoint of `script` at `path` and its run's settings (see `settings`), checked by
     `check_args`; no path: `args` and no checkpoint."""
     if path is None:
         return args, None
-    checkpoint = load(path, script, checkpoint_format)
+    checkpoint = load(path, script, checkpoint_format, required)
     run_settings = settings(checkpoint, args, kept, strict)
     check_args(run_settings)
     return run_settings, checkpoint

@@ -445,6 +445,8 @@ def training_envs(
         return envs, None
     reward_normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
     if checkpoint is not None:
+        if checkpoint.get("reward_rms") is None:
+            raise UsageError("the checkpoint has no reward statistics for --norm-reward")
         restore_reward_normalizer(reward_normalizer, checkpoint["reward_rms"])
     return reward_normalizer, reward_normalizer
 

@@ -28,6 +28,9 @@ from common.trajectories import RolloutRecorder, check_destination
 
 Config = TypeVar("Config")
 
+RUN_KEYS = ("iteration", "reward_rms", "episodes", "trajectories")
+"""What `Run.save` adds to a checkpoint beside the script's `saved`: keys `saved` may not use"""
+
 
 def setup(
     args: Config,
@@ -45,8 +48,9 @@ def setup(
     distributed.setup(getattr(args, "dist_backend", None), args.cuda)
     kept = (*checkpoints.RUN_TIME_FLAGS, *kept)
     args, checkpoint = checkpoints.load_with_settings(
-        args.resume, script, checkpoint_format, args, check_args, kept, strict=True
-    )
+        args.resume, script, checkpoint_format, args, check_args, kept, strict=True,
+        required=("episodes",),
+    )  # fmt: skip
     seed = distributed.rank_seed(args.seed)
     device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
     return args, checkpoint, device
@@ -128,7 +132,12 @@ class Run:
     carried from step to step is in `carried`.
 
     A context manager for the training loop: Ctrl-C inside it asks the loop to stop after its
-    iteration (see `stop_requested`), and leaving it closes the envs and the progress bar."""
+    iteration (see `iteration_done`), and leaving it closes the envs and the progress bar; after a
+    Ctrl-C, leaving it raises KeyboardInterrupt (the run's exit status is 130), so that nothing
+    after the block runs: no evaluation of a half-trained agent.
+
+    `saved` maps checkpoint keys to what the script's checkpoints carry (see `save`). `write`, when
+    given, writes a checkpoint in place of `save` (ddpg's, with its replay buffer's file)."""
 
     def __init__(
         self,
@@ -139,7 +148,21 @@ class Run:
         saved: dict[str, Any],
         make_env: Callable[..., Callable],
         batch_size: int,
+        write: Callable[[int], Path] | None = None,
     ):
+        reserved = set(saved) & {
+            *RUN_KEYS,
+            "script",
+            "format",
+            "args",
+            "global_step",
+            "rng",
+            "ranks",
+        }
+        if reserved:
+            raise ValueError(
+                f"checkpoint keys of the run itself cannot be saved: {sorted(reserved)}"
+            )
         self.args, self.script, self.checkpoint_format = args, script, checkpoint_format
         self.saved = saved
         num_iterations = args.total_timesteps // batch_size
@@ -158,7 +181,9 @@ class Run:
         total_steps = num_iterations * batch_size
         self.log = TrainingLog(self.writer, args, start.video_folder, total_steps, self.global_step)
         self.interrupt = GracefulInterrupt()
-        self.saving = checkpoints.CheckpointSchedule(self._write, args, self.iterations_done)
+        self.saving = checkpoints.CheckpointSchedule(
+            write or self._write, args, self.iterations_done
+        )
         self.stopped = False
         self._loop_state: tuple[int, Any, dict[str, Any]] = (self.global_step, self.next_obs, {})
 

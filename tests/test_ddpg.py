@@ -107,9 +107,7 @@ def test_ou_noise_reverts_to_zero_and_restarts_with_each_episode():
     args = ddpg.Args(noise="ou", exploration_noise=0.2)
     state = np.zeros((2, 1), np.float32)
     np.random.seed(0)
-    draws = np.stack(
-        [ddpg.next_noise(args, state, np.zeros(2, bool)) for _ in range(20_000)]
-    )
+    draws = np.stack([ddpg.next_noise(args, state, np.zeros(2, bool)) for _ in range(20_000)])
     # Stationary: mean 0, variance sigma^2 / (1 - (1 - theta)^2), and the lag-1 correlation is 1 - theta.
     assert abs(draws.mean()) < 0.02
     np.testing.assert_allclose(draws.var(), 0.2**2 / (1 - (1 - ddpg.OU_THETA) ** 2), rtol=0.05)
@@ -120,9 +118,7 @@ def test_ou_noise_reverts_to_zero_and_restarts_with_each_episode():
     # env 0's episode started again: its process too
     assert abs(state[0, 0]) < 1 and state[1, 0] > 3
     gaussian = ddpg.Args(noise="gaussian", exploration_noise=0.3)
-    draws = np.stack(
-        [ddpg.next_noise(gaussian, state, np.zeros(2, bool)) for _ in range(20_000)]
-    )
+    draws = np.stack([ddpg.next_noise(gaussian, state, np.zeros(2, bool)) for _ in range(20_000)])
     np.testing.assert_allclose(draws.std(), 0.3, rtol=0.03)
 
 

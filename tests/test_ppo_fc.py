@@ -28,6 +28,7 @@ from helpers import (
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_fc
+from common import run_start
 from common.envs import observation_map, observation_tensor
 from common.errors import PolicyMismatch, TrainingDiverged
 from common.evaluation import select_action
@@ -653,6 +654,29 @@ def test_checkpoint_of_another_shape_is_refused(tmp_path):
         ppo_fc.evaluate_checkpoint(
             quick_args(tmp_path, eval_checkpoint=str(other), eval_episodes=1)
         )
+
+
+@pytest.mark.parametrize(
+    "removed, flags",
+    [("episodes", {}), ("optimizer", {}), ("reward_rms", {"norm_reward": True})],
+)
+def test_a_checkpoint_missing_what_a_resume_reads_is_refused_in_one_line(tmp_path, removed, flags):
+    settings = dict(env_id="Probe1-v0", total_timesteps=1024, save_model=True, **flags)
+    result = ppo_fc.train(quick_args(tmp_path, **settings))
+    checkpoint = torch.load(result.checkpoint, weights_only=True)
+    del checkpoint[removed]
+    checkpoint["args"]["total_timesteps"] = 2048  # so that there is something to resume
+    damaged = result.checkpoint.parent / "damaged.pt"
+    torch.save(checkpoint, damaged)
+    with pytest.raises(ppo_fc.UsageError) as refused:
+        ppo_fc.train(ppo_fc.Args(resume=str(damaged), progress=False))
+    assert removed in str(refused.value) or "reward statistics" in str(refused.value)
+
+
+def test_a_script_cannot_save_under_the_run_s_own_checkpoint_keys():
+    for key in ("episodes", "args", "rng"):
+        with pytest.raises(ValueError, match=key):
+            run_start.Run("ppo_fc", 4, None, None, {key: torch.zeros(1)}, None, 1)
 
 
 # --- trajectories --------------------------------------------------------------------------------------------------
