@@ -69,7 +69,7 @@ def loop_seconds(flags: list[str]) -> dict[str, float]:
     half_range = agent.actor.action_scale.numpy()
 
     def act() -> None:
-        noise = script.exploration_noise(args, noise_state, starts)
+        noise = script.next_noise(args, noise_state, starts)
         with torch.no_grad():
             chosen = agent.actor(torch.as_tensor(observations.astype(np.float32))).numpy()
         np.clip(chosen + noise * half_range, space.low, space.high)
