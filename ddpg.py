@@ -419,24 +419,10 @@ def train(args: Args) -> TrainResult:
 def check_args(args: Args) -> None:
     """Reject bad settings before anything is built or written."""
     distributed.single_process("ddpg.py")  # no data parallelism here (docs/ddpg.md)
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "buffer_size",
-        "batch_size",
-        "policy_frequency",
-        "hidden_size",
-    )
-    positive += ("video_every", "learning_rate", "updates_per_step")
-    non_negative = (
-        "seed",
-        "eval_episodes",
-        "checkpoint_every",
-        "torch_threads",
-        "end_learning_rate",
-        "eval_every",
-    )
-    non_negative += ("learning_starts", "exploration_noise")
+    positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
+    positive += ("hidden_size", "video_every", "learning_rate", "updates_per_step")
+    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "eval_every")
+    non_negative += ("end_learning_rate", "learning_starts", "exploration_noise")
     cli.check_ranges(args, positive, non_negative, ("gamma", "tau"))
     if args.total_timesteps < args.num_envs:
         raise UsageError(

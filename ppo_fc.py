@@ -560,29 +560,11 @@ def compute_gae(
 
 def check_args(args: Args) -> None:
     """Reject bad settings before anything is built or written."""
-    positive = (
-        "total_timesteps",
-        "num_envs",
-        "num_steps",
-        "num_minibatches",
-        "update_epochs",
-        "hidden_size",
-    )
-    positive += (
-        "video_every",
-        "sampling_k",
-        "temperature",
-        "learning_rate",
-        "clip_coef",
-        "max_grad_norm",
-    )
-    non_negative = (
-        "seed",
-        "eval_episodes",
-        "checkpoint_every",
-        "torch_threads",
-        "end_learning_rate",
-    )
+    positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    positive += ("hidden_size", "video_every", "sampling_k", "temperature", "learning_rate")
+    positive += ("clip_coef", "max_grad_norm")
+    non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads")
+    non_negative += ("end_learning_rate",)
     cli.check_ranges(
         args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
     )
