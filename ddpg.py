@@ -329,6 +329,7 @@ def train(args: Args) -> TrainResult:
     log_every = max(1, 100 // args.num_envs)  # CleanRL logs the losses every 100 steps
 
     qf1_values = qf1_loss = actor_loss = torch.zeros(())
+    updates_at_start = int(updates)  # the losses are logged once this process has updated
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -395,7 +396,7 @@ def train(args: Args) -> TrainResult:
                 scalars = {"charts/learning_rate": q_optimizer.param_groups[0]["lr"]}
                 scalars["perf/rollout_seconds"] = rollout_seconds
                 scalars["perf/update_seconds"] = update_seconds
-                if updates:  # as CleanRL, the losses from the first update on
+                if updates > updates_at_start:  # as CleanRL, from the first update on
                     scalars["losses/qf1_values"] = qf1_values.mean().item()
                     scalars["losses/qf1_loss"] = qf1_loss.item()
                     scalars["losses/actor_loss"] = actor_loss.item()

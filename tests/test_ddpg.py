@@ -210,6 +210,17 @@ def test_a_resume_whose_buffer_was_replaced_says_so(tmp_path, capsys):
     assert "only the newest checkpoint's buffer is kept" in capsys.readouterr().err
 
 
+def test_a_resume_without_its_buffer_logs_no_losses_before_its_own_first_update(tmp_path, capsys):
+    settings = dict(total_timesteps=400, learning_starts=100, batch_size=150, checkpoint_every=200)
+    first = ddpg.train(quick_args(tmp_path, save_model=True, **settings))
+    resumed = ddpg.Args(resume=str(first.run_dir / "checkpoints" / "step_200.pt"), progress=False)
+    ddpg.train(resumed)
+    assert "has none" in capsys.readouterr().err
+    # The resumed part refills 150 transitions: its first update is at step 350, after the log at 300.
+    logged = dict(read_scalars(first.run_dir)["losses/qf1_loss"])
+    assert 300 not in logged and logged[400] > 0
+
+
 class GridActionEnv(gym.Env):
     """Actions of shape (2, 2) within bounds of their own; the reward is the action's sum. Episodes of 5 steps."""
 
