@@ -384,8 +384,9 @@ class RolloutRecorder:
         """The agent's fields for the rollout's steps, each (steps, num_envs, ...): recorded under
         `policy`."""
         for t, (env_step, infos) in enumerate(self.rollout):
+            # none (ddpg's): no `agents` entry, rather than an empty one that has no array form
             fields = {"policy": {name: value[t] for name, value in agent_fields.items()}}
-            self.recording.add_step(*env_step, agents=fields, infos=infos)
+            self.recording.add_step(*env_step, agents=fields if agent_fields else None, infos=infos)
         self.rollout = []
 
     def checkpoint_state(self) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from helpers import NanRewardEnv, read_scalars, run_script, visit_states
 import ddpg
 import ppo_fc
 from common.errors import TrainingDiverged, UsageError
+from common.trajectories import load_trajectories, split_episodes
 
 
 def quick_args(tmp_path, **overrides) -> ddpg.Args:
@@ -374,3 +375,18 @@ def test_nan_stops_training_without_checkpoints_too(tmp_path):
         ddpg.train(
             quick_args(tmp_path, env_id="NanRewardBoxNoCheckpoints-v0", total_timesteps=1000)
         )
+
+
+def test_recorded_training_steps_reload_and_their_returns_equal_the_logged_returns(tmp_path):
+    recording = tmp_path / "steps"
+    settings = dict(
+        total_timesteps=1000, learning_starts=500, checkpoint_every=500, save_model=True
+    )
+    result = ddpg.train(quick_args(tmp_path, save_trajectories=str(recording), **settings))
+    data = load_trajectories(recording)
+    assert data["/observations"].shape == (1, 1000, 3) and data["/actions"].shape == (1, 1000, 1)
+    assert not [key for key in data if key.startswith("/agents")]  # ddpg records no policy fields
+    finished = [episode.total_reward for episode in split_episodes(data) if episode.finished]
+    logged = [value for _, value in read_scalars(result.run_dir)["charts/episodic_return"]]
+    assert len(finished) == len(logged) == 5
+    np.testing.assert_allclose(finished, logged, rtol=1e-5)
