@@ -441,8 +441,7 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
             f"{args.env_id!r} has unbounded actions; the actor's tanh needs finite bounds on each one"
         )
     agent = Agent(int(np.prod(observation_space.shape)), action_space, args.hidden_size).to(device)
-    if checkpoint is not None:
-        checkpoints.load_weights(agent, checkpoint, args.env_id)
+    checkpoints.restore(checkpoint, {"model": agent})  # nothing without a checkpoint
     threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
     return agent
 

@@ -393,7 +393,7 @@ def train(args: Args) -> TrainResult:
     terminations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     truncations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
-    reward_clip = args.norm_reward_clip if args.norm_reward else np.inf
+    max_reward = args.norm_reward_clip
     # The rollout only acts; log-probs and values come after it, from one torch pass over all its
     # steps. Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
@@ -407,7 +407,8 @@ def train(args: Args) -> TrainResult:
             rollout_start = time.time()
 
             act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs)
-            noise = agent.sampling_noise((args.num_steps, args.num_envs)).cpu().numpy()
+            sampling_noise = agent.sampling_noise((args.num_steps, args.num_envs))
+            noise = sampling_noise.cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 store_observation(obs, step, next_obs)
@@ -418,7 +419,7 @@ def train(args: Args) -> TrainResult:
                 terminations[step] = terminated
                 truncations[step] = truncated
                 # clipped here, not by a wrapper: the recorder scales the env's own reward back
-                rewards[step] = reward.clip(-reward_clip, reward_clip)
+                rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
                 run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
                 if args.bootstrap_truncation and truncated.any():
                     last_obs = stacked_observations(infos["final_obs"][truncated])
@@ -428,8 +429,8 @@ def train(args: Args) -> TrainResult:
             with torch.no_grad():
                 b_obs = observation_map(lambda x: x.flatten(0, 1), observation_tensor(obs, device))
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
-                b_noise = torch.as_tensor(noise, device=device).reshape(batch_size, -1)
                 b_actor_outs, b_values = agent(b_obs)
+                b_noise = sampling_noise.flatten(0, 1)
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
                 values = b_values.reshape(args.num_steps, args.num_envs).cpu().numpy()
                 next_value = agent.get_value(observation_tensor(stored_like(obs, next_obs), device))
@@ -586,8 +587,7 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     agent = Agent(
         observation_space, action_space, args.hidden_size, args.norm_obs, args.encoder
     ).to(device)
-    if checkpoint is not None:
-        checkpoints.load_weights(agent, checkpoint, args.env_id)
+    checkpoints.restore(checkpoint, {"model": agent})  # nothing without a checkpoint
     threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
     return agent
 

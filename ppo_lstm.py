@@ -454,7 +454,7 @@ def train(args: Args) -> TrainResult:
     # the state each step acted from (zero at an episode start): training sequences start from these
     rnn_states = np.zeros((args.num_steps, *next_rnn_state.shape), dtype=np.float32)
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
-    reward_clip = args.norm_reward_clip if args.norm_reward else np.inf
+    max_reward = args.norm_reward_clip
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
 
@@ -467,7 +467,8 @@ def train(args: Args) -> TrainResult:
             rollout_start = time.time()
 
             act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs)
-            noise = agent.sampling_noise((args.num_steps, args.num_envs)).cpu().numpy()
+            b_noise = agent.sampling_noise((args.num_steps, args.num_envs))  # (steps, envs, ...)
+            noise = b_noise.cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 store_observation(obs, step, next_obs)
@@ -482,7 +483,7 @@ def train(args: Args) -> TrainResult:
                 terminations[step] = terminated
                 truncations[step] = truncated
                 # clipped here, not by a wrapper: the recorder scales the env's own reward back
-                rewards[step] = reward.clip(-reward_clip, reward_clip)
+                rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
                 run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
                 # truncated episodes bootstrap from their last observation's value, seen with memory
                 truncated_only = truncated & ~terminated
@@ -500,7 +501,6 @@ def train(args: Args) -> TrainResult:
                 b_starts = torch.as_tensor(episode_starts, device=device)
                 b_actions = torch.as_tensor(actions, device=device)
                 b_rnn_states = torch.as_tensor(rnn_states, device=device)
-                b_noise = torch.as_tensor(noise, device=device)
                 b_actor_outs, b_values, _ = agent(b_obs, b_rnn_states[0], b_starts)
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
                 values = b_values.cpu().numpy()
@@ -666,8 +666,7 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(make_env, args)
     agent = Agent(observation_space, action_space, args).to(device)
-    if checkpoint is not None:
-        checkpoints.load_weights(agent, checkpoint, args.env_id)
+    checkpoints.restore(checkpoint, {"model": agent})  # nothing without a checkpoint
     threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
     return agent
 

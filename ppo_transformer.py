@@ -623,7 +623,7 @@ def train(args: Args) -> TrainResult:
     prefix = agent.receptive_field
     carried = Carried.start(run.carried, observation_space, num_envs, prefix)
 
-    reward_clip = args.norm_reward_clip if args.norm_reward else np.inf
+    max_reward = args.norm_reward_clip
     as_tensor = partial(torch.as_tensor, device=device)
     obs_tensor = partial(observation_tensor, device=device)
 
@@ -665,7 +665,7 @@ def train(args: Args) -> TrainResult:
                 terminations[step] = terminated
                 truncations[step] = truncated
                 # clipped here, not by a wrapper: the recorder scales the env's own reward back
-                rewards[step] = reward.clip(-reward_clip, reward_clip)
+                rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
                 run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
                 # truncated episodes bootstrap from the value of their last observation
                 truncated_only = truncated & ~terminated
@@ -876,8 +876,7 @@ def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Ag
     """The agent for `args.env_id`, with the checkpoint's weights if given."""
     observation_space, action_space = checked_spaces(env_maker(args), args)
     agent = Agent(observation_space, action_space, args).to(device)
-    if checkpoint is not None:
-        checkpoints.load_weights(agent, checkpoint, args.env_id)
+    checkpoints.restore(checkpoint, {"model": agent})  # nothing without a checkpoint
     threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
     return agent
 

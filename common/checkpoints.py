@@ -200,16 +200,6 @@ def saved_state(saved: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def load_weights(module: torch.nn.Module, checkpoint: dict, env_id: str) -> None:
-    """The checkpoint's weights into `module`; weights of another shape are a UsageError."""
-    try:
-        module.load_state_dict(checkpoint["model"])
-    except (RuntimeError, KeyError) as exc:
-        raise UsageError(
-            f"the checkpoint does not fit the agent for {env_id!r}: {str(exc)[:200]}"
-        ) from None
-
-
 def resume_folder(path: str | Path) -> Path:
     """The run folder of a checkpoint that `--resume` continues; it must lie in that folder's
     `checkpoints/`."""

@@ -6,7 +6,6 @@ log, Ctrl-C), which also writes checkpoints and ends the run."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,57 +75,9 @@ def setup_evaluation(
     return trained, checkpoint, device
 
 
-@dataclass
-class RunStart:
-    path: Path
-    writer: SummaryWriter | None
-    """None on every rank but 0 under torchrun: rank 0 alone writes the run's files"""
-    video_folder: Path
-    """a resumed run's videos go to a folder of their own: file names never clash with the first part's"""
-    global_step: int
-    iterations_done: int
-
-
-def start_run(args: Any, checkpoint: dict | None, num_iterations: int, batch_size: int) -> RunStart:
-    """A new run (`checkpoint` None), or the continuation of the checkpoint's run, whose TensorBoard
-    curves go on from the step after the checkpoint's. `args` is the script's dataclass;
-    `batch_size` counts every rank's steps."""
-    # before the run folder: bad input leaves nothing written
-    check_destination(args.save_trajectories)
-    if args.total_timesteps % batch_size:
-        notice(
-            f"--total-timesteps is rounded down to whole batches of {batch_size}: {num_iterations * batch_size}"
-        )
-    main = distributed.is_main()
-    if checkpoint is None:
-        path = (
-            create_run_folder(args.run_dir, run_name(args.env_id, args.exp_name, args.seed))
-            if main
-            else None
-        )
-        path = distributed.broadcast_object(path)
-        return RunStart(path, start_tracking(path, args) if main else None, path / "videos", 0, 0)
-    path, global_step = resume_folder(args.resume), int(checkpoint["global_step"])
-    # In this run's batches: a checkpoint of another number of processes made iterations of another
-    # size.
-    iterations_done = global_step // batch_size
-    if global_step % batch_size:
-        notice(
-            f"the checkpoint's step {global_step} is not a whole number of this run's batches of {batch_size}"
-        )
-    if iterations_done >= num_iterations:
-        raise UsageError(
-            f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)"
-        )
-    writer = start_tracking(path, args, purge_step=global_step + 1) if main else None
-    return RunStart(
-        path, writer, path / "videos" / f"from_step_{global_step}", global_step, iterations_done
-    )
-
-
 class Run:
     """A training run once its agent and optimizer are built: its folder and TensorBoard writer
-    (`start_run`), the training envs (`common.envs.training_envs`) and the observations they start
+    (`_open_folder`), the training envs (`common.envs.training_envs`) and the observations they start
     from (`common.env_state.start`: built last, since a resumed run's generators are restored
     there), the trajectory recorder, and the log with its progress bar. What a resumed run's loop
     carried from step to step is in `carried`.
@@ -165,12 +116,9 @@ class Run:
             )
         self.args, self.script, self.checkpoint_format = args, script, checkpoint_format
         self.saved = saved
-        num_iterations = args.total_timesteps // batch_size
-        start = start_run(args, checkpoint, num_iterations, batch_size)
-        self.path, self.writer, self.global_step = start.path, start.writer, start.global_step
-        self.iterations_done = start.iterations_done
+        video_folder = self._open_folder(args, checkpoint, batch_size)
         self.envs, self.reward_normalizer = training_envs(
-            make_env, args, str(start.video_folder), checkpoint
+            make_env, args, str(video_folder), checkpoint
         )
         self.combine_return_stats = distributed.CombinedReturnStats(self.reward_normalizer)
         first_seed = args.seed + self.global_step
@@ -178,8 +126,8 @@ class Run:
         self.recorder = RolloutRecorder(
             args, args.num_envs, checkpoint, self.carried, self.reward_normalizer
         )
-        total_steps = num_iterations * batch_size
-        self.log = TrainingLog(self.writer, args, start.video_folder, total_steps, self.global_step)
+        total_steps = args.total_timesteps // batch_size * batch_size
+        self.log = TrainingLog(self.writer, args, video_folder, total_steps, self.global_step)
         self.interrupt = GracefulInterrupt()
         self.saving = checkpoints.CheckpointSchedule(
             write or self._write, args, self.iterations_done
@@ -195,6 +143,50 @@ class Run:
             if key in self.carried:
                 array[...] = self.carried[key]
         return arrays
+
+    path: Path
+    writer: SummaryWriter | None
+    global_step: int
+    iterations_done: int
+
+    def _open_folder(self, args: Any, checkpoint: dict | None, batch_size: int) -> Path:
+        """The run's folder and writer (`path`, `writer`: None on every rank but 0 under torchrun)
+        and where it stands (`global_step`, `iterations_done`): a new run's at step 0, or the
+        checkpoint's, whose TensorBoard curves go on from the step after it. Returns the video
+        folder: a resumed run's is a folder of its own, so that file names never clash.
+        `batch_size` counts every rank's steps."""
+        # before the run folder: bad input leaves nothing written
+        check_destination(args.save_trajectories)
+        num_iterations = args.total_timesteps // batch_size
+        if args.total_timesteps % batch_size:
+            rounded = num_iterations * batch_size
+            notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {rounded}")
+        main = distributed.is_main()
+        if checkpoint is None:
+            name = run_name(args.env_id, args.exp_name, args.seed)
+            self.path = distributed.broadcast_object(
+                create_run_folder(args.run_dir, name) if main else None
+            )
+            self.writer = start_tracking(self.path, args) if main else None
+            self.global_step = self.iterations_done = 0
+            return self.path / "videos"
+        self.path = resume_folder(args.resume)
+        self.global_step = int(checkpoint["global_step"])
+        # In this run's batches: a checkpoint of another number of processes made iterations of
+        # another size.
+        self.iterations_done = self.global_step // batch_size
+        if self.global_step % batch_size:
+            notice(
+                f"the checkpoint's step {self.global_step} is not a whole number of this run's "
+                f"batches of {batch_size}"
+            )
+        if self.iterations_done >= num_iterations:
+            raise UsageError(
+                f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)"
+            )
+        purge_step = self.global_step + 1
+        self.writer = start_tracking(self.path, args, purge_step=purge_step) if main else None
+        return self.path / "videos" / f"from_step_{self.global_step}"
 
     def step(self, env_obs, sent_action, reward, terminated, truncated, infos, global_step) -> None:
         """After each `envs.step`: the transition to the recorder, finished episodes to the log."""
@@ -232,7 +224,8 @@ class Run:
         after the same iteration."""
         self._loop_state = (global_step, next_obs, carried)
         self.saving.iteration_done(iteration)
-        self.stopped = self.stop_requested()
+        self.stopped = distributed.any_rank(self.interrupt.requested)
+        self.interrupt.requested = self.stopped
         return self.stopped
 
     def end(self, iteration: int) -> None:
@@ -244,11 +237,6 @@ class Run:
     def _write(self, iteration: int) -> Path:
         global_step, next_obs, carried = self._loop_state
         return self.save(iteration, global_step, next_obs, self.saved, **carried)
-
-    def stop_requested(self) -> bool:
-        """Whether Ctrl-C asked the run to stop, on any rank: all stop after the same iteration."""
-        self.interrupt.requested = distributed.any_rank(self.interrupt.requested)
-        return self.interrupt.requested
 
     def __enter__(self) -> Run:
         self.interrupt.__enter__()
