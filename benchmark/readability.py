@@ -168,7 +168,8 @@ def action_path(script: str) -> list[str]:
         n for n in ast.parse(module_path.read_text()).body if getattr(n, "name", "") == "train"
     )
     path, makers = action_statements(train)
-    sys.path.insert(0, str(REPO))
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     module = importlib.import_module(script)
     args = module.Args()
     env_id = "Pendulum-v1" if script == "ddpg" else "CartPole-v1"
