@@ -36,15 +36,12 @@ from common.envs import (
     VECTOR,
     checked_spaces,
     cnn_layout,
-    env_action,
     flat_observations,
     joint_actions,
-    observation_at,
     observation_map,
     observation_tensor,
     observation_zeros,
     stacked_observations,
-    store_observation,
     stored_like,
 )
 from common.errors import PolicyMismatch, UsageError, check_finite
@@ -348,6 +345,15 @@ class Agent(nn.Module):
             return noise.exponential_().log_().neg_()  # -log(Exp(1)) is Gumbel noise
         return noise.normal_()
 
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        """A batch of actions as the env takes them: offset by the space's `start` (Discrete), or
+        shaped as the space and clipped to its bounds (Box). The log-probability stays that of the
+        unclipped sample, as with CleanRL's ClipAction wrapper."""
+        space = self.action_space
+        if self.discrete:
+            return action + int(space.start) if space.start else action
+        return np.clip(action.reshape(len(action), *space.shape), space.low, space.high)
+
     @staticmethod
     def sample(policy: Categorical | Normal, noise: Tensor) -> Tensor:
         """A draw from `policy` made from `sampling_noise`: the Gumbel-max trick for a categorical,
@@ -411,10 +417,10 @@ def train(args: Args) -> TrainResult:
             noise = sampling_noise.cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
-                store_observation(obs, step, next_obs)
+                obs[step] = next_obs
                 env_obs = next_obs  # the env's, in its dtype, for the recorder
-                actions[step] = act(observation_at(obs, step), noise[step])
-                sent_action = env_action(actions[step], agent.action_space)
+                actions[step] = act(obs[step], noise[step])
+                sent_action = agent.env_action(actions[step])
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
                 terminations[step] = terminated
                 truncations[step] = truncated
@@ -422,8 +428,7 @@ def train(args: Args) -> TrainResult:
                 rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
                 run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
                 if args.bootstrap_truncation and truncated.any():
-                    last_obs = stacked_observations(infos["final_obs"][truncated])
-                    store_observation(final_obs, (step, truncated), last_obs)
+                    final_obs[step, truncated] = stacked_observations(infos["final_obs"][truncated])
             run.combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             with torch.no_grad():
@@ -438,7 +443,7 @@ def train(args: Args) -> TrainResult:
                 final_values = np.zeros_like(rewards)
                 truncated_only = truncations & ~terminations
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = observation_tensor(observation_at(final_obs, truncated_only), device)
+                    last_obs = observation_tensor(final_obs[truncated_only], device)
                     final_values[truncated_only] = agent.get_value(last_obs).cpu().numpy()
                 advantages = compute_gae(
                     rewards, values, next_value.cpu().numpy(), terminations, truncations, final_values,
@@ -459,7 +464,7 @@ def train(args: Args) -> TrainResult:
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
                 for i, mb_inds in enumerate(minibatches):
-                    mb_obs = observation_at(b_obs, mb_inds)
+                    mb_obs = b_obs[mb_inds]
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(
                         mb_obs, b_actions[mb_inds]
                     )
@@ -650,7 +655,7 @@ def evaluate(
         action = evaluation.select_action(
             policy, args.sampling_method, args.temperature, args.sampling_k
         )
-        return env_action(action.cpu().numpy(), agent.action_space)
+        return agent.env_action(action.cpu().numpy())
 
     return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
 

@@ -28,15 +28,11 @@ from common.envs import (
     VECTOR,
     checked_spaces,
     cnn_layout,
-    env_action,
     flat_observations,
     joint_actions,
-    observation_at,
-    observation_map,
     observation_tensor,
     observation_zeros,
     stacked_observations,
-    store_observation,
 )
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.running_norm import RunningNorm
@@ -375,7 +371,7 @@ class Agent(nn.Module):
         """The values of a batch of observations, each one step on from its `state` (which the
         caller resets)."""
         device = next(self.parameters()).device
-        x = observation_map(lambda part: part[None], observation_tensor(obs, device))
+        x = observation_tensor(obs, device)[None]
         state = torch.as_tensor(state, device=device)
         starts = torch.zeros(1, state.shape[1], dtype=torch.bool, device=device)
         return self(x, state, starts)[1][0].cpu().numpy()
@@ -403,6 +399,15 @@ class Agent(nn.Module):
         if self.discrete:
             return noise.exponential_().log_().neg_()  # -log(Exp(1)) is Gumbel noise
         return noise.normal_()
+
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        """A batch of actions as the env takes them: offset by the space's `start` (Discrete), or
+        shaped as the space and clipped to its bounds (Box). The log-probability stays that of the
+        unclipped sample, as with CleanRL's ClipAction wrapper."""
+        space = self.action_space
+        if self.discrete:
+            return action + int(space.start) if space.start else action
+        return np.clip(action.reshape(len(action), *space.shape), space.low, space.high)
 
     @staticmethod
     def sample(policy: Categorical | Normal, noise: Tensor) -> Tensor:
@@ -471,14 +476,14 @@ def train(args: Args) -> TrainResult:
             noise = b_noise.cpu().numpy()
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
-                store_observation(obs, step, next_obs)
+                obs[step] = next_obs
                 episode_starts[step] = next_starts
                 rnn_states[step] = next_rnn_state * ~next_starts[None, :, None]
                 env_obs = next_obs  # the env's, in its dtype, for the recorder
                 actions[step], next_rnn_state[...] = act(
-                    observation_at(obs, step), next_rnn_state, next_starts, noise[step]
+                    obs[step], next_rnn_state, next_starts, noise[step]
                 )
-                sent_action = env_action(actions[step], agent.action_space)
+                sent_action = agent.env_action(actions[step])
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
                 terminations[step] = terminated
                 truncations[step] = truncated
@@ -531,7 +536,7 @@ def train(args: Args) -> TrainResult:
                     mb_inds = sequences.index(mb)  # its sequences' steps, (length, sequences)
                     mb_starts = b_starts[mb_inds]
                     mb_initial_state = sequences.initial_state(b_rnn_states, mb)
-                    mb_obs = observation_at(b_obs, mb_inds)
+                    mb_obs = b_obs[mb_inds]
                     actor_out, newvalue, _ = agent(mb_obs, mb_initial_state, mb_starts)
                     # no step yet: this pass replays the rollout's on these sequences
                     if epoch == 0 and i == 0:
@@ -585,7 +590,7 @@ def train(args: Args) -> TrainResult:
             check_finite(agent.parameters(), global_step, **losses)
             # After the update: the stored log-probs and values, GAE and the update used the same
             # statistics (taken in the order of the sequences).
-            agent.update_obs_norm(observation_at(b_obs, sequences.index()))
+            agent.update_obs_norm(b_obs[sequences.index()])
             update_seconds = time.time() - update_start
 
             y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
@@ -687,7 +692,7 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
     @torch.no_grad()
     def torch_step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
         as_tensor = lambda array: torch.as_tensor(array, device=device)  # noqa: E731
-        x = observation_map(lambda part: part[None], observation_tensor(obs, device))
+        x = observation_tensor(obs, device)[None]
         actor_out, _, next_state = agent(x, as_tensor(state), as_tensor(starts)[None])
         action = agent.sample(agent.distribution(actor_out[0]), as_tensor(noise))
         return action.cpu().numpy(), next_state.cpu().numpy()
@@ -843,7 +848,7 @@ def evaluate(
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> tuple[np.ndarray, dict]:
         nonlocal state
-        obs_tensor = observation_map(lambda part: part[None], observation_tensor(obs, device))
+        obs_tensor = observation_tensor(obs, device)[None]
         starts = torch.as_tensor(episode_starts, device=device)[None]
         acted_from = state * ~starts[0, None, :, None]
         actor_out, _, state = agent(obs_tensor, state, starts)
@@ -852,7 +857,7 @@ def evaluate(
             policy, args.sampling_method, args.temperature, args.sampling_k
         )
         fields = {"policy": {"hidden_state": acted_from.transpose(0, 1).cpu().numpy()}}
-        return env_action(action.cpu().numpy(), agent.action_space), fields
+        return agent.env_action(action.cpu().numpy()), fields
 
     return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
 

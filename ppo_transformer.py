@@ -29,16 +29,13 @@ from common.envs import (
     VECTOR,
     checked_spaces,
     cnn_layout,
-    env_action,
     flat_observations,
     image_layout,
     joint_actions,
-    observation_at,
     observation_map,
     observation_tensor,
     observation_zeros,
     stacked_observations,
-    store_observation,
 )
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
 from common.running_norm import RunningNorm
@@ -508,6 +505,15 @@ class Agent(nn.Module):
         # independent dimensions add up
         return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)
 
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        """A batch of actions as the env takes them: offset by the space's `start` (Discrete), or
+        shaped as the space and clipped to its bounds (Box). The log-probability stays that of the
+        unclipped sample, as with CleanRL's ClipAction wrapper."""
+        space = self.action_space
+        if self.discrete:
+            return action + int(space.start) if space.start else action
+        return np.clip(action.reshape(len(action), *space.shape), space.low, space.high)
+
 
 class Context:
     """What each env's next step attends to: every layer's keys and values of its last K - 1 steps,
@@ -566,7 +572,7 @@ class Context:
         # (B, 1, 1, K): the context's steps of the step's episode, and the step itself
         mask = torch.cat([valid, valid.new_ones(len(valid), 1)], 1)[:, None, None, :]
         actor_out, value, keys_values = self.agent(
-            observation_at(obs, np.s_[:, None]), positions[:, None], mask, keys_values
+            obs[:, None], positions[:, None], mask, keys_values
         )
         if keep:
             self.keys_values = [(k[:, :, 1:], v[:, :, 1:]) for k, v in keys_values]
@@ -647,12 +653,12 @@ def train(args: Args) -> TrainResult:
                 context = Context.after(agent, context_obs, context_positions, context_valid)
             for step in range(args.num_steps):
                 global_step += num_envs * world_size
-                store_observation(obs, step, next_obs)
+                obs[step] = next_obs
                 episode_starts[step] = carried.episode_starts
                 positions[step] = carried.episode_positions
                 env_obs = next_obs  # the env's, in its dtype, for the recorder
                 with torch.no_grad():
-                    step_obs = obs_tensor(observation_at(obs, step))
+                    step_obs = obs_tensor(obs[step])
                     actor_out, value = context.step(
                         step_obs, as_tensor(positions[step]), as_tensor(episode_starts[step])
                     )
@@ -660,7 +666,7 @@ def train(args: Args) -> TrainResult:
                 acted_outs[:, step] = actor_out
                 acted_values[:, step] = value
                 actions[step] = action.cpu().numpy()
-                sent_action = env_action(actions[step], agent.action_space)
+                sent_action = agent.env_action(actions[step])
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
                 terminations[step] = terminated
                 truncations[step] = truncated
@@ -734,7 +740,7 @@ def train(args: Args) -> TrainResult:
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
                 for i, mb_envs in enumerate(minibatches):
-                    mb_obs = observation_at(b_obs, mb_envs)
+                    mb_obs = b_obs[mb_envs]
                     actor_out, newvalue, _ = agent(mb_obs, b_positions[mb_envs], b_mask[mb_envs])
                     # the rollout's steps
                     actor_out = actor_out[:, prefix:]
@@ -976,7 +982,7 @@ def evaluate(
             agent.distribution(actor_out), args.sampling_method, args.temperature, args.sampling_k
         )
         recorded = {"policy": {"position": position.copy()}}
-        return env_action(action.cpu().numpy(), agent.action_space), recorded
+        return agent.env_action(action.cpu().numpy()), recorded
 
     return evaluation.evaluate(agent, act, env_maker(args), args, writer, step, record_to)
 

@@ -211,27 +211,33 @@ def _part(value: Any, path: tuple) -> Any:
     return value
 
 
+class Observations(dict):
+    """The parts of `image_and_vector` observations (a dict of arrays or tensors with the same
+    leading axes), indexed together as one array is: `obs[step]` and `obs[step] = next_obs` read and
+    write that index of every part; a part's name (a string) gives the part."""
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, str):
+            return super().__getitem__(index)
+        return Observations({key: part[index] for key, part in self.items()})
+
+    def __setitem__(self, index: Any, observation: Any) -> None:
+        if isinstance(index, str):
+            super().__setitem__(index, observation)
+            return
+        for key, part in self.items():
+            part[index] = observation[key]
+
+
 def observation_map(function: Callable[..., Any], *observations: Any) -> Any:
     """`function` of the observations' arrays, or of each part of `image_and_vector` ones (dicts of
-    arrays): the function gets the same part of each."""
+    arrays; the result is `Observations`): the function gets the same part of each."""
     if isinstance(observations[0], dict):
-        return {
+        return Observations({
             key: function(*(observation[key] for observation in observations))
             for key in observations[0]
-        }
+        })  # fmt: skip
     return function(*observations)
-
-
-def observation_at(observation: Any, index: Any) -> Any:
-    """`observation[index]`, of each part of an `image_and_vector` one."""
-    if isinstance(observation, dict):
-        return {key: part[index] for key, part in observation.items()}
-    return observation[index]
-
-
-def store_observation(buffer: Any, index: Any, observation: Any) -> None:
-    """`buffer[index] = observation`, for each part of an `image_and_vector` one."""
-    observation_map(lambda stored, part: stored.__setitem__(index, part), buffer, observation)
 
 
 def stacked_observations(observations: Any) -> Any:
@@ -257,9 +263,9 @@ def observation_tensor(observation: Any, device: torch.device | str = "cpu") -> 
 
 def observation_zeros(space: Space, *leading: int) -> Any:
     """Zeros for observations of `space` with the `leading` axes (steps, envs): uint8 for an image,
-    else float32 (a dict of the two for an `image_and_vector` observation)."""
+    else float32 (`Observations` of the two for an `image_and_vector` observation)."""
     if isinstance(space, Dict):
-        return {key: observation_zeros(part, *leading) for key, part in space.items()}
+        return Observations({key: observation_zeros(part, *leading) for key, part in space.items()})
     return np.zeros((*leading, *space.shape), dtype=np.uint8 if image_layout(space) else np.float32)
 
 
@@ -474,13 +480,3 @@ def episode_statistics(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
 
 def _recorded(env_fn: Callable[[], gym.Env]) -> gym.Env:
     return EpisodeRecorder(env_fn())
-
-
-def env_action(action: np.ndarray, action_space: Space) -> np.ndarray:
-    """A batch of the agent's actions as the env takes them: offset by `start` (Discrete), or
-    reshaped to the space and clipped to its bounds (Box; the agent keeps its unclipped sample for
-    the log-probability)."""
-    if isinstance(action_space, gym.spaces.Discrete):
-        return action + int(action_space.start) if action_space.start else action
-    action = action.reshape(action.shape[0], *action_space.shape)
-    return np.clip(action, action_space.low, action_space.high)

@@ -1,6 +1,7 @@
 """ppo_fc.py: GAE, the learning-rate schedule, learning on the probes, checkpoints, trajectories and the CLI."""
 
 import dataclasses
+import importlib
 import importlib.util
 import json
 import os
@@ -29,7 +30,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import ppo_fc
 from common import run_start
-from common.envs import observation_map, observation_tensor
+from common.envs import observation_tensor
 from common.errors import PolicyMismatch, TrainingDiverged
 from common.evaluation import select_action
 from common.seeding import seed_and_pick_device
@@ -388,14 +389,23 @@ def test_an_edited_copy_acts_with_its_own_policy_or_stops(tmp_path, monkeypatch,
     action_frequencies_match_recorded_log_probs(load_trajectories(path))
 
 
-def test_env_action_offsets_discrete_start_and_clips_boxes():
-    shifted = ppo_fc.env_action(np.array([0, 2]), gym.spaces.Discrete(3, start=-1))
+@pytest.mark.parametrize("script", ["ppo_fc", "ppo_lstm", "ppo_transformer"])
+def test_env_action_offsets_discrete_start_and_clips_boxes(script: str):
+    module = importlib.import_module(script)
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+
+    def agent(action_space: gym.Space) -> torch.nn.Module:
+        if script == "ppo_fc":
+            return module.Agent(observation_space, action_space, 8, norm_obs=False)
+        return module.Agent(observation_space, action_space, module.Args())
+
+    shifted = agent(gym.spaces.Discrete(3, start=-1)).env_action(np.array([0, 2]))
     assert shifted.tolist() == [-1, 1]
     box = gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32))
-    clipped = ppo_fc.env_action(np.array([[-3.0, 1.0], [0.5, 9.0]]), box)
+    clipped = agent(box).env_action(np.array([[-3.0, 1.0], [0.5, 9.0]]))
     np.testing.assert_array_equal(clipped, [[-1.0, 1.0], [0.5, 2.0]])
     square = gym.spaces.Box(-1, 1, (2, 2), np.float32)
-    assert ppo_fc.env_action(np.zeros((3, 4)), square).shape == (3, 2, 2)
+    assert agent(square).env_action(np.zeros((3, 4))).shape == (3, 2, 2)
 
 
 # --- learning on the probes ----------------------------------------------------------------------------------------
@@ -1165,9 +1175,7 @@ def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
         probe = env.unwrapped
         seen.add((probe.cue, probe.flip))
         with torch.no_grad():
-            actor_out, value = agent(
-                observation_tensor(observation_map(lambda part: part[None], observation))
-            )
+            actor_out, value = agent(observation_tensor(observation)[None])
         assert value.item() == pytest.approx(1.0, abs=0.1), seen
         assert agent.distribution(actor_out).probs[0, probe.optimal_action()].item() >= 0.95, seen
     assert len(seen) == 4

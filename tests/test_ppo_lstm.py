@@ -28,7 +28,7 @@ import ppo_fc
 import ppo_lstm
 from benchmark.cases import CONTINUOUS_FLAGS
 from common.cli import parse_args
-from common.envs import observation_map, observation_tensor
+from common.envs import observation_tensor
 from common.errors import PolicyMismatch, TrainingDiverged
 from common.minari_export import export_to_minari
 from common.trajectories import load_trajectories, split_episodes
@@ -807,7 +807,7 @@ def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
         observation, _ = env.reset(seed=seed)
         probe = env.unwrapped
         seen.add((probe.cue, probe.flip))
-        x = observation_map(lambda part: part[None, None], observation_tensor(observation))
+        x = observation_tensor(observation)[None, None]
         with torch.no_grad():
             actor_out, value, _ = agent(
                 x, agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool)
