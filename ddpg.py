@@ -8,7 +8,6 @@ defaults."""
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -296,7 +295,7 @@ def train(args: Args) -> TrainResult:
         folder = run.path / "checkpoints"
         buffer_name = write_buffer(rb, folder, global_step) if args.save_buffer else None
         state = {**saved, "buffer": buffer_name}
-        path = run.save(iteration, global_step, next_obs, state, **carried)
+        path = run.save(iteration, global_step, run.next_obs, state, **carried)
         remove_older_buffers(folder, global_step)  # once a checkpoint names the new one
         return path
 
@@ -337,8 +336,6 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 actor_optimizer.param_groups[0]["lr"] = lrnow
                 q_optimizer.param_groups[0]["lr"] = lrnow
-            iteration_start = time.time()
-            env_obs = next_obs  # the env's, in its dtype, for the recorder
             obs = next_obs.astype(np.float32)
             noise = next_noise(args, noise_state, episode_starts)
             if global_step < args.learning_starts:
@@ -358,11 +355,9 @@ def train(args: Args) -> TrainResult:
             if episode_starts.any():
                 real_next_obs[episode_starts] = np.stack(infos["final_obs"][episode_starts])
             rb.add(obs, real_next_obs, actions, rewards, terminations)
-            run.step(env_obs, actions, rewards, terminations, truncations, infos, global_step)
-            run.recorder.end_rollout()
-            rollout_seconds = time.time() - iteration_start
+            run.step(actions, next_obs, rewards, terminations, truncations, infos, global_step)
+            run.end_rollout()
 
-            update_start = time.time()
             # A run resumed without its buffer refills a batch's worth before it samples.
             if global_step >= args.learning_starts and len(rb) >= args.batch_size:
                 for _ in range(args.num_envs * args.updates_per_step):
@@ -390,12 +385,9 @@ def train(args: Args) -> TrainResult:
                 if not torch.isfinite(qf1_loss + actor_loss):
                     losses = {"qf1_loss": qf1_loss, "actor_loss": actor_loss}
                     check_finite(agent.parameters(), global_step, **losses)
-            update_seconds = time.time() - update_start
 
             if iteration % log_every == 0 or iteration == num_iterations:
                 scalars = {"charts/learning_rate": q_optimizer.param_groups[0]["lr"]}
-                scalars["perf/rollout_seconds"] = rollout_seconds
-                scalars["perf/update_seconds"] = update_seconds
                 if updates > updates_at_start:  # as CleanRL, from the first update on
                     scalars["losses/qf1_values"] = qf1_values.mean().item()
                     scalars["losses/qf1_loss"] = qf1_loss.item()
@@ -406,10 +398,10 @@ def train(args: Args) -> TrainResult:
             if crossed and not (iteration == num_iterations and args.eval_episodes):  # last: after
                 evaluate(agent, args, run.writer, global_step)
             # a checkpoint if one is due; Ctrl-C: the run stops after a whole iteration
-            if run.iteration_done(iteration, global_step, next_obs, **carried):
+            if run.iteration_done(iteration, global_step, **carried):
                 break
         run.end(iteration)
-    eval_returns = evaluate(agent, args, run.writer, global_step) if args.eval_episodes else []
+    eval_returns = evaluate(agent, args, run.writer, global_step)
     return run.finish(agent, global_step, eval_returns)
 
 

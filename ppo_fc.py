@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +46,7 @@ from common.envs import (
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.running_norm import RunningNorm
 from common.seeding import threads_for
+from common.tracking import explained_variance
 from common.train_result import TrainResult
 
 SCRIPT = Path(__file__).stem
@@ -410,7 +410,6 @@ def train(args: Args) -> TrainResult:
                 frac = (iteration - 1.0) / num_iterations
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
-            rollout_start = time.time()
 
             act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs)
             sampling_noise = agent.sampling_noise((args.num_steps, args.num_envs))
@@ -418,7 +417,6 @@ def train(args: Args) -> TrainResult:
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
-                env_obs = next_obs  # the env's, in its dtype, for the recorder
                 actions[step] = act(obs[step], noise[step])
                 sent_action = agent.env_action(actions[step])
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
@@ -426,7 +424,7 @@ def train(args: Args) -> TrainResult:
                 truncations[step] = truncated
                 # clipped here, not by a wrapper: the recorder scales the env's own reward back
                 rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
-                run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
+                run.step(sent_action, next_obs, reward, terminated, truncated, infos, global_step)
                 if args.bootstrap_truncation and truncated.any():
                     final_obs[step, truncated] = stacked_observations(infos["final_obs"][truncated])
             run.combine_return_stats()  # all ranks go on from the return statistics of all envs
@@ -453,10 +451,8 @@ def train(args: Args) -> TrainResult:
                 b_returns = b_advantages + b_values
             sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
             b_logprobs_by_step = b_logprobs.reshape(args.num_steps, -1)
-            run.recorder.end_rollout(logprobs=b_logprobs_by_step, values=values, **sampled)
-            rollout_seconds = time.time() - rollout_start
+            run.end_rollout(logprobs=b_logprobs_by_step, values=values, **sampled)
 
-            update_start = time.time()
             ratios = []
             for _epoch in range(args.update_epochs):
                 b_inds = torch.randperm(batch_size, device=device)
@@ -516,25 +512,19 @@ def train(args: Args) -> TrainResult:
             # After the update: the stored log-probs and values, GAE and the update used the same
             # statistics.
             agent.update_obs_norm(b_obs)
-            update_seconds = time.time() - update_start
 
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
             run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
                 "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
                 "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
-                "losses/explained_variance": explained_var, "perf/rollout_seconds": rollout_seconds,
-                "perf/update_seconds": update_seconds,
+                "losses/explained_variance": explained_variance(b_values, b_returns),
             })  # fmt: skip
-            if run.iteration_done(iteration, global_step, next_obs):  # a checkpoint if due; Ctrl-C
+            if run.iteration_done(iteration, global_step):  # a checkpoint if due; Ctrl-C
                 break
         run.end(iteration)
-    evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
-    eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
+    eval_returns = evaluate(agent, args, run.writer, global_step)  # rank 0 alone
     return run.finish(agent, global_step, eval_returns)
 
 

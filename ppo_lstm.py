@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from common.envs import (
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.running_norm import RunningNorm
 from common.seeding import threads_for
+from common.tracking import explained_variance
 from common.train_result import TrainResult
 
 SCRIPT = Path(__file__).stem
@@ -469,7 +469,6 @@ def train(args: Args) -> TrainResult:
                 frac = (iteration - 1.0) / num_iterations
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
-            rollout_start = time.time()
 
             act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs)
             b_noise = agent.sampling_noise((args.num_steps, args.num_envs))  # (steps, envs, ...)
@@ -479,7 +478,6 @@ def train(args: Args) -> TrainResult:
                 obs[step] = next_obs
                 episode_starts[step] = next_starts
                 rnn_states[step] = next_rnn_state * ~next_starts[None, :, None]
-                env_obs = next_obs  # the env's, in its dtype, for the recorder
                 actions[step], next_rnn_state[...] = act(
                     obs[step], next_rnn_state, next_starts, noise[step]
                 )
@@ -489,7 +487,7 @@ def train(args: Args) -> TrainResult:
                 truncations[step] = truncated
                 # clipped here, not by a wrapper: the recorder scales the env's own reward back
                 rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
-                run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
+                run.step(sent_action, next_obs, reward, terminated, truncated, infos, global_step)
                 # truncated episodes bootstrap from their last observation's value, seen with memory
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
@@ -519,12 +517,10 @@ def train(args: Args) -> TrainResult:
                 b_returns = b_advantages + b_values
             sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
             hidden_state = rnn_states.swapaxes(1, 2)  # (num_steps, num_envs, layers, state size)
-            run.recorder.end_rollout(
+            run.end_rollout(
                 logprobs=b_logprobs, values=b_values, hidden_state=hidden_state, **sampled
             )
-            rollout_seconds = time.time() - rollout_start
 
-            update_start = time.time()
             ratios = []
             for epoch in range(args.update_epochs):
                 order = torch.randperm(sequences.count, device=device)
@@ -591,26 +587,20 @@ def train(args: Args) -> TrainResult:
             # After the update: the stored log-probs and values, GAE and the update used the same
             # statistics (taken in the order of the sequences).
             agent.update_obs_norm(b_obs[sequences.index()])
-            update_seconds = time.time() - update_start
 
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             clipfrac = ((torch.cat(ratios, 1) - 1.0).abs() > args.clip_coef).float().mean()
             run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
                 "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
                 "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
-                "losses/explained_variance": explained_var, "perf/rollout_seconds": rollout_seconds,
-                "perf/update_seconds": update_seconds,
+                "losses/explained_variance": explained_variance(b_values, b_returns),
             })  # fmt: skip
             # a checkpoint if one is due; Ctrl-C on any rank stops every rank here
-            if run.iteration_done(iteration, global_step, next_obs, **carried):
+            if run.iteration_done(iteration, global_step, **carried):
                 break
         run.end(iteration)
-    evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
-    eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
+    eval_returns = evaluate(agent, args, run.writer, global_step)  # rank 0 alone
     return run.finish(agent, global_step, eval_returns)
 
 

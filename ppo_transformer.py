@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -40,6 +39,7 @@ from common.envs import (
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
 from common.running_norm import RunningNorm
 from common.seeding import threads_for
+from common.tracking import explained_variance
 from common.train_result import TrainResult
 
 SCRIPT = Path(__file__).stem
@@ -642,7 +642,6 @@ def train(args: Args) -> TrainResult:
                 frac = (iteration - 1.0) / num_iterations
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
-            rollout_start = time.time()
 
             # The rollout acts through the key/value context; after it, one pass along each env's
             # sequence gives the log-probs and values, and must give what the rollout acted on.
@@ -656,7 +655,6 @@ def train(args: Args) -> TrainResult:
                 obs[step] = next_obs
                 episode_starts[step] = carried.episode_starts
                 positions[step] = carried.episode_positions
-                env_obs = next_obs  # the env's, in its dtype, for the recorder
                 with torch.no_grad():
                     step_obs = obs_tensor(obs[step])
                     actor_out, value = context.step(
@@ -672,7 +670,7 @@ def train(args: Args) -> TrainResult:
                 truncations[step] = truncated
                 # clipped here, not by a wrapper: the recorder scales the env's own reward back
                 rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
-                run.step(env_obs, sent_action, reward, terminated, truncated, infos, global_step)
+                run.step(sent_action, next_obs, reward, terminated, truncated, infos, global_step)
                 # truncated episodes bootstrap from the value of their last observation
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
@@ -727,12 +725,8 @@ def train(args: Args) -> TrainResult:
             carried.context_positions = last_steps(b_positions)
             carried.context_valid = last_steps(current)
             sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
-            run.recorder.end_rollout(
-                logprobs=b_logprobs.T, values=values, position=positions, **sampled
-            )
-            rollout_seconds = time.time() - rollout_start
+            run.end_rollout(logprobs=b_logprobs.T, values=values, position=positions, **sampled)
 
-            update_start = time.time()
             ratios = []
             for epoch in range(args.update_epochs):
                 # minibatches of whole sequences
@@ -798,26 +792,20 @@ def train(args: Args) -> TrainResult:
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
             check_finite(agent.parameters(), global_step, **losses)
             agent.update_obs_norm(obs_tensor(obs))  # after the update, which used the rollout's
-            update_seconds = time.time() - update_start
 
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
             run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
                 "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
                 "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
-                "losses/explained_variance": explained_var, "perf/rollout_seconds": rollout_seconds,
-                "perf/update_seconds": update_seconds,
+                "losses/explained_variance": explained_variance(b_values, b_returns),
             })  # fmt: skip
             # a checkpoint if one is due; Ctrl-C on any rank stops every rank here
-            if run.iteration_done(iteration, global_step, next_obs, **vars(carried)):
+            if run.iteration_done(iteration, global_step, **vars(carried)):
                 break
         run.end(iteration)
-    evaluates = args.eval_episodes and distributed.is_main()  # rank 0 alone
-    eval_returns = evaluate(agent, args, run.writer, global_step) if evaluates else []
+    eval_returns = evaluate(agent, args, run.writer, global_step)  # rank 0 alone
     return run.finish(agent, global_step, eval_returns)
 
 

@@ -93,7 +93,10 @@ def evaluate(
     """Play `args.eval_episodes` episodes of `args.env_id` (made by the script's `make_env`, seeded
     with `args.seed`) with `act` (see `play_episodes`), the agent in eval mode (dropout off, batch
     norm on its running statistics); log them at `step`, the agent's training step, record them to
-    `record_to`, and return their returns."""
+    `record_to`, and return their returns. None are played with --eval-episodes 0, or on a rank
+    other than 0 under torchrun."""
+    if not args.eval_episodes or not distributed.is_main():
+        return []
     was_training = agent.training
     agent.eval()
     env_id, meta = resolve_env_id(args.env_id), {"args": dataclasses.asdict(args)}

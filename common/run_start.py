@@ -188,10 +188,18 @@ class Run:
         self.writer = start_tracking(self.path, args, purge_step=purge_step) if main else None
         return self.path / "videos" / f"from_step_{self.global_step}"
 
-    def step(self, env_obs, sent_action, reward, terminated, truncated, infos, global_step) -> None:
-        """After each `envs.step`: the transition to the recorder, finished episodes to the log."""
-        self.recorder.step(env_obs, sent_action, reward, terminated, truncated, infos)
+    def step(self, action, next_obs, reward, terminated, truncated, infos, global_step) -> None:
+        """After each `envs.step(action)`, with what it returned: the transition (from the env's
+        observation before it, kept in `next_obs`) to the recorder, finished episodes to the log."""
+        self.recorder.step(self.next_obs, action, reward, terminated, truncated, infos)
         self.log.episodes.record(infos, global_step)
+        self.next_obs = next_obs
+
+    def end_rollout(self, **fields: Any) -> None:
+        """After each rollout: the policy's `fields` of its steps to the recorder (see
+        `RolloutRecorder.end_rollout`); the update starts (`perf/update_seconds` counts from here)."""
+        self.log.rollout_done()
+        self.recorder.end_rollout(**fields)
 
     def save(
         self,
@@ -216,16 +224,15 @@ class Run:
             folder, self.script, self.checkpoint_format, self.args, global_step, **state
         )
 
-    def iteration_done(
-        self, iteration: int, global_step: int, next_obs: np.ndarray | dict, **carried: np.ndarray
-    ) -> bool:
+    def iteration_done(self, iteration: int, global_step: int, **carried: np.ndarray) -> bool:
         """After each iteration, with where the loop stands: a checkpoint of `saved` if one is due
         (--checkpoint-every; see `save`), then whether to stop: Ctrl-C on any rank stops every rank
         after the same iteration."""
-        self._loop_state = (global_step, next_obs, carried)
+        self._loop_state = (global_step, self.next_obs, carried)
         self.saving.iteration_done(iteration)
         self.stopped = distributed.any_rank(self.interrupt.requested)
         self.interrupt.requested = self.stopped
+        self.log.iteration_started()  # the next one's
         return self.stopped
 
     def end(self, iteration: int) -> None:
@@ -240,6 +247,7 @@ class Run:
 
     def __enter__(self) -> Run:
         self.interrupt.__enter__()
+        self.log.iteration_started()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

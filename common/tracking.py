@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -244,6 +245,14 @@ class EpisodeLog:
         return round(float(np.mean(self.returns[-episodes:])), 2) if self.returns else None
 
 
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns): how much of the returns' variance the values
+    explain (NaN where the returns do not vary)."""
+    y_pred, y_true = values.cpu().numpy(), returns.cpu().numpy()
+    var_y = np.var(y_true)
+    return np.nan if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
 class TrainingLog:
     """A training run's logging: every finished episode (`episodes`), one block of scalars per
     iteration with `charts/SPS` and `system/rss_mb` added, the progress bar, and (with --track) the
@@ -267,14 +276,31 @@ class TrainingLog:
         self.start_time, self.start_step = time.time(), global_step
         self.uploaded_videos: set[str] = set()
         self.last_step = global_step
+        self.iteration_start = self.rollout_end = self.start_time
+
+    def iteration_started(self) -> None:
+        """An iteration's rollout starts: `perf/rollout_seconds` counts from here."""
+        self.iteration_start = time.time()
+
+    def rollout_done(self) -> None:
+        """The rollout ends and the update starts: `perf/update_seconds` counts from here."""
+        self.rollout_end = time.time()
 
     def iteration(self, global_step: int, scalars: dict[str, float]) -> None:
-        """Log an iteration's `scalars` at `global_step`, with the SPS since this process started
+        """Log an iteration's `scalars` at `global_step`, with the seconds of its rollout and of its
+        update (`iteration_started`, `rollout_done`, now), the SPS since this process started
         training (and under torchrun the seconds in collectives, `perf/collective_seconds`, after
         gathering every rank's episodes)."""
+        now = time.time()
         self.episodes.gather_ranks()
-        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
-        scalars = {**scalars, "charts/SPS": sps, "system/rss_mb": rss_mb()}
+        sps = int((global_step - self.start_step) / (now - self.start_time))
+        scalars = {
+            **scalars,
+            "perf/rollout_seconds": self.rollout_end - self.iteration_start,
+            "perf/update_seconds": now - self.rollout_end,
+            "charts/SPS": sps,
+            "system/rss_mb": rss_mb(),
+        }
         if distributed.world_size() > 1:
             scalars["perf/collective_seconds"] = distributed.take_collective_seconds()
         log_scalars(self.writer, scalars, global_step)

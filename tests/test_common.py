@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from common import checkpoints, env_state, seeding
+from common import checkpoints, env_state, seeding, tracking
 from common.cli import check_ranges, notice, one_line, parse_args
 from common.envs import vector_env
 from common.errors import PolicyMismatch, UsageError
@@ -31,6 +31,7 @@ from common.stand_in import (
     numpy_snapshot,
     trial_inputs,
 )
+from common.tracking import TrainingLog, explained_variance
 from common.trajectories import RolloutRecorder, load_trajectories, new_recording_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -634,3 +635,35 @@ def test_the_default_threads_need_no_affinity_call_and_tf32_is_off(monkeypatch):
     seeding.seed_and_pick_device(1, True, 1, cuda=False)
     # the rollout's checks need float32 convolutions on a GPU
     assert not torch.backends.cudnn.allow_tf32
+
+
+def test_the_log_times_each_iterations_rollout_and_update(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    now = [100.0]
+    monkeypatch.setattr(tracking.time, "time", lambda: now[0])
+    writer = SummaryWriter(str(tmp_path))
+    args = Namespace(capture_video=False, progress=False)
+    log = TrainingLog(writer, args, tmp_path, total_steps=20, global_step=0)
+    for step, (start, rollout_end, end) in [(10, (101, 104, 110)), (20, (111, 116, 117))]:
+        now[0] = start
+        log.iteration_started()
+        now[0] = rollout_end
+        log.rollout_done()
+        now[0] = end
+        log.iteration(step, {"charts/learning_rate": 1e-3})
+    writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    seconds = lambda tag: [(e.step, e.value) for e in events.Scalars(tag)]  # noqa: E731
+    assert seconds("perf/rollout_seconds") == [(10, 3.0), (20, 5.0)]
+    assert seconds("perf/update_seconds") == [(10, 6.0), (20, 1.0)]
+
+
+def test_explained_variance_of_values_against_returns():
+    returns = torch.tensor([[1.0, 2.0], [3.0, 5.0]])
+    assert explained_variance(returns, returns) == 1.0
+    assert explained_variance(torch.full_like(returns, 2.75), returns) == 0.0  # their mean
+    assert explained_variance(returns - 1, returns) == 1.0  # an offset leaves no variance
+    assert np.isnan(explained_variance(returns, torch.ones_like(returns)))
