@@ -346,9 +346,8 @@ class Agent(nn.Module):
         return noise.normal_()
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
-        """A batch of actions as the env takes them: offset by the space's `start` (Discrete), or
-        shaped as the space and clipped to its bounds (Box). The log-probability stays that of the
-        unclipped sample, as with CleanRL's ClipAction wrapper."""
+        """The env's form of actions: offset by `start` (Discrete), or shaped and clipped to the
+        bounds (Box; the log-probability stays the unclipped sample's, as CleanRL's ClipAction)."""
         space = self.action_space
         if self.discrete:
             return action + int(space.start) if space.start else action
@@ -400,9 +399,6 @@ def train(args: Args) -> TrainResult:
     truncations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
     max_reward = args.norm_reward_clip
-    # The rollout only acts; log-probs and values come after it, from one torch pass over all its
-    # steps. Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-    numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -411,7 +407,8 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs)
+            # The rollout only acts; log-probs and values come after it, from one torch pass.
+            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs)
             sampling_noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise = sampling_noise.cpu().numpy()
             for step in range(args.num_steps):
@@ -460,9 +457,8 @@ def train(args: Args) -> TrainResult:
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
                 for i, mb_inds in enumerate(minibatches):
-                    mb_obs = b_obs[mb_inds]
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(
-                        mb_obs, b_actions[mb_inds]
+                        b_obs[mb_inds], b_actions[mb_inds]
                     )
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
@@ -478,17 +474,15 @@ def train(args: Args) -> TrainResult:
                     )
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
-                    mb_returns = b_returns[mb_inds]
-                    mb_values = b_values[mb_inds]
                     if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(
-                            newvalue - mb_values, -args.clip_coef, args.clip_coef
+                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                        v_clipped = b_values[mb_inds] + torch.clamp(
+                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
                         )
-                        v_loss_clipped = (v_clipped - mb_returns) ** 2
+                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
                         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                     else:
-                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
 
                     entropy_loss = entropy.mean()
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
@@ -509,8 +503,7 @@ def train(args: Args) -> TrainResult:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
             check_finite(agent.parameters(), global_step, **losses)
-            # After the update: the stored log-probs and values, GAE and the update used the same
-            # statistics.
+            # after the update, which used the statistics the rollout acted with
             agent.update_obs_norm(b_obs)
 
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
@@ -598,6 +591,8 @@ def rollout_policy(
     NumPy copy (with `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the
     torch policy does on `obs`)."""
     device = next(agent.parameters()).device
+    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+    numpy_rollout = numpy_rollout and not agent.parts and obs.ndim == 2
 
     @torch.no_grad()
     def torch_act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:

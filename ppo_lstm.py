@@ -401,9 +401,8 @@ class Agent(nn.Module):
         return noise.normal_()
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
-        """A batch of actions as the env takes them: offset by the space's `start` (Discrete), or
-        shaped as the space and clipped to its bounds (Box). The log-probability stays that of the
-        unclipped sample, as with CleanRL's ClipAction wrapper."""
+        """The env's form of actions: offset by `start` (Discrete), or shaped and clipped to the
+        bounds (Box; the log-probability stays the unclipped sample's, as CleanRL's ClipAction)."""
         space = self.action_space
         if self.discrete:
             return action + int(space.start) if space.start else action
@@ -460,8 +459,6 @@ def train(args: Args) -> TrainResult:
     rnn_states = np.zeros((args.num_steps, *next_rnn_state.shape), dtype=np.float32)
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
     max_reward = args.norm_reward_clip
-    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-    numpy_rollout = args.numpy_rollout and not agent.parts and obs.ndim == 3
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -470,7 +467,7 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            act, numpy_copy = rollout_policy(agent, numpy_rollout, next_obs)
+            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs)
             b_noise = agent.sampling_noise((args.num_steps, args.num_envs))  # (steps, envs, ...)
             noise = b_noise.cpu().numpy()
             for step in range(args.num_steps):
@@ -497,8 +494,7 @@ def train(args: Args) -> TrainResult:
                 next_starts[...] = terminated | truncated
             run.combine_return_stats()  # all ranks go on from the return statistics of all envs
 
-            # The batch: the rollout as tensors, (num_steps, num_envs, ...). The log-probs and values
-            # come from one torch pass along it, from the state its first step acted from.
+            # The batch, (num_steps, num_envs, ...): log-probs and values from one pass along it.
             with torch.no_grad():
                 b_obs = observation_tensor(obs, device)
                 b_starts = torch.as_tensor(episode_starts, device=device)
@@ -506,12 +502,11 @@ def train(args: Args) -> TrainResult:
                 b_rnn_states = torch.as_tensor(rnn_states, device=device)
                 b_actor_outs, b_values, _ = agent(b_obs, b_rnn_states[0], b_starts)
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
-                values = b_values.cpu().numpy()
                 last_state = next_rnn_state * ~next_starts[None, :, None]
                 next_value = agent.bootstrap_value(next_obs, last_state)
                 advantages = compute_gae(
-                    rewards, values, next_value, terminations, truncations, final_values,
-                    args.gamma, args.gae_lambda,
+                    rewards, b_values.cpu().numpy(), next_value, terminations, truncations,
+                    final_values, args.gamma, args.gae_lambda,
                 )  # fmt: skip
                 b_advantages = torch.as_tensor(advantages, device=device)
                 b_returns = b_advantages + b_values
@@ -532,21 +527,16 @@ def train(args: Args) -> TrainResult:
                     mb_inds = sequences.index(mb)  # its sequences' steps, (length, sequences)
                     mb_starts = b_starts[mb_inds]
                     mb_initial_state = sequences.initial_state(b_rnn_states, mb)
-                    mb_obs = b_obs[mb_inds]
-                    actor_out, newvalue, _ = agent(mb_obs, mb_initial_state, mb_starts)
-                    # no step yet: this pass replays the rollout's on these sequences
-                    if epoch == 0 and i == 0:
-                        replayed = (actor_out, newvalue)
+                    actor_out, newvalue, _ = agent(b_obs[mb_inds], mb_initial_state, mb_starts)
+                    if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         recorded = (b_actor_outs[mb_inds], b_values[mb_inds])
-                        check_replay(mb_initial_state, mb_starts, replayed, recorded)
+                        check_replay(mb_initial_state, mb_starts, (actor_out, newvalue), recorded)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())
 
                     mb_advantages = b_advantages[mb_inds]
-                    mb_returns = b_returns[mb_inds]
-                    mb_values = b_values[mb_inds]
                     if norm_adv:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
@@ -556,14 +546,14 @@ def train(args: Args) -> TrainResult:
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                     if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(
-                            newvalue - mb_values, -args.clip_coef, args.clip_coef
+                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
+                        v_clipped = b_values[mb_inds] + torch.clamp(
+                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
                         )
-                        v_loss_clipped = (v_clipped - mb_returns) ** 2
+                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
                         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                     else:
-                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
 
                     entropy_loss = entropy.mean()
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
@@ -584,8 +574,7 @@ def train(args: Args) -> TrainResult:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
             check_finite(agent.parameters(), global_step, **losses)
-            # After the update: the stored log-probs and values, GAE and the update used the same
-            # statistics (taken in the order of the sequences).
+            # after the update, which used the statistics the rollout acted with
             agent.update_obs_norm(b_obs[sequences.index()])
 
             clipfrac = ((torch.cat(ratios, 1) - 1.0).abs() > args.clip_coef).float().mean()
@@ -678,6 +667,8 @@ def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[
     arrays, and whether it is a NumPy copy (if `numpy_rollout` and a copy acts as the torch policy
     does on `obs`)."""
     device = next(agent.parameters()).device
+    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+    numpy_rollout = numpy_rollout and not agent.parts and obs.ndim == 2
 
     @torch.no_grad()
     def torch_step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):

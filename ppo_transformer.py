@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -442,11 +442,17 @@ class Agent(nn.Module):
         return self.config.n_layers * (self.config.context_len - 1)
 
     def forward(
-        self, obs: Tensor, positions: Tensor, mask: Tensor, cached: list[KeysValues] | None = None
+        self,
+        obs: Tensor,
+        positions: Tensor,
+        mask: Tensor,
+        cached: list[KeysValues] | None = None,
+        outputs_from: int = 0,
     ) -> tuple[Tensor, Tensor, list[KeysValues]]:
         """The actor's output and the value at the steps `obs` (B, T, obs) at `positions` (B, T) in
-        their episodes, attending where `mask` (B, 1, T, cached + T) allows to themselves and to the
-        `cached` keys and values of each layer; also each layer's keys and values."""
+        their episodes, from step `outputs_from` on, attending where `mask` (B, 1, T, cached + T)
+        allows to themselves and each layer's `cached` keys and values; also each layer's keys and
+        values."""
         x = self.embed(self.token_input(obs))
         rotation = rotary(positions, self.config.d_model // self.config.n_heads)
         keys_values = []
@@ -456,7 +462,8 @@ class Agent(nn.Module):
             x, layer_keys_values = block(x, rotation, mask, layer_cache)
             keys_values.append(layer_keys_values)
         x = self.ln_f(x)
-        return self.actor(x), self.critic(x).squeeze(-1), keys_values
+        actor_out, value = self.actor(x), self.critic(x).squeeze(-1)
+        return actor_out[:, outputs_from:], value[:, outputs_from:], keys_values
 
     def token_input(self, obs: Tensor | dict[str, Tensor]) -> Tensor:
         """What each token is made from: the image's CNN features (the image comes as uint8), then
@@ -506,9 +513,8 @@ class Agent(nn.Module):
         return policy.log_prob(action).sum(-1), policy.entropy().sum(-1)
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
-        """A batch of actions as the env takes them: offset by the space's `start` (Discrete), or
-        shaped as the space and clipped to its bounds (Box). The log-probability stays that of the
-        unclipped sample, as with CleanRL's ClipAction wrapper."""
+        """The env's form of actions: offset by `start` (Discrete), or shaped and clipped to the
+        bounds (Box; the log-probability stays the unclipped sample's, as CleanRL's ClipAction)."""
         space = self.action_space
         if self.discrete:
             return action + int(space.start) if space.start else action
@@ -526,6 +532,7 @@ class Context:
         self.valid = valid
 
     @classmethod
+    @torch.no_grad()
     def after(cls, agent: Agent, obs: Tensor, positions: Tensor, valid: Tensor) -> Context:
         """The context after the steps `obs` (B, T, obs) at `positions`, those `valid` (B, T) of the
         current episode. T must be L(K-1): a layer's step sees K - 1 steps back in the layer below,
@@ -550,39 +557,36 @@ class Context:
         valid = torch.zeros(batch_size, config.context_len - 1, dtype=torch.bool, device=device)
         return cls(agent, [(nothing, nothing)] * config.n_layers, valid)
 
-    def step(
-        self,
-        obs: Tensor,
-        positions: Tensor,
-        starts: Tensor,
-        envs: Tensor | None = None,
-        keep: bool = True,
-    ):
+    @torch.no_grad()
+    def step(self, obs: Any, positions: Any, starts: Any, envs: Any = None, keep: bool = True):
         """The actor's output and value of each env's (or `envs`') next step, `obs` (B, obs) at
-        `positions` (B,), starting episodes where `starts` (B,); with `keep` it joins the
-        context."""
+        `positions` (B,), starting episodes where `starts` (B,), as tensors or NumPy arrays; with
+        `keep` it joins the context."""
         if envs is not None and keep:
             raise ValueError("a step of some envs only cannot join the context of all")
+        as_tensor = partial(torch.as_tensor, device=self.valid.device)
+        obs = observation_tensor(obs, self.valid.device)
         keys_values = self.keys_values
         valid = self.valid
         if envs is not None:
-            keys_values = [(k[envs], v[envs]) for k, v in keys_values]
-            valid = valid[envs]
-        valid = valid & ~starts[:, None]
+            keys_values = [(k[as_tensor(envs)], v[as_tensor(envs)]) for k, v in keys_values]
+            valid = valid[as_tensor(envs)]
+        valid = valid & ~as_tensor(starts)[:, None]
         # (B, 1, 1, K): the context's steps of the step's episode, and the step itself
         mask = torch.cat([valid, valid.new_ones(len(valid), 1)], 1)[:, None, None, :]
         actor_out, value, keys_values = self.agent(
-            obs[:, None], positions[:, None], mask, keys_values
+            obs[:, None], as_tensor(positions)[:, None], mask, keys_values
         )
         if keep:
             self.keys_values = [(k[:, :, 1:], v[:, :, 1:]) for k, v in keys_values]
             self.valid = mask[:, 0, 0, 1:]
         return actor_out[:, 0], value[:, 0]
 
-    def values_after(self, obs: Tensor, positions: Tensor, envs: Tensor) -> Tensor:
-        """The values of `envs`' last observations `obs` of truncated episodes, at `positions`."""
-        no_starts = torch.zeros(len(positions), dtype=torch.bool, device=positions.device)
-        return self.step(obs, positions, no_starts, envs, keep=False)[1]
+    def value(self, obs: Any, positions: Any, starts: Any = None, envs: Any = None) -> np.ndarray:
+        """The values of steps that do not join the context: each env's next one, or the last
+        observations of `envs`' truncated episodes (no episode starts there)."""
+        starts = np.zeros(len(positions), dtype=bool) if starts is None else starts
+        return self.step(obs, positions, starts, envs, keep=False)[1].cpu().numpy()
 
 
 def first_of_each_run(valid: Tensor) -> Tensor:
@@ -609,10 +613,9 @@ def train(args: Args) -> TrainResult:
     next_obs = run.next_obs
 
     # Rollout storage (steps, envs, ...) in NumPy, as CleanRL's; images stay uint8.
-    observation_space = run.envs.single_observation_space
     action_shape = () if agent.discrete else (agent.action_size,)
     action_dtype = np.int64 if agent.discrete else np.float32
-    obs = observation_zeros(observation_space, args.num_steps, num_envs)
+    obs = observation_zeros(run.envs.single_observation_space, args.num_steps, num_envs)
     actions = np.zeros((args.num_steps, num_envs, *action_shape), dtype=action_dtype)
     rewards = np.zeros((args.num_steps, num_envs), dtype=np.float32)
     terminations = np.zeros((args.num_steps, num_envs), dtype=bool)
@@ -625,16 +628,9 @@ def train(args: Args) -> TrainResult:
     acted_outs = torch.zeros((num_envs, args.num_steps, agent.action_size), device=device)
     acted_values = torch.zeros((num_envs, args.num_steps), device=device)
 
-    # the steps each env's sequence in the update starts with
-    prefix = agent.receptive_field
-    carried = Carried.start(run.carried, observation_space, num_envs, prefix)
-
+    prefix = agent.receptive_field  # the steps before the rollout's in each update sequence
+    carried = Carried.start(run.carried, run.envs.single_observation_space, num_envs, prefix)
     max_reward = args.norm_reward_clip
-    as_tensor = partial(torch.as_tensor, device=device)
-    obs_tensor = partial(observation_tensor, device=device)
-
-    def by_env(rollout: np.ndarray) -> Tensor:  # (steps, envs, ...) as sequences (envs, steps, ...)
-        return as_tensor(rollout).transpose(0, 1)
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -643,27 +639,17 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            # The rollout acts through the key/value context; after it, one pass along each env's
-            # sequence gives the log-probs and values, and must give what the rollout acted on.
-            context_obs = obs_tensor(carried.context_obs)
-            context_positions = as_tensor(carried.context_positions)
-            context_valid = as_tensor(carried.context_valid)
-            with torch.no_grad():
-                context = Context.after(agent, context_obs, context_positions, context_valid)
+            # The rollout acts through the key/value context; the update's pass must act alike.
+            context = carried.context(agent)
             for step in range(args.num_steps):
                 global_step += num_envs * world_size
                 obs[step] = next_obs
                 episode_starts[step] = carried.episode_starts
                 positions[step] = carried.episode_positions
-                with torch.no_grad():
-                    step_obs = obs_tensor(obs[step])
-                    actor_out, value = context.step(
-                        step_obs, as_tensor(positions[step]), as_tensor(episode_starts[step])
-                    )
-                    action = agent.distribution(actor_out).sample()
-                acted_outs[:, step] = actor_out
-                acted_values[:, step] = value
-                actions[step] = action.cpu().numpy()
+                acted_outs[:, step], acted_values[:, step] = context.step(
+                    obs[step], positions[step], episode_starts[step]
+                )
+                actions[step] = agent.distribution(acted_outs[:, step]).sample().cpu().numpy()
                 sent_action = agent.env_action(actions[step])
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
                 terminations[step] = terminated
@@ -675,84 +661,53 @@ def train(args: Args) -> TrainResult:
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
                     last_obs = stacked_observations(infos["final_obs"][truncated_only])
-                    last_positions = as_tensor(positions[step][truncated_only] + 1)
-                    with torch.no_grad():
-                        last_values = context.values_after(
-                            obs_tensor(last_obs), last_positions, as_tensor(truncated_only)
-                        )
-                    final_values[step, truncated_only] = last_values.cpu().numpy()
+                    final_values[step, truncated_only] = context.value(
+                        last_obs, positions[step, truncated_only] + 1, envs=truncated_only
+                    )
                 carried.episode_starts = terminated | truncated
                 carried.episode_positions = np.where(carried.episode_starts, 0, positions[step] + 1)
             run.combine_return_stats()  # all ranks go on from the return statistics of all envs
+            next_value = context.value(next_obs, carried.episode_positions, carried.episode_starts)
 
             # The batch: each env's sequence (envs, steps, ...), its context, then its rollout.
-            b_obs = observation_map(
-                lambda before, part: torch.cat([before, by_env(part)], 1), context_obs, obs
-            )
-            b_positions = torch.cat([context_positions, by_env(positions)], 1)
-            b_starts = torch.cat([first_of_each_run(context_valid), by_env(episode_starts)], 1)
-            b_valid = torch.cat([context_valid, torch.ones_like(b_starts[:, prefix:])], 1)
-            b_episodes = b_starts.cumsum(1)
+            b_obs, b_positions, b_episodes = carried.batch(obs, positions, episode_starts, device)
             b_mask = window_mask(b_episodes, args.context_len)
-            b_actions = by_env(actions)
+            b_actions = by_env(actions, device)
             with torch.no_grad():
-                b_actor_outs, b_values, _ = agent(b_obs, b_positions, b_mask)
-                # the rollout's steps
-                b_actor_outs = b_actor_outs[:, prefix:]
-                b_values = b_values[:, prefix:]
+                b_actor_outs, b_values, _ = agent(b_obs, b_positions, b_mask, outputs_from=prefix)
                 acted = (acted_outs, acted_values)
-                check_outputs(
-                    (b_actor_outs, b_values), acted, b_positions[:, prefix:], CONTEXT_MISMATCH
-                )
+                check_outputs((b_actor_outs, b_values), acted, b_positions, CONTEXT_MISMATCH)
                 b_logprobs = check_policy(b_actor_outs, b_actions, agent)
-                next_starts = as_tensor(carried.episode_starts)
-                next_positions = as_tensor(carried.episode_positions)
-                _, next_value = context.step(
-                    obs_tensor(next_obs), next_positions, next_starts, keep=False
-                )
                 values = b_values.T.cpu().numpy()
                 advantages = compute_gae(
-                    rewards, values, next_value.cpu().numpy(), terminations, truncations, final_values,
+                    rewards, values, next_value, terminations, truncations, final_values,
                     args.gamma, args.gae_lambda,
                 )  # fmt: skip
-                b_advantages = by_env(advantages)
+                b_advantages = by_env(advantages, device)
                 b_returns = b_advantages + b_values
-            # The next rollout's context: each env's last L(K-1) steps, those of the episode its
-            # next step continues.
-            current = (b_episodes == b_episodes[:, -1:]) & b_valid & ~next_starts[:, None]
-            last_steps = lambda part: part[:, args.num_steps :].cpu().numpy()  # noqa: E731
-            carried.context_obs = observation_map(last_steps, b_obs)
-            carried.context_positions = last_steps(b_positions)
-            carried.context_valid = last_steps(current)
+            carried.keep_context(b_obs, b_positions, b_episodes)  # the next rollout's
             sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
             run.end_rollout(logprobs=b_logprobs.T, values=values, position=positions, **sampled)
 
             ratios = []
-            for epoch in range(args.update_epochs):
-                # minibatches of whole sequences
+            for epoch in range(args.update_epochs):  # minibatches of whole sequences
                 minibatches = torch.randperm(num_envs, device=device).view(args.num_minibatches, -1)
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
                 for i, mb_envs in enumerate(minibatches):
-                    mb_obs = b_obs[mb_envs]
-                    actor_out, newvalue, _ = agent(mb_obs, b_positions[mb_envs], b_mask[mb_envs])
-                    # the rollout's steps
-                    actor_out = actor_out[:, prefix:]
-                    newvalue = newvalue[:, prefix:]
+                    actor_out, newvalue, _ = agent(
+                        b_obs[mb_envs], b_positions[mb_envs], b_mask[mb_envs], outputs_from=prefix
+                    )
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
+                        replayed = (actor_out, newvalue)
                         mb_acted = (acted_outs[mb_envs], acted_values[mb_envs])
-                        mb_positions = b_positions[mb_envs, prefix:]
-                        check_outputs(
-                            (actor_out, newvalue), mb_acted, mb_positions, REPLAY_MISMATCH
-                        )
+                        check_outputs(replayed, mb_acted, b_positions[mb_envs], REPLAY_MISMATCH)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_envs])
                     logratio = newlogprob - b_logprobs[mb_envs]
                     ratio = logratio.exp()
                     ratios.append(ratio.detach())
 
                     mb_advantages = b_advantages[mb_envs]
-                    mb_returns = b_returns[mb_envs]
-                    mb_values = b_values[mb_envs]
                     if norm_adv:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
@@ -763,14 +718,14 @@ def train(args: Args) -> TrainResult:
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                     if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - mb_returns) ** 2
-                        v_clipped = mb_values + torch.clamp(
-                            newvalue - mb_values, -args.clip_coef, args.clip_coef
+                        v_loss_unclipped = (newvalue - b_returns[mb_envs]) ** 2
+                        v_clipped = b_values[mb_envs] + torch.clamp(
+                            newvalue - b_values[mb_envs], -args.clip_coef, args.clip_coef
                         )
-                        v_loss_clipped = (v_clipped - mb_returns) ** 2
+                        v_loss_clipped = (v_clipped - b_returns[mb_envs]) ** 2
                         v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
                     else:
-                        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+                        v_loss = 0.5 * ((newvalue - b_returns[mb_envs]) ** 2).mean()
 
                     entropy_loss = entropy.mean()
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
@@ -791,7 +746,8 @@ def train(args: Args) -> TrainResult:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
             check_finite(agent.parameters(), global_step, **losses)
-            agent.update_obs_norm(obs_tensor(obs))  # after the update, which used the rollout's
+            # after the update, which used the statistics the rollout acted with
+            agent.update_obs_norm(observation_tensor(obs, device))
 
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
             run.log.iteration(global_step, {
@@ -899,6 +855,47 @@ class Carried:
         )
         return cls(**{name: resumed.get(name, value) for name, value in vars(new).items()})
 
+    def context_tensors(self, device: torch.device) -> tuple[Tensor | dict, Tensor, Tensor]:
+        """The carried steps' observations, positions and validity, as tensors on `device`."""
+        as_tensor = partial(torch.as_tensor, device=device)
+        obs = observation_tensor(self.context_obs, device)
+        return obs, as_tensor(self.context_positions), as_tensor(self.context_valid)
+
+    def context(self, agent: Agent) -> Context:
+        """The rollout's key/value context, after each env's carried steps."""
+        return Context.after(agent, *self.context_tensors(next(agent.parameters()).device))
+
+    def batch(
+        self, obs: Any, positions: np.ndarray, starts: np.ndarray, device: torch.device
+    ) -> tuple[Any, Tensor, Tensor]:
+        """The update's sequences (envs, prefix + steps, ...): each env's carried steps, then the
+        rollout's `obs`, `positions`, episode `starts` (steps, envs, ...). Their obs, positions and
+        episode ids."""
+        context_obs, context_positions, context_valid = self.context_tensors(device)
+        join = lambda before, part: torch.cat([before, by_env(part, device)], 1)  # noqa: E731
+        b_obs = observation_map(join, context_obs, obs)
+        b_starts = join(first_of_each_run(context_valid), starts)
+        return b_obs, join(context_positions, positions), b_starts.cumsum(1)
+
+    def keep_context(self, b_obs: Any, b_positions: Tensor, b_episodes: Tensor) -> None:
+        """After `batch`, with what it returned: each env's last L(K-1) steps, those of the episode
+        its next step continues, become the next rollout's context."""
+        device, prefix = b_positions.device, self.context_valid.shape[1]
+        steps = b_positions.shape[1] - prefix
+        rollout_valid = torch.ones_like(b_positions[:, prefix:], dtype=torch.bool)
+        b_valid = torch.cat([torch.as_tensor(self.context_valid, device=device), rollout_valid], 1)
+        next_starts = torch.as_tensor(self.episode_starts, device=device)
+        current = (b_episodes == b_episodes[:, -1:]) & b_valid & ~next_starts[:, None]
+        last_steps = lambda part: part[:, steps:].cpu().numpy()  # noqa: E731
+        self.context_obs = observation_map(last_steps, b_obs)
+        self.context_positions = last_steps(b_positions)
+        self.context_valid = last_steps(current)
+
+
+def by_env(rollout: np.ndarray, device: torch.device) -> Tensor:
+    """A rollout's (steps, envs, ...) array as each env's sequence, (envs, steps, ...)."""
+    return torch.as_tensor(rollout, device=device).transpose(0, 1)
+
 
 CONTEXT_MISMATCH = (
     "the rollout's key/value context (Context.step) acted otherwise than Agent.forward along each "
@@ -916,7 +913,9 @@ def check_outputs(
     replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tensor], positions: Tensor, why: str
 ):
     """Stop unless `replayed` actor outputs and values equal the `recorded` ones (B, T, ...) to
-    1e-4 of their largest magnitude plus 1e-5; the message says at which step of an episode."""
+    1e-4 of their largest magnitude plus 1e-5; the message says at which step of an episode
+    (`positions`: their sequences')."""
+    positions = positions[:, positions.shape[1] - recorded[1].shape[1] :]
     for replayed_part, recorded_part, what in zip(
         replayed, recorded, ("actor outputs", "values"), strict=True
     ):
@@ -953,19 +952,14 @@ def evaluate(
 ) -> list[float]:
     """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with its
     step's position in its episode."""
-    device = next(agent.parameters()).device
-    with torch.no_grad():
-        context = Context.empty(agent, 1)
+    context = Context.empty(agent, 1)
     position = np.zeros(1, dtype=np.int64)
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> tuple[np.ndarray, dict]:
         nonlocal position
         position = np.where(episode_starts, 0, position + 1)
-        starts = torch.as_tensor(episode_starts, device=device)
-        actor_out, _ = context.step(
-            observation_tensor(obs, device), torch.as_tensor(position, device=device), starts
-        )
+        actor_out, _ = context.step(obs, position, episode_starts)
         action = evaluation.select_action(
             agent.distribution(actor_out), args.sampling_method, args.temperature, args.sampling_k
         )
