@@ -262,7 +262,7 @@ def test_a_context_that_keeps_the_previous_episode_is_stopped_after_the_rollout(
 
     # an edit that ignores episode starts
     def forgetful(self, obs, positions, starts, envs=None, keep=True):
-        return original(self, obs, positions, torch.zeros_like(starts), envs, keep)
+        return original(self, obs, positions, np.zeros_like(np.asarray(starts)), envs, keep)
 
     monkeypatch.setattr(ppo_transformer.Context, "step", forgetful)
     args = quick_args(
@@ -277,8 +277,10 @@ def test_an_update_pass_that_depends_on_the_batch_is_stopped_before_the_first_gr
 ):
     original = ppo_transformer.Agent.forward
 
-    def batch_dependent(self, obs, positions, mask, cached=None):  # as batch norm would
-        actor_out, value, keys_values = original(self, obs, positions, mask, cached)
+    def batch_dependent(
+        self, obs, positions, mask, cached=None, outputs_from=0
+    ):  # as batch norm would
+        actor_out, value, keys_values = original(self, obs, positions, mask, cached, outputs_from)
         return actor_out + 0.01 * obs.shape[0], value, keys_values
 
     monkeypatch.setattr(ppo_transformer.Agent, "forward", batch_dependent)
