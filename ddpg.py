@@ -295,7 +295,7 @@ def train(args: Args) -> TrainResult:
         folder = run.path / "checkpoints"
         buffer_name = write_buffer(rb, folder, global_step) if args.save_buffer else None
         state = {**saved, "buffer": buffer_name}
-        path = run.save(iteration, global_step, run.next_obs, state, **carried)
+        path = run.save(iteration, global_step, state, **carried)
         remove_older_buffers(folder, global_step)  # once a checkpoint names the new one
         return path
 

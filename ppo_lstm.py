@@ -574,7 +574,7 @@ def train(args: Args) -> TrainResult:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
             check_finite(agent.parameters(), global_step, **losses)
-            # after the update, which used the statistics the rollout acted with
+            # after the update, which used the rollout's statistics (taken in the sequences' order)
             agent.update_obs_norm(b_obs[sequences.index()])
 
             clipfrac = ((torch.cat(ratios, 1) - 1.0).abs() > args.clip_coef).float().mean()

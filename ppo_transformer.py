@@ -560,8 +560,8 @@ class Context:
     @torch.no_grad()
     def step(self, obs: Any, positions: Any, starts: Any, envs: Any = None, keep: bool = True):
         """The actor's output and value of each env's (or `envs`') next step, `obs` (B, obs) at
-        `positions` (B,), starting episodes where `starts` (B,), as tensors or NumPy arrays; with
-        `keep` it joins the context."""
+        `positions` (B,), starting episodes where `starts` (B,), tensors or arrays; with `keep` it
+        joins the context."""
         if envs is not None and keep:
             raise ValueError("a step of some envs only cannot join the context of all")
         as_tensor = partial(torch.as_tensor, device=self.valid.device)
@@ -569,8 +569,9 @@ class Context:
         keys_values = self.keys_values
         valid = self.valid
         if envs is not None:
-            keys_values = [(k[as_tensor(envs)], v[as_tensor(envs)]) for k, v in keys_values]
-            valid = valid[as_tensor(envs)]
+            envs = as_tensor(envs)
+            keys_values = [(k[envs], v[envs]) for k, v in keys_values]
+            valid = valid[envs]
         valid = valid & ~as_tensor(starts)[:, None]
         # (B, 1, 1, K): the context's steps of the step's episode, and the step itself
         mask = torch.cat([valid, valid.new_ones(len(valid), 1)], 1)[:, None, None, :]
@@ -583,8 +584,8 @@ class Context:
         return actor_out[:, 0], value[:, 0]
 
     def value(self, obs: Any, positions: Any, starts: Any = None, envs: Any = None) -> np.ndarray:
-        """The values of steps that do not join the context: each env's next one, or the last
-        observations of `envs`' truncated episodes (no episode starts there)."""
+        """The values of steps that do not join the context: each env's next one (`starts`: where
+        it starts an episode), or the last observations of `envs`' truncated episodes."""
         starts = np.zeros(len(positions), dtype=bool) if starts is None else starts
         return self.step(obs, positions, starts, envs, keep=False)[1].cpu().numpy()
 
@@ -628,7 +629,7 @@ def train(args: Args) -> TrainResult:
     acted_outs = torch.zeros((num_envs, args.num_steps, agent.action_size), device=device)
     acted_values = torch.zeros((num_envs, args.num_steps), device=device)
 
-    prefix = agent.receptive_field  # the steps before the rollout's in each update sequence
+    prefix = agent.receptive_field  # the steps before the rollout's in each sequence
     carried = Carried.start(run.carried, run.envs.single_observation_space, num_envs, prefix)
     max_reward = args.norm_reward_clip
 
@@ -639,7 +640,7 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            # The rollout acts through the key/value context; the update's pass must act alike.
+            # The rollout acts through the key/value context.
             context = carried.context(agent)
             for step in range(args.num_steps):
                 global_step += num_envs * world_size
@@ -649,7 +650,8 @@ def train(args: Args) -> TrainResult:
                 acted_outs[:, step], acted_values[:, step] = context.step(
                     obs[step], positions[step], episode_starts[step]
                 )
-                actions[step] = agent.distribution(acted_outs[:, step]).sample().cpu().numpy()
+                with torch.no_grad():
+                    actions[step] = agent.distribution(acted_outs[:, step]).sample().cpu().numpy()
                 sent_action = agent.env_action(actions[step])
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
                 terminations[step] = terminated
@@ -856,13 +858,13 @@ class Carried:
         return cls(**{name: resumed.get(name, value) for name, value in vars(new).items()})
 
     def context_tensors(self, device: torch.device) -> tuple[Tensor | dict, Tensor, Tensor]:
-        """The carried steps' observations, positions and validity, as tensors on `device`."""
+        """The carried steps (observations, positions, validity) as tensors on `device`."""
         as_tensor = partial(torch.as_tensor, device=device)
         obs = observation_tensor(self.context_obs, device)
         return obs, as_tensor(self.context_positions), as_tensor(self.context_valid)
 
     def context(self, agent: Agent) -> Context:
-        """The rollout's key/value context, after each env's carried steps."""
+        """The rollout's key/value context after each env's carried steps."""
         return Context.after(agent, *self.context_tensors(next(agent.parameters()).device))
 
     def batch(
@@ -878,8 +880,8 @@ class Carried:
         return b_obs, join(context_positions, positions), b_starts.cumsum(1)
 
     def keep_context(self, b_obs: Any, b_positions: Tensor, b_episodes: Tensor) -> None:
-        """After `batch`, with what it returned: each env's last L(K-1) steps, those of the episode
-        its next step continues, become the next rollout's context."""
+        """After `batch`, with what it gave: each env's last L(K-1) steps are the next context
+        (valid: of the episode its next step continues)."""
         device, prefix = b_positions.device, self.context_valid.shape[1]
         steps = b_positions.shape[1] - prefix
         rollout_valid = torch.ones_like(b_positions[:, prefix:], dtype=torch.bool)
@@ -914,7 +916,7 @@ def check_outputs(
 ):
     """Stop unless `replayed` actor outputs and values equal the `recorded` ones (B, T, ...) to
     1e-4 of their largest magnitude plus 1e-5; the message says at which step of an episode
-    (`positions`: their sequences')."""
+    (`positions`: the whole sequences' (B, prefix + T))."""
     positions = positions[:, positions.shape[1] - recorded[1].shape[1] :]
     for replayed_part, recorded_part, what in zip(
         replayed, recorded, ("actor outputs", "values"), strict=True

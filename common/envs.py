@@ -256,7 +256,7 @@ def observation_tensor(observation: Any, device: torch.device | str = "cpu") -> 
     they become float inside the network), everything else as float32; each part of an
     `image_and_vector` one."""
     as_tensor = lambda part: torch.as_tensor(  # noqa: E731
-        part, dtype=None if part.dtype == np.uint8 else torch.float32, device=device
+        part, dtype=None if part.dtype in (np.uint8, torch.uint8) else torch.float32, device=device
     )
     return observation_map(as_tensor, observation)
 

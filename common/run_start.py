@@ -77,10 +77,11 @@ def setup_evaluation(
 
 class Run:
     """A training run once its agent and optimizer are built: its folder and TensorBoard writer
-    (`_open_folder`), the training envs (`common.envs.training_envs`) and the observations they start
-    from (`common.env_state.start`: built last, since a resumed run's generators are restored
-    there), the trajectory recorder, and the log with its progress bar. What a resumed run's loop
-    carried from step to step is in `carried`.
+    (`_open_folder`), the training envs (`common.envs.training_envs`) and their observation
+    (`next_obs`: the one they start from, `common.env_state.start`, built last since a resumed
+    run's generators are restored there; then the last `step`'s), the trajectory recorder, and the
+    log with its progress bar. What a resumed run's loop carried from step to step is in
+    `carried`.
 
     A context manager for the training loop: Ctrl-C inside it asks the loop to stop after its
     iteration (see `iteration_done`), and leaving it closes the envs and the progress bar; after a
@@ -133,7 +134,7 @@ class Run:
             write or self._write, args, self.iterations_done
         )
         self.stopped = False
-        self._loop_state: tuple[int, Any, dict[str, Any]] = (self.global_step, self.next_obs, {})
+        self._loop_state: tuple[int, dict[str, Any]] = (self.global_step, {})
 
     def carry(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`arrays`, what the loop carries from step to step (updated in place), filled with what a
@@ -189,8 +190,9 @@ class Run:
         return self.path / "videos" / f"from_step_{self.global_step}"
 
     def step(self, action, next_obs, reward, terminated, truncated, infos, global_step) -> None:
-        """After each `envs.step(action)`, with what it returned: the transition (from the env's
-        observation before it, kept in `next_obs`) to the recorder, finished episodes to the log."""
+        """After each `envs.step`, with its `action` and what it returned: the transition (from the
+        env's observation before it, kept in `next_obs`) to the recorder, finished episodes to the
+        log."""
         self.recorder.step(self.next_obs, action, reward, terminated, truncated, infos)
         self.log.episodes.record(infos, global_step)
         self.next_obs = next_obs
@@ -198,16 +200,11 @@ class Run:
     def end_rollout(self, **fields: Any) -> None:
         """After each rollout: the policy's `fields` of its steps to the recorder (see
         `RolloutRecorder.end_rollout`); the update starts (`perf/update_seconds` counts from here)."""
-        self.log.rollout_done()
         self.recorder.end_rollout(**fields)
+        self.log.rollout_done()
 
     def save(
-        self,
-        iteration: int,
-        global_step: int,
-        next_obs: np.ndarray | dict,
-        saved: dict[str, Any],
-        **carried: np.ndarray,
+        self, iteration: int, global_step: int, saved: dict[str, Any], **carried: np.ndarray
     ) -> Path:
         """Write a checkpoint: the state of each of `saved` (key -> module or optimizer, as
         `checkpoints.restore` reads them back), the reward statistics, the envs' places in their
@@ -216,7 +213,7 @@ class Run:
         state = checkpoints.saved_state(saved)
         state["iteration"] = iteration
         state["reward_rms"] = checkpoints.reward_normalizer_state(self.reward_normalizer)
-        state["episodes"] = env_state.capture(self.envs, next_obs, **carried)
+        state["episodes"] = env_state.capture(self.envs, self.next_obs, **carried)
         state["trajectories"] = self.recorder.checkpoint_state()
         self.log.flush(global_step)
         folder = self.path / "checkpoints"
@@ -225,10 +222,10 @@ class Run:
         )
 
     def iteration_done(self, iteration: int, global_step: int, **carried: np.ndarray) -> bool:
-        """After each iteration, with where the loop stands: a checkpoint of `saved` if one is due
-        (--checkpoint-every; see `save`), then whether to stop: Ctrl-C on any rank stops every rank
-        after the same iteration."""
-        self._loop_state = (global_step, self.next_obs, carried)
+        """After each iteration, with where the loop stands (and the envs' `next_obs`): a checkpoint
+        of `saved` if one is due (--checkpoint-every; see `save`), then whether to stop: Ctrl-C on
+        any rank stops every rank after the same iteration. The next iteration's timing starts."""
+        self._loop_state = (global_step, carried)
         self.saving.iteration_done(iteration)
         self.stopped = distributed.any_rank(self.interrupt.requested)
         self.interrupt.requested = self.stopped
@@ -242,8 +239,8 @@ class Run:
         self.recorder.save()
 
     def _write(self, iteration: int) -> Path:
-        global_step, next_obs, carried = self._loop_state
-        return self.save(iteration, global_step, next_obs, self.saved, **carried)
+        global_step, carried = self._loop_state
+        return self.save(iteration, global_step, self.saved, **carried)
 
     def __enter__(self) -> Run:
         self.interrupt.__enter__()

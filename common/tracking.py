@@ -255,7 +255,8 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
 
 class TrainingLog:
     """A training run's logging: every finished episode (`episodes`), one block of scalars per
-    iteration with `charts/SPS` and `system/rss_mb` added, the progress bar, and (with --track) the
+    iteration with `perf/rollout_seconds`, `perf/update_seconds`, `charts/SPS` and `system/rss_mb`
+    added, the progress bar, and (with --track) the
     videos uploaded as they appear. A context manager: the progress bar closes on leaving it."""
 
     def __init__(

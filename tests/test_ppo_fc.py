@@ -785,6 +785,9 @@ def test_cli_run_writes_the_conventional_log_keys(tmp_path):
     }
     assert expected <= set(scalars)
     assert len(scalars["charts/SPS"]) == 2 and scalars["system/rss_mb"][0][1] > 10
+    # timed by the run (Run marks where each iteration and its rollout end): each part takes time
+    timed = scalars["perf/rollout_seconds"] + scalars["perf/update_seconds"]
+    assert len(timed) == 4 and all(seconds > 0 for _, seconds in timed)
     # at the step the agent was trained to
     assert [step for step, _ in scalars["eval/episodic_return"]] == [1024]
     accumulator = EventAccumulator(str(run))
