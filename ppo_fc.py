@@ -41,7 +41,6 @@ from common.envs import (
     observation_tensor,
     observation_zeros,
     stacked_observations,
-    stored_like,
 )
 from common.errors import PolicyMismatch, UsageError, check_finite
 from common.running_norm import RunningNorm
@@ -433,7 +432,7 @@ def train(args: Args) -> TrainResult:
                 b_noise = sampling_noise.flatten(0, 1)
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
                 values = b_values.reshape(args.num_steps, args.num_envs).cpu().numpy()
-                next_value = agent.get_value(observation_tensor(stored_like(obs, next_obs), device))
+                next_value = agent.get_value(observation_tensor(next_obs, device))
                 # truncated (not terminated) episodes bootstrap from their last observation's value
                 final_values = np.zeros_like(rewards)
                 truncated_only = truncations & ~terminations

@@ -245,12 +245,6 @@ def stacked_observations(observations: Any) -> Any:
     return observation_map(lambda *parts: np.stack(parts), *observations)
 
 
-def stored_like(storage: Any, observation: Any) -> Any:
-    """`observation` in the dtype of the rollout's `storage` (uint8 images, float32 else), part by
-    part: what the policy sees during the rollout, and again when the update reads the storage."""
-    return observation_map(lambda stored, part: part.astype(stored.dtype), storage, observation)
-
-
 def observation_tensor(observation: Any, device: torch.device | str = "cpu") -> Any:
     """An observation (or batch) as the networks take it, on `device`: images as they are (uint8;
     they become float inside the network), everything else as float32; each part of an

@@ -91,6 +91,11 @@ class Run:
     `saved` maps checkpoint keys to what the script's checkpoints carry (see `save`). `write`, when
     given, writes a checkpoint in place of `save` (ddpg's, with its replay buffer's file)."""
 
+    path: Path
+    writer: SummaryWriter | None
+    global_step: int
+    iterations_done: int
+
     def __init__(
         self,
         script: str,
@@ -144,11 +149,6 @@ class Run:
             if key in self.carried:
                 array[...] = self.carried[key]
         return arrays
-
-    path: Path
-    writer: SummaryWriter | None
-    global_step: int
-    iterations_done: int
 
     def _open_folder(self, args: Any, checkpoint: dict | None, batch_size: int) -> Path:
         """The run's folder and writer (`path`, `writer`: None on every rank but 0 under torchrun)
@@ -255,17 +255,12 @@ class Run:
             self.interrupt.__exit__(*exc_info)
 
     def finish(
-        self,
-        agent: torch.nn.Module,
-        global_step: int,
-        eval_returns: list[float],
-        checkpoint: Path | None = None,
+        self, agent: torch.nn.Module, global_step: int, eval_returns: list[float]
     ) -> TrainResult:
-        """Close the log (and the wandb run) and return what `train()` returns; the last checkpoint
-        is the one `end` or `iteration_done` wrote, if not given."""
+        """Close the log (and the wandb run) and return what `train()` returns, with the last
+        checkpoint `end` or `iteration_done` wrote."""
         self.log.finish()
         episodes = self.log.episodes
-        checkpoint = checkpoint or self.saving.path
         return TrainResult(
             agent,
             global_step,
@@ -273,5 +268,5 @@ class Run:
             episodes.returns,
             episodes.lengths,
             eval_returns,
-            checkpoint,
+            self.saving.path,
         )
