@@ -398,6 +398,10 @@ def train(args: Args) -> TrainResult:
     truncations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
     max_reward = args.norm_reward_clip
+    # dropout, batch norm: one notice that the update's ratios start away from 1
+    stand_in.acts_otherwise_in_training(
+        agent, lambda net: net(observation_tensor(next_obs, device))
+    )
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -406,10 +410,13 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            # The rollout only acts; log-probs and values come after it, from one torch pass.
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs)
+            # The rollout only acts, in eval mode; log-probs and values come after it, from one
+            # torch pass.
+            agent.eval()
             sampling_noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise = sampling_noise.cpu().numpy()
+            obs[0] = next_obs
+            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, obs[0], noise[0])
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
@@ -449,6 +456,7 @@ def train(args: Args) -> TrainResult:
             b_logprobs_by_step = b_logprobs.reshape(args.num_steps, -1)
             run.end_rollout(logprobs=b_logprobs_by_step, values=values, **sampled)
 
+            agent.train()
             ratios = []
             for _epoch in range(args.update_epochs):
                 b_inds = torch.randperm(batch_size, device=device)
@@ -584,29 +592,28 @@ PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def rollout_policy(
-    agent: Agent, numpy_rollout: bool, obs: np.ndarray
+    agent: Agent, numpy_rollout: bool, obs: np.ndarray, noise: np.ndarray
 ) -> tuple[PolicyFunction, bool]:
     """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a
-    NumPy copy (with `numpy_rollout`, if a copy of `obs_norm` and `actor` taken now acts as the
-    torch policy does on `obs`)."""
+    NumPy copy (with `numpy_rollout`: recorded from the torch policy and checked against it on the
+    rollout's first `obs` and `noise`)."""
     device = next(agent.parameters()).device
-    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-    numpy_rollout = numpy_rollout and not agent.parts and obs.ndim == 2
 
     @torch.no_grad()
+    def policy(obs: Tensor, noise: Tensor) -> Tensor:
+        return agent.sample(agent.distribution(agent(obs)[0]), noise)
+
+    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+    if numpy_rollout and not agent.cnn and not agent.parts:
+        copy = stand_in.numpy_copy(policy, (obs, noise), agent)
+        if copy is not None:
+            return copy, True
+
     def torch_act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        policy = agent.distribution(agent(observation_tensor(obs, device))[0])
-        return agent.sample(policy, torch.as_tensor(noise, device=device)).cpu().numpy()
+        x = observation_tensor(obs, device)
+        return policy(x, torch.as_tensor(noise, device=device)).cpu().numpy()
 
-    def numpy_act() -> PolicyFunction:  # common/stand_in.py
-        return stand_in.numpy_policy(
-            (agent.obs_norm, agent.actor), None if agent.discrete else agent.actor_logstd
-        )
-
-    # float32, as the rollout stores vectors (the copy acts on vectors only)
-    trial = lambda: stand_in.trial_inputs(obs.astype(np.float32), agent.action_size)  # noqa: E731
-    act = stand_in.fitting_copy(numpy_act, torch_act, trial, agent) if numpy_rollout else None
-    return (act, True) if act is not None else (torch_act, False)
+    return torch_act, False
 
 
 def check_policy(

@@ -261,8 +261,11 @@ class Core(nn.Module):
                 nn.init.constant_(parameter, 0)
             else:
                 nn.init.orthogonal_(parameter, 1.0)
-        # An LSTM's state is its hidden and cell states side by side; a GRU's is its hidden state.
-        self.state_size = self.rnn.hidden_size * (2 if isinstance(self.rnn, nn.LSTM) else 1)
+
+    @property
+    def state_size(self) -> int:
+        """An LSTM's state is its hidden and cell states side by side; a GRU's is its hidden state."""
+        return self.rnn.hidden_size * (2 if isinstance(self.rnn, nn.LSTM) else 1)
 
     def forward(
         self, x: Tensor, state: Tensor, segments: Segments | None
@@ -311,13 +314,21 @@ class Agent(nn.Module):
         )
         self.core = Core(observation_space, layout, args)
         self.critic_core = None if args.shared_core else Core(observation_space, layout, args)
-        self.state_size = sum(core.state_size for core in self.cores())
-        self.rnn_layers = self.core.rnn.num_layers
         # logits or mean
         self.actor = layer_init(nn.Linear(self.core.rnn.hidden_size, self.action_size), std=0.01)
         self.critic = layer_init(nn.Linear(self.cores()[-1].rnn.hidden_size, 1), std=1.0)
         if not self.discrete:
             self.actor_logstd = nn.Parameter(torch.zeros(1, self.action_size))
+
+    @property
+    def state_size(self) -> int:
+        """The state's size per layer: each core's, side by side (read from the cells: an edit of a
+        cell's size or layers is followed)."""
+        return sum(core.state_size for core in self.cores())
+
+    @property
+    def rnn_layers(self) -> int:
+        return self.core.rnn.num_layers
 
     def cores(self) -> list[Core]:
         """The actor's core, then the critic's own if any: the state holds theirs side by side."""
@@ -459,6 +470,12 @@ def train(args: Args) -> TrainResult:
     rnn_states = np.zeros((args.num_steps, *next_rnn_state.shape), dtype=np.float32)
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
     max_reward = args.norm_reward_clip
+    # dropout, batch norm: the rollout acts in eval mode, the update trains in train mode
+    first_obs = observation_tensor(next_obs, device)[None]
+    first_starts = torch.ones(1, args.num_envs, dtype=torch.bool, device=device)
+    train_mode_differs = stand_in.acts_otherwise_in_training(
+        agent, lambda net: net(first_obs, net.initial_state(args.num_envs), first_starts)
+    )
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -467,9 +484,14 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs)
+            # The rollout only acts, in eval mode; log-probs and values come after it, from one
+            # torch pass along it.
+            agent.eval()
             b_noise = agent.sampling_noise((args.num_steps, args.num_envs))  # (steps, envs, ...)
             noise = b_noise.cpu().numpy()
+            obs[0] = next_obs
+            first_step = (obs[0], next_rnn_state, next_starts, noise[0])
+            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, *first_step)
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
@@ -516,6 +538,7 @@ def train(args: Args) -> TrainResult:
                 logprobs=b_logprobs, values=b_values, hidden_state=hidden_state, **sampled
             )
 
+            agent.train()
             ratios = []
             for epoch in range(args.update_epochs):
                 order = torch.randperm(sequences.count, device=device)
@@ -529,8 +552,11 @@ def train(args: Args) -> TrainResult:
                     mb_initial_state = sequences.initial_state(b_rnn_states, mb)
                     actor_out, newvalue, _ = agent(b_obs[mb_inds], mb_initial_state, mb_starts)
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
+                        replayed = (actor_out, newvalue)
+                        if train_mode_differs:  # dropout: the rollout's pass was in eval mode
+                            replayed = eval_pass(agent, b_obs[mb_inds], mb_initial_state, mb_starts)
                         recorded = (b_actor_outs[mb_inds], b_values[mb_inds])
-                        check_replay(mb_initial_state, mb_starts, (actor_out, newvalue), recorded)
+                        check_replay(mb_initial_state, mb_starts, replayed, recorded)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
@@ -662,44 +688,37 @@ StepFunction = Callable[
 """
 
 
-def rollout_policy(agent: Agent, numpy_rollout: bool, obs: np.ndarray) -> tuple[StepFunction, bool]:
+def rollout_policy(
+    agent: Agent,
+    numpy_rollout: bool,
+    obs: np.ndarray,
+    state: np.ndarray,
+    starts: np.ndarray,
+    noise: np.ndarray,
+) -> tuple[StepFunction, bool]:
     """One step of `Agent.sample(Agent.distribution(.), noise)` and the state update, on NumPy
-    arrays, and whether it is a NumPy copy (if `numpy_rollout` and a copy acts as the torch policy
-    does on `obs`)."""
+    arrays, and whether it is a NumPy copy (with `numpy_rollout`: recorded from the torch step and
+    checked against it on the rollout's first `obs`, `state`, `starts` and `noise`)."""
     device = next(agent.parameters()).device
-    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-    numpy_rollout = numpy_rollout and not agent.parts and obs.ndim == 2
 
     @torch.no_grad()
+    def policy_step(obs: Tensor, state: Tensor, starts: Tensor, noise: Tensor):
+        actor_out, _, next_state = agent(obs[None], state, starts[None])
+        return agent.sample(agent.distribution(actor_out[0]), noise), next_state
+
+    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+    if numpy_rollout and not agent.cnn and not agent.parts:
+        copy = stand_in.numpy_copy(policy_step, (obs, state, starts, noise), agent)
+        if copy is not None:
+            return copy, True
+
     def torch_step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
         as_tensor = lambda array: torch.as_tensor(array, device=device)  # noqa: E731
-        x = observation_tensor(obs, device)[None]
-        actor_out, _, next_state = agent(x, as_tensor(state), as_tensor(starts)[None])
-        action = agent.sample(agent.distribution(actor_out[0]), as_tensor(noise))
+        x = observation_tensor(obs, device)
+        action, next_state = policy_step(x, as_tensor(state), as_tensor(starts), as_tensor(noise))
         return action.cpu().numpy(), next_state.cpu().numpy()
 
-    if not numpy_rollout:
-        return torch_step, False
-
-    # from a random state: every part of the next state counts
-    def trial() -> tuple[np.ndarray, ...]:
-        # float32, as the rollout stores vectors (the copy acts on vectors only)
-        repeated, noise = stand_in.trial_inputs(obs.astype(np.float32), agent.action_size)
-        state = np.random.default_rng(0).standard_normal(
-            (agent.rnn_layers, len(repeated), agent.state_size)
-        )
-        return repeated, state.astype(np.float32), np.zeros(len(repeated), dtype=bool), noise
-
-    copy = stand_in.fitting_copy(lambda: numpy_policy_step(agent), torch_step, trial, agent)
-    return (copy, True) if copy is not None else (torch_step, False)
-
-
-def numpy_policy_step(agent: Agent) -> StepFunction:
-    """A NumPy copy of one step of the policy and the state update (common/stand_in.py), at the
-    current weights."""
-    log_std = None if agent.discrete else agent.actor_logstd
-    cores = [(core.encoder, core.rnn) for core in agent.cores()]
-    return stand_in.numpy_recurrent_policy(agent.obs_norm, cores, agent.actor, log_std)
+    return torch_step, False
 
 
 def check_policy(
@@ -753,6 +772,15 @@ def check_replay(
             f"tolerance {tolerance.item():.3g}, {where}): each training sequence must start from the state "
             f"recorded in the rollout and reset it where an episode starts"
         )
+
+
+@torch.no_grad()
+def eval_pass(agent: Agent, *inputs: Tensor) -> tuple[Tensor, Tensor]:
+    """The actor outputs and values of `agent` in eval mode, as the rollout acted."""
+    agent.eval()
+    actor_out, value, _ = agent(*inputs)
+    agent.train()
+    return actor_out, value
 
 
 class TrainingSequences:

@@ -1,28 +1,33 @@
 """The rollout's stand-in for the policy, and the checks that keep it the policy.
 
 A rollout step on a CPU costs less with NumPy than with torch at the sizes of these networks. The
-stand-in is a NumPy copy of the network, derived from the modules layer by layer
-(``numpy_snapshot``) and cell by cell (``numpy_cell``: any ``nn.LSTM`` or ``nn.GRU``), tried against
-the torch policy before it acts (``fitting_copy``), and checked against it after every rollout: same
-actions for the same noise (``check_same_actions``) and actions that are draws of the policy
-(``check_draws``).
+stand-in is a NumPy copy of the script's own policy function (``numpy_copy``): recorded from one
+call of it, it follows the network wherever the script's modules lead (shared torsos, layers after
+a recurrent core, residual sums, the distribution and the draw), and is checked against torch on
+the first step of every rollout, where it also takes in the weights of the last update. After every
+rollout, the update's torch pass checks the actions again: same actions for the same noise
+(``check_same_actions``) and actions that are draws of the policy (``check_draws``).
 
-``numpy_snapshot`` knows a fixed set of layer types, matched exactly (a subclass may compute
-something else), and any module with a ``numpy_snapshot()`` method that returns its NumPy form. A
-layer it does not know, and any forward hook (spectral norm, weight norm and many adapters are hooks
-or parametrizations), make it refuse with ``NoNumpyForm``; the caller then runs the torch modules
-instead."""
+The copy records torch's functions and tensor methods by name (``FUNCTIONS``), and whole calls of
+the layers it knows (``LAYERS``, ``numpy_cell`` for ``nn.LSTM`` and ``nn.GRU``, any module with a
+``numpy_snapshot()`` method); it follows the user's own modules (subclasses of torch's included)
+into their ``forward``. A module of torch's it does not know, a function it has no form for, a
+forward hook, a branch on a value or a random draw make it refuse with ``NoNumpyForm``, naming the
+module; the rollout then calls the torch policy, with one notice."""
 
 from __future__ import annotations
 
+import copy as copy_module
+import math
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn.modules import module as torch_module
+from torch.utils import _pytree as pytree
 
 from common.cli import notice
 from common.errors import PolicyMismatch, TrainingDiverged
@@ -90,45 +95,10 @@ def _has_forward_hooks(module: nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
-def numpy_snapshot(*modules: nn.Module) -> NumpyFunction:
-    """A NumPy function of float32 arrays that computes `modules` applied one after another, at
-    their current weights. `nn.Sequential` containers are followed into; every other module must be
-    a known layer type or have a `numpy_snapshot()` method. Raises NoNumpyForm naming the first
-    module it cannot copy."""
-    functions = _numpy_forms(modules)
-
-    def forward(x: np.ndarray) -> np.ndarray:
-        for function in functions:
-            x = function(x)
-        return x
-
-    return forward
-
-
-def _numpy_forms(modules: Iterable[nn.Module]) -> list[NumpyFunction]:
-    """The NumPy forms of `modules` in order, with containers flattened and identities left out:
-    each is one Python call per rollout step."""
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
-        raise NoNumpyForm("global forward hooks are registered")
-    functions: list[NumpyFunction] = []
-    for module in modules:
-        if _has_forward_hooks(module):
-            raise NoNumpyForm(f"{module.__class__.__name__} has forward hooks")
-        if type(module) is nn.Sequential:
-            functions += _numpy_forms(module)
-        elif type(module) is not nn.Identity and type(module) in LAYERS:
-            functions.append(LAYERS[type(module)](module))
-        elif callable(getattr(module, "numpy_snapshot", None)):
-            functions.append(module.numpy_snapshot())
-        elif type(module) is not nn.Identity:
-            raise NoNumpyForm(f"no NumPy form for layer {module.__class__.__name__}")
-    return functions
-
-
-def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """One step of an `nn.LSTM` or `nn.GRU` in NumPy: (input (B, in), state (layers, B, state size))
-    -> (output, state after the step). An LSTM's state is its hidden and cell states side by side,
-    in that order."""
+def numpy_cell(rnn: nn.Module) -> Callable[..., tuple[np.ndarray, Any]]:
+    """One step of an `nn.LSTM` or `nn.GRU` in NumPy, called as torch calls it: (input (1, B, in),
+    state) -> (output (1, B, hidden), state after the step), where a state is (hidden, cell) for an
+    LSTM and hidden for a GRU, each (layers, B, hidden), or None for zeros."""
     if type(rnn) not in (nn.LSTM, nn.GRU) or _has_forward_hooks(rnn):
         raise NoNumpyForm(f"no NumPy form for the cell {rnn.__class__.__name__}")
     if (
@@ -148,123 +118,41 @@ def numpy_cell(rnn: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.nd
             for kind in ("ih", "hh")
         ]
         layers.append((*weights, *biases))
-    size = rnn.hidden_size
+    size, lstm = rnn.hidden_size, isinstance(rnn, nn.LSTM)
 
     def sigmoid(x: np.ndarray) -> np.ndarray:
         return np.float32(1) / (np.float32(1) + np.exp(-x))
 
-    def lstm(x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        next_state = np.empty_like(state)
+    def step(x: np.ndarray, state: Any = None) -> tuple[np.ndarray, Any]:
+        if len(x) != 1:
+            raise NoNumpyForm(f"the NumPy form of {type(rnn).__name__} takes one step at a time")
+        x = x[0]
+        if state is None:
+            zeros = np.zeros((rnn.num_layers, len(x), size), np.float32)
+            state = (zeros, zeros) if lstm else zeros
+        hiddens, cells = state if lstm else (state, None)
+        next_hiddens, next_cells = np.empty_like(hiddens), lstm and np.empty_like(cells)
         for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
-            hidden, cell = state[k, :, :size], state[k, :, size:]
-            # input, forget, cell, output: torch's order
-            gates = x @ w_ih + b_ih + hidden @ w_hh + b_hh
-            # one call for all four (the cell gate's is unused): fewer NumPy calls
-            squashed = sigmoid(gates)
-            cell = squashed[:, size : 2 * size] * cell + squashed[:, :size] * np.tanh(
-                gates[:, 2 * size : 3 * size]
-            )
-            x = squashed[:, 3 * size :] * np.tanh(cell)
-            next_state[k, :, :size], next_state[k, :, size:] = x, cell
-        return x, next_state
-
-    def gru(x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        next_state = np.empty_like(state)
-        for k, (w_ih, w_hh, b_ih, b_hh) in enumerate(layers):
-            # reset, update, new: torch's order
-            from_input, from_hidden = (x @ w_ih + b_ih, state[k] @ w_hh + b_hh)
-            reset = sigmoid(from_input[:, :size] + from_hidden[:, :size])
-            update = sigmoid(from_input[:, size : 2 * size] + from_hidden[:, size : 2 * size])
-            new = np.tanh(from_input[:, 2 * size :] + reset * from_hidden[:, 2 * size :])
-            x = next_state[k] = (1 - update) * new + update * state[k]
-        return x, next_state
-
-    return lstm if isinstance(rnn, nn.LSTM) else gru
-
-
-def numpy_policy(
-    modules: Sequence[nn.Module], log_std: torch.Tensor | None
-) -> Callable[..., np.ndarray]:
-    """The NumPy form of a feedforward policy, (observations, noise) -> actions: `modules` applied
-    in turn give the logits, drawn from with the Gumbel-max trick (`log_std` None), or the Gaussian
-    mean, drawn as mean + std * noise."""
-    out = numpy_snapshot(*modules)
-    if log_std is None:
-        return lambda obs, noise: np.argmax(out(obs) + noise, -1)
-    std = _copy(log_std.exp())
-    return lambda obs, noise: out(obs) + std * noise
-
-
-def numpy_recurrent_policy(
-    normalise: nn.Module,
-    cores: Sequence[tuple[nn.Module, nn.Module]],
-    head: nn.Module,
-    log_std: torch.Tensor | None,
-) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
-    """The NumPy form of one step of a recurrent policy, (observations, state, episode starts,
-    noise) -> (actions, state after the step). The state, zero where an episode starts, holds each
-    core's side by side; a core is an (encoder, cell) pair, run on the `normalise`d observations.
-    `head` on the first core's output gives the logits or the Gaussian mean, drawn from as
-    `numpy_policy` does."""
-    normalised, draw = numpy_snapshot(normalise), numpy_policy([head], log_std)
-    steps, start = [], 0  # each core's encoder, cell, and part of the state
-    for encoder, rnn in cores:
-        size = rnn.hidden_size * (2 if isinstance(rnn, nn.LSTM) else 1)
-        steps.append((numpy_snapshot(encoder), numpy_cell(rnn), slice(start, start + size)))
-        start += size
-
-    def step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
-        x, state = normalised(obs), state * ~starts[None, :, None]
-        outputs, next_states = zip(
-            *[cell(encoder(x), state[..., part]) for encoder, cell, part in steps], strict=True
-        )
-        return draw(outputs[0], noise), np.concatenate(next_states, -1)
+            if lstm:
+                # input, forget, cell, output: torch's order
+                gates = x @ w_ih + b_ih + hiddens[k] @ w_hh + b_hh
+                # one call for all four (the cell gate's is unused): fewer NumPy calls
+                squashed = sigmoid(gates)
+                cell = squashed[:, size : 2 * size] * cells[k] + squashed[:, :size] * np.tanh(
+                    gates[:, 2 * size : 3 * size]
+                )
+                x = next_hiddens[k] = squashed[:, 3 * size :] * np.tanh(cell)
+                next_cells[k] = cell
+            else:
+                # reset, update, new: torch's order
+                from_input, from_hidden = (x @ w_ih + b_ih, hiddens[k] @ w_hh + b_hh)
+                reset = sigmoid(from_input[:, :size] + from_hidden[:, :size])
+                update = sigmoid(from_input[:, size : 2 * size] + from_hidden[:, size : 2 * size])
+                new = np.tanh(from_input[:, 2 * size :] + reset * from_hidden[:, 2 * size :])
+                x = next_hiddens[k] = (1 - update) * new + update * hiddens[k]
+        return x[None], (next_hiddens, next_cells) if lstm else next_hiddens
 
     return step
-
-
-def trial_inputs(obs: np.ndarray, action_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Observations `obs`, each repeated 256 times, with a draw of noise for each: what
-    `fitting_copy` tries."""
-    repeated = np.repeat(obs, 256, axis=0)
-    return repeated, np.random.default_rng(0).standard_normal((len(repeated), action_size)).astype(
-        np.float32
-    )
-
-
-def fitting_copy(
-    build: Callable[[], F],
-    reference: F,
-    trial: Callable[[], tuple[np.ndarray, ...]],
-    owner: nn.Module,
-) -> F | None:
-    """`build()`, a NumPy copy of the rollout's policy of `owner`, if it builds and gives the
-    outputs of `reference` (the torch policy: the same arguments, NumPy arrays in and out) on the
-    arguments `trial()`; else None, with one notice line. An edit the copy does not follow (a layer
-    outside the actor, another output shape) shows here, before the copy acts. The verdict depends
-    on the network's structure, not its weights, so it is tried once per `owner`; the check after
-    every rollout covers the rest."""
-    try:
-        copy = build()
-        if owner not in _fitting:
-            arguments = trial()
-            outputs, expected = copy(*arguments), reference(*arguments)
-            pairs = zip(
-                *(x if isinstance(x, tuple) else (x,) for x in (outputs, expected)), strict=True
-            )
-            _fitting[owner] = all(
-                a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs
-            )
-        if not _fitting[owner]:
-            raise NoNumpyForm("a copy of the actor gives other actions than the torch policy")
-    except Exception as exc:  # whatever the edit broke: the torch policy is always right
-        notice(f"the rollout calls the torch policy at every step (no NumPy copy: {exc})")
-        return None
-    return copy
-
-
-_fitting: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
-"""`fitting_copy`'s verdict for each network it has tried."""
 
 
 def check_same_actions(
@@ -300,11 +188,11 @@ def check_same_actions(
     if wrong.any():
         first = int(wrong.nonzero()[0, 0])
         advice = (
-            "the NumPy copy follows the actor's layers only; after editing how their output becomes a distribution "
-            "or a sample, run with --no-numpy-rollout"
+            "the NumPy copy, recorded from the policy and checked on the rollout's first step, acted otherwise "
+            "later: does the policy branch on a value, or keep state between calls? run with --no-numpy-rollout"
             if numpy_copy
-            else "the torch policy gave other actions for the same input: is it random (dropout) or does it depend "
-            "on the batch (batch norm)?"
+            else "the torch policy gave other actions for the same input and noise, in eval mode: does it draw at "
+            "random even there (noise not tied to module.training, as dropout's is)?"
         )
         raise PolicyMismatch(
             f"the rollout acted with another policy than Agent.distribution and Agent.sample: {int(wrong.sum())} of "
@@ -351,3 +239,715 @@ def check_draws(
             f"the rollout's actions are not draws from Agent.distribution ({z.abs().max().item():.1f} standard "
             f"errors off): Agent.sample with Agent.sampling_noise must draw from it"
         )
+
+
+def acts_otherwise_in_training(network: nn.Module, forward: Callable[[nn.Module], Any]) -> bool:
+    """Whether `forward(net)`, a call of `network`'s policy, gives other outputs in train mode than
+    in eval mode (dropout, batch norm, noisy layers: the user's choice). Tried on a copy, with
+    torch's random state kept, so that the run's draws and statistics are untouched; where it does,
+    one notice says what it means for the update. The scripts act and check in eval mode and
+    update in train mode."""
+    copy = copy_module.deepcopy(network)
+    device = next(network.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        acting = _tensors(forward(copy.eval()))
+        training = _tensors(forward(copy.train()))
+    differs = any(
+        a.shape != b.shape or not torch.equal(a, b) for a, b in zip(acting, training, strict=True)
+    )
+    if differs:
+        notice(
+            "the network computes otherwise in train mode (dropout, batch norm, noise): the rollout acts in eval mode "
+            "and the update trains in train mode, so the first update's ratios are not exactly 1"
+        )
+    return differs
+
+
+def _tensors(outputs: Any) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
+
+
+# A NumPy copy of any policy function, recorded from one run of it.
+
+
+class _Slot:
+    """A value of the recorded program: an input, or a tensor a recorded call returned."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _fn(name: str):
+    """Register a NumPy form of torch's function or tensor method `name`, with torch's signature."""
+
+    def register(function):
+        FUNCTIONS[name] = function
+        return function
+
+    return register
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {}
+"""NumPy forms of torch's functions and tensor methods, by name, with torch's arguments."""
+
+
+def _identity(x: Any, *args: Any, **kwargs: Any) -> Any:
+    return x
+
+
+_ALIASES = {
+    "add": np.add, "__add__": np.add, "__radd__": lambda x, y: y + x, "sub": np.subtract,
+    "__sub__": np.subtract, "__rsub__": lambda x, y: y - x, "mul": np.multiply,
+    "__mul__": np.multiply, "__rmul__": lambda x, y: y * x, "div": np.divide,
+    "__truediv__": np.divide, "__rtruediv__": lambda x, y: y / x, "__matmul__": np.matmul,
+    "matmul": np.matmul, "__pow__": np.power, "pow": np.power, "__neg__": np.negative,
+    "neg": np.negative, "__invert__": np.invert, "logical_not": np.logical_not,
+    "__and__": np.bitwise_and, "__or__": np.bitwise_or, "__xor__": np.bitwise_xor,
+    "logical_and": np.logical_and, "logical_or": np.logical_or, "abs": np.abs, "__abs__": np.abs,
+    "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
+    "square": np.square, "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "maximum": np.maximum,
+    "minimum": np.minimum, "eq": np.equal, "__eq__": np.equal, "ne": np.not_equal,
+    "__ne__": np.not_equal, "lt": np.less, "__lt__": np.less, "le": np.less_equal,
+    "__le__": np.less_equal, "gt": np.greater, "__gt__": np.greater, "ge": np.greater_equal,
+    "__ge__": np.greater_equal, "where": np.where, "__getitem__": lambda x, index: x[index],
+    "contiguous": _identity, "clone": _identity, "detach": _identity,
+    "float": lambda x, memory_format=None: x.astype(np.float32, copy=False),
+    "bool": lambda x, memory_format=None: x.astype(bool, copy=False),
+    "long": lambda x, memory_format=None: x.astype(np.int64, copy=False),
+    "type_as": lambda x, other: x.astype(other.dtype, copy=False),
+    "unsqueeze": np.expand_dims, "transpose": np.swapaxes, "t": np.transpose,
+    "T": lambda x: x.T, "mT": lambda x: np.swapaxes(x, -1, -2), "data": _identity,
+}  # fmt: skip
+FUNCTIONS.update(_ALIASES)
+
+
+def _dim(dim: Any) -> Any:
+    return tuple(dim) if isinstance(dim, list) else dim
+
+
+def _reduction(function: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    def reduce(x, dim=None, keepdim=False, *, dtype=None):
+        return function(x, axis=_dim(dim), keepdims=keepdim)
+
+    return reduce
+
+
+FUNCTIONS.update(
+    sum=_reduction(np.sum), mean=_reduction(np.mean), amax=_reduction(np.amax),
+    amin=_reduction(np.amin), prod=_reduction(np.prod),
+)  # fmt: skip
+
+
+@_fn("relu")
+def _relu(x, inplace=False):
+    return np.maximum(x, x.dtype.type(0))
+
+
+@_fn("sigmoid")
+def _sigmoid(x):
+    return x.dtype.type(1) / (x.dtype.type(1) + np.exp(-x))
+
+
+@_fn("silu")
+def _silu(x, inplace=False):
+    return x * _sigmoid(x)
+
+
+@_fn("leaky_relu")
+def _leaky_relu_function(x, negative_slope=0.01, inplace=False):
+    return np.where(x >= 0, x, x * x.dtype.type(negative_slope))
+
+
+@_fn("elu")
+def _elu_function(x, alpha=1.0, inplace=False):
+    return np.where(x > 0, x, x.dtype.type(alpha) * np.expm1(x))
+
+
+@_fn("gelu")
+def _gelu(x, approximate="none"):
+    if approximate == "tanh":
+        inner = np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x**3)
+        return np.float32(0.5) * x * (1 + np.tanh(inner))
+    from scipy.special import erf  # an optional dependency: without it, GELU acts in torch
+
+    return (np.float32(0.5) * x * (1 + erf(x / np.float32(math.sqrt(2))))).astype(x.dtype)
+
+
+@_fn("softplus")
+def _softplus(x, beta=1.0, threshold=20.0):
+    scaled = x * x.dtype.type(beta)
+    return np.where(scaled > threshold, x, np.log1p(np.exp(scaled)) / x.dtype.type(beta))
+
+
+@_fn("clamp")
+@_fn("clip")
+def _clamp(x, min=None, max=None):
+    return np.clip(x, min, max)
+
+
+@_fn("linear")
+def _linear_function(x, weight, bias=None):
+    return x @ weight.T + bias if bias is not None else x @ weight.T
+
+
+@_fn("layer_norm")
+def _layer_norm_function(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    axes = tuple(range(-len(normalized_shape), 0))
+    centred = x - x.mean(axes, keepdims=True)
+    y = centred / np.sqrt((centred * centred).mean(axes, keepdims=True) + x.dtype.type(eps))
+    return y * (1 if weight is None else weight) + (0 if bias is None else bias)
+
+
+@_fn("softmax")
+def _softmax(x, dim=None, _stacklevel=3, dtype=None):
+    e = np.exp(x - x.max(dim, keepdims=True))
+    return e / e.sum(dim, keepdims=True)
+
+
+@_fn("log_softmax")
+def _log_softmax(x, dim=None, _stacklevel=3, dtype=None):
+    return x - _logsumexp(x, dim, keepdim=True)
+
+
+@_fn("logsumexp")
+def _logsumexp(x, dim, keepdim=False):
+    return np.logaddexp.reduce(
+        x, axis=tuple(dim) if isinstance(dim, list) else dim, keepdims=keepdim
+    )
+
+
+@_fn("dropout")
+def _dropout(x, p=0.5, training=True, inplace=False):
+    if training:
+        raise NoNumpyForm("dropout in train mode draws at random")
+    return x
+
+
+_IDENTITIES = {_identity, _dropout, np.broadcast_to}
+"""Forms that give their input back: the copy leaves them out"""
+
+
+@_fn("argmax")
+def _argmax(x, dim=None, keepdim=False):
+    return x.argmax(dim, keepdims=True) if keepdim else x.argmax(dim)
+
+
+def _extreme(reduce: Callable, arg: Callable) -> Callable:
+    def extreme(x, dim=None, keepdim=False):
+        if isinstance(dim, np.ndarray):  # torch.max(a, b): elementwise
+            return np.maximum(x, dim) if reduce is np.amax else np.minimum(x, dim)
+        if dim is None:
+            return reduce(x)
+        return reduce(x, dim, keepdims=keepdim), arg(x, dim, keepdims=keepdim)
+
+    return extreme
+
+
+FUNCTIONS.update(max=_extreme(np.amax, np.argmax), min=_extreme(np.amin, np.argmin))
+
+
+def _shape(shape: tuple) -> tuple:
+    return tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+
+
+@_fn("reshape")
+@_fn("view")
+def _reshape(x, *shape):
+    return x.reshape(_shape(shape))
+
+
+@_fn("expand")
+def _expand(x, *sizes):
+    sizes = _shape(sizes)
+    lead = len(sizes) - x.ndim
+    return np.broadcast_to(
+        x, tuple(s if s != -1 else x.shape[i - lead] for i, s in enumerate(sizes))
+    )
+
+
+@_fn("permute")
+def _permute(x, *dims):
+    return np.transpose(x, _shape(dims))
+
+
+@_fn("flatten")
+def _flatten(x, start_dim=0, end_dim=-1):
+    start, end = start_dim % max(x.ndim, 1), end_dim % max(x.ndim, 1)
+    return x.reshape(*x.shape[:start], -1, *x.shape[end + 1 :])
+
+
+@_fn("squeeze")
+def _squeeze(x, dim=None):
+    if dim is None:
+        return np.squeeze(x)
+    dims = tuple(d for d in np.atleast_1d(dim) if x.shape[d] == 1)
+    return np.squeeze(x, dims) if dims else x
+
+
+@_fn("chunk")
+def _chunk(x, chunks, dim=0):
+    size = -(-x.shape[dim] // chunks)
+    return tuple(np.split(x, range(size, x.shape[dim], size), axis=dim))
+
+
+@_fn("split")
+def _split(x, split_size_or_sections, dim=0):
+    if isinstance(split_size_or_sections, int):
+        bounds = range(split_size_or_sections, x.shape[dim], split_size_or_sections)
+    else:
+        bounds = np.cumsum(split_size_or_sections)[:-1]
+    return tuple(np.split(x, bounds, axis=dim))
+
+
+@_fn("cat")
+@_fn("concat")
+@_fn("concatenate")
+def _cat(tensors, dim=0):
+    return np.concatenate(tensors, axis=dim)
+
+
+@_fn("stack")
+def _stack(tensors, dim=0):
+    return np.stack(tensors, axis=dim)
+
+
+@_fn("to")
+def _to(x, *args, **kwargs):
+    dtypes = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.dtype)]
+    return x.astype(_NUMPY_DTYPES[dtypes[0]], copy=False) if dtypes else x
+
+
+_NUMPY_DTYPES = {
+    torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64,
+    torch.int32: np.int32, torch.bool: np.bool_, torch.uint8: np.uint8,
+}  # fmt: skip
+
+SHAPE_QUERIES = {
+    "size", "dim", "ndimension", "numel", "nelement", "__len__", "is_floating_point", "stride",
+    "is_contiguous", "element_size", "get_device", "__hash__", "shape", "dtype", "device", "ndim",
+    "is_cuda", "requires_grad", "layout", "is_sparse",
+}  # fmt: skip
+"""Calls whose answer is no tensor and depends on shapes only: the copy works at the recorded ones"""
+
+
+def _module_form(module: nn.Module) -> Callable[..., Any] | None:
+    """The NumPy form of a call of a known torch module, with its arguments; None where the module
+    is the user's own (followed into) or a container."""
+    kind = type(module)
+    if kind is nn.Identity or (
+        kind in (nn.Dropout, nn.Dropout1d, nn.AlphaDropout) and not module.training
+    ):
+        return _identity
+    if kind in LAYERS:
+        return LAYERS[kind](module)
+    if kind in _BATCH_NORMS:
+        return _batch_norm(module)
+    if kind is nn.Flatten:
+        return lambda x: _flatten(x, module.start_dim, module.end_dim)
+    if kind is nn.GELU:
+        return lambda x: _gelu(x, module.approximate)
+    if kind is nn.Softmax:
+        return lambda x: _softmax(x, module.dim)
+    if kind in (nn.LSTM, nn.GRU):
+        return numpy_cell(module)
+    if callable(getattr(module, "numpy_snapshot", None)):
+        return module.numpy_snapshot()
+    return None
+
+
+def _known(module: nn.Module) -> bool:
+    """Whether a call of `module` is recorded as one call (a layer the copy knows, or any module of
+    torch's own, which refuses to be copied if unknown) rather than followed into."""
+    return _has_form(module) or (
+        type(module).__module__.startswith("torch.nn.") and not _is_container(module)
+    )
+
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+def _batch_norm(layer: nn.Module) -> NumpyFunction:
+    """Batch norm as it acts in eval mode: by its running statistics."""
+    scale = _copy(layer.weight if layer.affine else torch.ones_like(layer.running_var))
+    scale /= np.sqrt(_copy(layer.running_var) + np.float32(layer.eps))
+    shift = (_copy(layer.bias) if layer.affine else np.float32(0)) - _copy(
+        layer.running_mean
+    ) * scale
+
+    def batch_norm(x: np.ndarray) -> np.ndarray:
+        channels = (-1,) + (1,) * (x.ndim - 2)  # axis 1
+        return x * scale.reshape(channels) + shift.reshape(channels)
+
+    return batch_norm
+
+
+def _has_form(module: nn.Module) -> bool:
+    kind = type(module)
+    return (
+        (kind in _BATCH_NORMS and not module.training and module.running_var is not None)
+        or kind in LAYERS
+        or kind in (nn.Flatten, nn.GELU, nn.Softmax, nn.LSTM, nn.GRU)
+        or (kind in (nn.Dropout, nn.Dropout1d, nn.AlphaDropout) and not module.training)
+        or callable(getattr(module, "numpy_snapshot", None))
+    )
+
+
+def _is_container(module: nn.Module) -> bool:
+    return type(module) in (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+class _Line(NamedTuple):
+    target: str
+    form: Any  # a NumPy function, a module (its form is made at each refresh), or None: an item
+    arguments: Any  # (args, kwargs) with slots, or (source, path) for an item of a result
+    where: str
+
+
+class _Recorder(torch.overrides.TorchFunctionMode):
+    """Records the calls a policy function makes on tensors that depend on its inputs or on the
+    network's weights: torch's functions and tensor methods, and whole calls of the modules the
+    copy knows."""
+
+    def __init__(self, network: nn.Module):
+        super().__init__()
+        self.slots: dict[int, str] = {}  # id of a tensor -> the program's name for it
+        self.alive: list[torch.Tensor] = []  # every tensor named, so that no id is reused
+        self.values: dict[str, torch.Tensor] = {}  # what torch computed, by name
+        self.lines: list[_Line] = []
+        self.constants: dict[str, Any] = {}
+        self.weights = {self.name(x, "w"): x for x in (*network.parameters(), *network.buffers())}
+        self.inside = 0  # how deep in a known module's call
+        self.busy = False
+        self.where = [type(network).__name__]
+        self.names = {module: name for name, module in network.named_modules()}
+        self.handles = []
+        for module in network.modules():
+            self.handles += [
+                module.register_forward_pre_hook(self._enter, with_kwargs=True),
+                module.register_forward_hook(self._leave, with_kwargs=True),
+            ]
+
+    def describe(self, module: nn.Module) -> str:
+        name = self.names.get(module)
+        return f"{type(module).__name__} at {name}" if name else type(module).__name__
+
+    def _enter(self, module, args, kwargs):
+        self.where.append(self.describe(module))
+        if self.inside or _known(module):
+            self.inside += 1
+
+    def _leave(self, module, args, kwargs, output):
+        self.where.pop()
+        if not (self.inside and (self.inside > 1 or _known(module))):
+            return
+        self.inside -= 1
+        if self.inside or not self._depends((args, kwargs)):
+            return
+        self.busy = True
+        if (
+            module._forward_hooks.keys() - {h.id for h in self.handles}
+            or len(module._forward_pre_hooks) > 1
+        ):
+            raise NoNumpyForm(f"{self.describe(module)} has forward hooks")
+        if not _has_form(module):
+            raise NoNumpyForm(f"no NumPy form for {self.describe(module)}")
+        self.where.append(self.describe(module))
+        self._line(module, args, kwargs, output)
+        self.where.pop()
+        self.busy = False
+
+    def _depends(self, value: Any) -> bool:
+        return any(
+            isinstance(x, torch.Tensor) and id(x) in self.slots for x in pytree.tree_leaves(value)
+        )
+
+    def name(self, tensor: torch.Tensor, kind: str = "v") -> str:
+        self.alive.append(tensor)
+        self.slots[id(tensor)] = name = f"{kind}{len(self.alive)}"
+        self.values[name] = tensor
+        return name
+
+    def _line(self, form: Any, args: Any, kwargs: Any, output: Any) -> None:
+        """A line of the program: `form` of `args` and `kwargs` gives `output`."""
+        where = self.where[-1]
+        if isinstance(output, torch.Tensor):
+            first = args[0] if args else None
+            if output is first:  # torch gave its input back (x.float() of floats): same name
+                return
+            same_elements = (
+                isinstance(first, torch.Tensor)
+                and id(first) in self.slots
+                and output.dtype == first.dtype
+                and output.numel() == first.numel()
+            )
+            if (
+                same_elements
+                and output.shape == first.shape
+                and (
+                    form in _IDENTITIES
+                    or (output.data_ptr() == first.data_ptr() and output.stride() == first.stride())
+                )
+            ):
+                self.alive.append(output)  # contiguous, clone, an identity: the same name
+                self.slots[id(output)] = self.slots[id(first)]
+                return
+            if (
+                same_elements
+                and output.data_ptr() == first.data_ptr()
+                and output.is_contiguous()
+                and first.is_contiguous()
+            ):  # a view that reshapes (flatten, view, squeeze): at the recorded shapes
+                args, kwargs, form = (first, tuple(output.shape)), {}, np.reshape
+            arguments = self.template((args, kwargs))
+            self.lines.append(_Line(self.name(output), form, arguments, where))
+            return
+        target = f"s{len(self.lines)}"
+        self.lines.append(_Line(target, form, self.template((args, kwargs)), where))
+        for path, leaf in _paths(output):
+            if isinstance(leaf, torch.Tensor):
+                self.lines.append(_Line(self.name(leaf), None, (target, path), where))
+
+    def template(self, value: Any) -> Any:
+        """`value` with each tensor as its slot: a name, or a NumPy constant (made of neither
+        inputs nor weights)."""
+        if isinstance(value, torch.Tensor):
+            if id(value) in self.slots:
+                return _Slot(self.slots[id(value)])
+            name = f"c{len(self.constants)}"
+            self.constants[name] = _numpy(value)
+            return _Slot(name)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self.template(x) for x in value)
+        if isinstance(value, dict):
+            return {key: self.template(x) for key, x in value.items()}
+        return value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        output = func(*args, **kwargs)
+        if self.busy or self.inside or not self._depends((args, kwargs)):
+            return output
+        self.busy = True  # the recorder's own calls on tensors are not the policy's
+        try:
+            self._record(func, args, kwargs, output)
+        finally:
+            self.busy = False
+        return output
+
+    def _record(self, func: Callable, args: tuple, kwargs: dict, output: Any) -> None:
+        name = getattr(func, "__name__", repr(func))
+        if name == "__get__":  # a property: x.shape, x.T
+            name = getattr(getattr(func, "__self__", None), "__name__", name)
+        if not any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(output)):
+            if name in SHAPE_QUERIES:
+                return
+            raise NoNumpyForm(f"{name}() reads a value of the network in {self.where[-1]}")
+        if name.endswith("_") and not name.endswith("__"):
+            raise NoNumpyForm(f"the in-place {name} in {self.where[-1]}")
+        if name in ("expand_as", "expand", "broadcast_to", "broadcast_tensors"):
+            # They read only shapes, fixed here: expanding a weight is done once per refresh.
+            for x, y in zip(
+                args if name == "broadcast_tensors" else args[:1], _tensors(output), strict=True
+            ):
+                if id(x) in self.slots:
+                    self._line(np.broadcast_to, (x, tuple(y.shape)), {}, y)
+            return
+        if name not in FUNCTIONS:
+            raise NoNumpyForm(f"no NumPy form for torch's {name} in {self.where[-1]}")
+        self._line(FUNCTIONS[name], args, kwargs, output)
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy copy: float32 for floating point (the copy computes in float32), else as it is."""
+    if tensor.is_floating_point():
+        return _copy(tensor)
+    return tensor.detach().cpu().numpy().copy()
+
+
+def _paths(value: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
+    if isinstance(value, (tuple, list)):
+        return [pair for i, x in enumerate(value) for pair in _paths(x, (*path, i))]
+    return [(path, value)]
+
+
+def _slots(value: Any) -> set[str]:
+    return {x.name for x in pytree.tree_leaves(value, is_leaf=_is_slot) if _is_slot(x)}
+
+
+def _is_slot(x: Any) -> bool:
+    return isinstance(x, _Slot)
+
+
+class NumpyCopy:
+    """A policy function recorded as NumPy code (`code`, for reading): arrays in, arrays out, at
+    the recorded shapes. The lines that read weights only run once per `refresh`; the others at
+    every call."""
+
+    def __init__(self, recorder: _Recorder, inputs: list[str], outputs: Any):
+        self.recorder, self.outputs = recorder, outputs
+        needed, kept = _slots(outputs), []
+        for line in reversed(recorder.lines):  # what the outputs need, nothing else
+            if line.target in needed:
+                kept.append(line)
+                needed |= {line.arguments[0]} if line.form is None else _slots(line.arguments)
+        kept.reverse()
+        self.weights = {name: x for name, x in recorder.weights.items() if name in needed}
+        per_call = set(inputs)
+        for line in kept:
+            read = {line.arguments[0]} if line.form is None else _slots(line.arguments)
+            if read & per_call:
+                per_call.add(line.target)
+        self.namespace: dict[str, Any] = {"np": np, **recorder.constants}
+        self.modules: dict[str, nn.Module] = {}
+        prologue = [self._source(line) for line in kept if line.target not in per_call]
+        body = [self._source(line) for line in kept if line.target in per_call]
+        computed = [line.target for line in kept if line.target not in per_call]
+        self.code = (
+            "def refresh():\n"
+            + "".join(f"    {line}\n" for line in prologue)
+            + f"    return {{{', '.join(f'{name!r}: {name}' for name in computed)}}}\n\n"
+            + f"def policy({', '.join(inputs)}):\n"
+            + "".join(f"    {line}\n" for line in body)
+            + f"    return {_source(outputs)}\n\n"
+            + f"def every_value({', '.join(inputs)}):\n"
+            + "".join(f"    {line}\n" for line in body)
+            + "    return locals()\n"
+        )
+        exec(compile(self.code, "<numpy copy>", "exec"), self.namespace)
+        self.policy = self.namespace["policy"]
+        self.policy.code = self.code  # for reading: print(act.code)
+
+    def _source(self, line: _Line) -> str:
+        if line.form is None:
+            source, path = line.arguments
+            return f"{line.target} = {source}" + "".join(f"[{i}]" for i in path)
+        function = f"f_{line.target}"
+        if isinstance(line.form, nn.Module):
+            self.modules[function] = line.form
+        else:
+            self.namespace[function] = line.form
+        args, kwargs = line.arguments
+        arguments = [_argument(x, self.namespace) for x in args]
+        arguments += [f"{key}={_argument(x, self.namespace)}" for key, x in kwargs.items()]
+        return f"{line.target} = {function}({', '.join(arguments)})"
+
+    def refresh(self) -> None:
+        """Take in the network's current weights."""
+        self.namespace.update({name: _numpy(x) for name, x in self.weights.items()})
+        self.namespace.update({name: _module_form(m) for name, m in self.modules.items()})
+        self.namespace.update(self.namespace["refresh"]())
+
+    def __call__(self, *inputs: np.ndarray) -> Any:
+        return self.policy(*inputs)
+
+    def first_difference(self, inputs: Sequence[np.ndarray], expected: Any) -> str | None:
+        """Where the copy's outputs on `inputs` differ from torch's `expected` ones: None if they
+        agree to 1e-4, else the first recorded line whose value differs (its module or call)."""
+        outputs = pytree.tree_leaves(self(*inputs))
+        if len(outputs) == len(expected) and all(
+            np.shape(a) == tuple(b.shape) and np.allclose(a, b.cpu().numpy(), rtol=1e-4, atol=1e-4)
+            for a, b in zip(outputs, expected, strict=True)
+        ):
+            return None
+        values = {**self.namespace, **self.namespace["every_value"](*inputs)}
+        for line in self.recorder.lines:
+            if line.target in values and line.target in self.recorder.values:
+                torch_value = self.recorder.values[line.target].cpu().numpy()
+                numpy_value = values[line.target]
+                if np.shape(numpy_value) != torch_value.shape or not np.allclose(
+                    numpy_value, torch_value, rtol=1e-4, atol=1e-4
+                ):
+                    return line.where
+        return "the policy's outputs"
+
+
+def _argument(value: Any, namespace: dict[str, Any]) -> str:
+    """Source for an argument: names for slots; constants of other kinds go in `namespace`."""
+    if isinstance(value, (_Slot, int, float, bool, str, type(None))):
+        return _source(value)
+    if isinstance(value, (tuple, list)):
+        parts = [_argument(x, namespace) for x in value]
+        if isinstance(value, list):
+            return "[" + ", ".join(parts) + "]"
+        return "(" + "".join(f"{p}, " for p in parts) + ")"
+    name = f"k{len(namespace)}"
+    namespace[name] = value
+    return name
+
+
+def _source(value: Any) -> str:
+    if isinstance(value, _Slot):
+        return value.name
+    if isinstance(value, tuple):
+        return "(" + "".join(f"{_source(x)}, " for x in value) + ")"
+    if isinstance(value, list):
+        return "[" + ", ".join(_source(x) for x in value) + "]"
+    return repr(value)
+
+
+def record_numpy_copy(
+    policy: Callable[..., Any], inputs: Sequence[np.ndarray], network: nn.Module
+) -> NumpyCopy:
+    """`policy` (tensors on `network`'s device in and out; it calls `network`) as NumPy code,
+    recorded from one call on `inputs` and checked there: its outputs must equal torch's to 1e-4.
+    Raises NoNumpyForm naming what it cannot follow: a module or function it has no NumPy form
+    for, a branch on a value, a random draw."""
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        raise NoNumpyForm("global forward hooks are registered")
+    recorder = _Recorder(network)
+    tensors = _as_tensors(inputs, network)
+    names = [recorder.name(x) for x in tensors]
+    try:
+        with torch.no_grad(), recorder:
+            expected = policy(*tensors)
+    finally:
+        recorder.close()
+    copy = NumpyCopy(recorder, names, recorder.template(expected))
+    copy.refresh()
+    where = copy.first_difference(inputs, _tensors(expected))
+    if where is not None:
+        raise NoNumpyForm(f"its NumPy form computes otherwise than torch in {where}")
+    return copy
+
+
+def _as_tensors(inputs: Sequence[np.ndarray], network: nn.Module) -> list[torch.Tensor]:
+    device = next(network.parameters()).device
+    return [torch.as_tensor(x, device=device) for x in inputs]
+
+
+def numpy_copy(
+    policy: Callable[..., Any], inputs: Sequence[np.ndarray], network: nn.Module
+) -> Callable[..., Any] | None:
+    """A NumPy copy of `policy` (see `record_numpy_copy`), as a function (its source in `.code`), at
+    `network`'s current weights, checked against torch on `inputs` (a rollout's first ones);
+    recorded once per network and policy, and recorded again if the check fails. None, with one
+    notice, where the copy cannot follow the policy: the caller then acts with torch."""
+    copies = _copies.setdefault(network, {})
+    key = getattr(policy, "__code__", type(policy))  # a new closure each rollout: its code
+    if key in copies and copies[key] is None:
+        return None
+    copy = copies.get(key)
+    try:
+        if copy is not None:
+            copy.refresh()
+            with torch.no_grad():
+                expected = _tensors(policy(*_as_tensors(inputs, network)))
+            if copy.first_difference(inputs, expected) is None:
+                return copy.policy
+        copies[key] = copy = record_numpy_copy(policy, inputs, network)
+    except Exception as exc:  # whatever an edit did: the torch policy is always right
+        copies[key] = None
+        reason = str(exc) if isinstance(exc, NoNumpyForm) else f"{type(exc).__name__}: {exc}"
+        notice(f"the rollout acts with the torch policy at every step (no NumPy copy: {reason})")
+        return None
+    return copy.policy
+
+
+_copies: weakref.WeakKeyDictionary[nn.Module, dict[Any, NumpyCopy | None]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each network's copies, by the code of their policy function"""

@@ -1,4 +1,4 @@
-"""common/: the command line, checkpoints, seeding, run folders, Ctrl-C handling and NumPy snapshots."""
+"""common/: the command line, checkpoints, seeding, run folders, Ctrl-C handling, the draws check."""
 
 import os
 import signal
@@ -13,7 +13,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 
 from common import checkpoints, env_state, seeding, tracking
 from common.cli import check_ranges, notice, one_line, parse_args
@@ -22,15 +21,7 @@ from common.errors import PolicyMismatch, UsageError
 from common.interrupt import sigint_ignored_by_new_processes
 from common.run_folder import create_run_folder
 from common.running_norm import RunningNorm
-from common.stand_in import (
-    LAYERS,
-    NoNumpyForm,
-    check_draws,
-    fitting_copy,
-    numpy_cell,
-    numpy_snapshot,
-    trial_inputs,
-)
+from common.stand_in import check_draws
 from common.tracking import TrainingLog, explained_variance
 from common.trajectories import RolloutRecorder, load_trajectories, new_recording_folder
 
@@ -279,94 +270,6 @@ def test_async_env_workers_survive_a_ctrl_c_of_the_whole_process_group(tmp_path)
 # --- NumPy snapshots -----------------------------------------------------------------------------------------------
 
 
-def test_every_known_layer_has_a_numpy_form_equal_to_torch():
-    torch.manual_seed(0)
-    layers = {
-        nn.Linear: nn.Linear(6, 6),
-        nn.LayerNorm: nn.LayerNorm(6),
-        nn.Tanh: nn.Tanh(),
-        nn.ReLU: nn.ReLU(),
-        nn.LeakyReLU: nn.LeakyReLU(0.1),
-        nn.ELU: nn.ELU(0.5),
-        nn.Sigmoid: nn.Sigmoid(),
-        nn.SiLU: nn.SiLU(),
-        nn.Identity: nn.Identity(),
-    }
-    assert set(layers) == set(LAYERS)
-    with torch.no_grad():
-        layers[nn.LayerNorm].weight.normal_()
-        layers[nn.LayerNorm].bias.normal_()
-    x = torch.randn(64, 6) * 3
-    for layer in layers.values():
-        with torch.no_grad():
-            expected = layer(x).numpy()
-        np.testing.assert_allclose(numpy_snapshot(layer)(x.numpy()), expected, rtol=1e-5, atol=1e-5)
-    network = nn.Sequential(
-        nn.Linear(6, 8), nn.Tanh(), nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 2))
-    )
-    with torch.no_grad():
-        expected = network(x).numpy()
-    snapshot = numpy_snapshot(network)
-    np.testing.assert_allclose(snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5)
-    with torch.no_grad():
-        network[0].weight.zero_()
-    # a copy, not a view
-    np.testing.assert_allclose(snapshot(x.numpy()), expected, rtol=1e-5, atol=1e-5)
-
-
-class ScaledLinear(nn.Linear):
-    def forward(self, x):
-        return 2 * super().forward(x)
-
-
-@pytest.mark.parametrize("cell_type", [nn.LSTM, nn.GRU])
-@pytest.mark.parametrize("layers, bias", [(1, True), (2, True), (2, False)])
-def test_the_numpy_form_of_a_cell_steps_as_torch_does(cell_type, layers, bias):
-    torch.manual_seed(0)
-    rnn = cell_type(5, 7, layers, bias=bias)
-    step = numpy_cell(rnn)
-    x = torch.randn(6, 3, 5)
-    state = torch.randn(layers, 3, 14 if cell_type is nn.LSTM else 7)
-    torch_state = tuple(state.chunk(2, -1)) if cell_type is nn.LSTM else state
-    numpy_state = state.numpy()
-    with torch.no_grad():
-        for t in range(len(x)):
-            output, torch_state = rnn(x[t : t + 1], torch_state)
-            numpy_output, numpy_state = step(x[t].numpy(), numpy_state)
-            flat = torch.cat(torch_state, -1) if cell_type is nn.LSTM else torch_state
-            np.testing.assert_allclose(numpy_output, output[0].numpy(), rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(numpy_state, flat.numpy(), rtol=1e-5, atol=1e-5)
-    for unusual in (dict(bidirectional=True), dict(batch_first=True), dict(proj_size=3)):
-        if cell_type is nn.GRU and "proj_size" in unusual:
-            continue
-        with pytest.raises(NoNumpyForm):
-            numpy_cell(cell_type(5, 7, **unusual))
-    hooked = cell_type(5, 7)
-    hooked.register_forward_hook(lambda module, inputs, output: output)
-    with pytest.raises(NoNumpyForm, match=cell_type.__name__):
-        numpy_cell(hooked)
-
-
-def test_what_a_snapshot_cannot_copy_is_refused():
-    with pytest.raises(NoNumpyForm, match="ScaledLinear"):
-        # a subclass may compute anything
-        numpy_snapshot(nn.Sequential(nn.Linear(2, 2), ScaledLinear(2, 2)))
-    hooked = nn.Linear(2, 2)
-    hooked.register_forward_hook(lambda module, inputs, output: 2 * output)
-    with pytest.raises(NoNumpyForm, match="hooks"):
-        numpy_snapshot(nn.Sequential(hooked))
-    with pytest.raises(NoNumpyForm, match="hooks"):
-        numpy_snapshot(nn.utils.spectral_norm(nn.Linear(2, 2)))
-    with pytest.raises(NoNumpyForm, match="GELU"):
-        numpy_snapshot(nn.GELU())
-    handle = nn.modules.module.register_module_forward_hook(lambda module, inputs, output: output)
-    try:
-        with pytest.raises(NoNumpyForm, match="global"):
-            numpy_snapshot(nn.Linear(2, 2))
-    finally:
-        handle.remove()
-
-
 def test_draws_of_the_policy_pass_and_other_draws_do_not():
     generator = torch.Generator().manual_seed(0)
     # some actions all but impossible
@@ -383,44 +286,6 @@ def test_draws_of_the_policy_pass_and_other_draws_do_not():
     check_draws(mean + std * torch.randn(512, 2, generator=generator), mean=mean, std=std)
     with pytest.raises(PolicyMismatch, match="not draws"):
         check_draws(mean + 0.5 * std * torch.randn(512, 2, generator=generator), mean=mean, std=std)
-
-
-def test_a_copy_that_does_not_act_like_the_reference_is_not_used(capsys):
-    def reference(obs, noise):
-        return obs.sum(-1, keepdims=True) + noise
-
-    networks = [nn.Linear(1, 1) for _ in range(4)]  # what the verdicts are kept for
-    trial = lambda: trial_inputs(np.ones((3, 2), np.float32), 1)  # noqa: E731
-    assert fitting_copy(lambda: reference, reference, trial, networks[0]) is reference
-    assert (
-        fitting_copy(
-            lambda: lambda obs, noise: 2 * reference(obs, noise), reference, trial, networks[1]
-        )
-        is None
-    )
-    assert (
-        fitting_copy(
-            lambda: lambda obs, noise: obs @ np.ones((5, 1)), reference, trial, networks[2]
-        )
-        is None
-    )
-
-    def with_state(obs, noise):  # a recurrent step: actions and the state after it, all compared
-        return reference(obs, noise), obs * 2
-
-    wrong_state = lambda: lambda obs, noise: (reference(obs, noise), obs * 3)  # noqa: E731
-    assert fitting_copy(wrong_state, with_state, trial, networks[3]) is None
-    assert (
-        capsys.readouterr().err.count("notice: the rollout calls the torch policy at every step")
-        == 2
-    )  # once each
-    # Tried once per network: the same network keeps its verdict.
-    assert (
-        fitting_copy(
-            lambda: lambda obs, noise: 2 * reference(obs, noise), reference, trial, networks[0]
-        )
-        is not None
-    )
 
 
 def test_rare_draws_of_a_nearly_deterministic_policy_are_no_alarm():

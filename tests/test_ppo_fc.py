@@ -76,7 +76,7 @@ def test_integer_observations_keep_the_numpy_copy_and_their_dtype_in_the_recordi
             tmp_path, env_id="Taxi-v4", total_timesteps=1024, save_trajectories=str(tmp_path / "r")
         )
     )
-    assert "the rollout calls the torch policy" not in capsys.readouterr().err
+    assert "the rollout acts with the torch policy" not in capsys.readouterr().err
     # as the env gives them, not float32
     observations = load_trajectories(tmp_path / "r")["/observations"]
     assert observations.dtype == np.int64 and set(np.unique(observations)) == {0, 1}
@@ -163,32 +163,30 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     torch.manual_seed(0)
     agent = sharp_agent(ppo_fc.Agent)(vectors(4), action_space, 16, norm_obs=True)
     agent.obs_norm.update(torch.randn(100, 4) * 3 + 1)
-    observations = (torch.randn(256, 4) * 3 + 1).numpy()
-    noise = agent.sampling_noise((256,)).numpy()
-    numpy_policy, numpy_copy = ppo_fc.rollout_policy(agent, True, observations[:4])
-    torch_policy, torch_copy = ppo_fc.rollout_policy(agent, False, observations[:4])
+    observations = (torch.randn(64, 4, 4) * 3 + 1).numpy()  # 64 steps of 4 envs
+    noise = agent.sampling_noise((64, 4)).numpy()
+    numpy_policy, numpy_copy = ppo_fc.rollout_policy(agent, True, observations[0], noise[0])
+    torch_policy, torch_copy = ppo_fc.rollout_policy(agent, False, observations[0], noise[0])
     assert numpy_copy and not torch_copy
-    actions = numpy_policy(observations, noise)
+    actions = np.stack([numpy_policy(x, n) for x, n in zip(observations, noise, strict=True)])
+    torch_actions = np.stack([torch_policy(x, n) for x, n in zip(observations, noise, strict=True)])
     with torch.no_grad():
-        actor_outs = agent(torch.as_tensor(observations))[0]
+        flat = torch.as_tensor(observations).flatten(0, 1)
+        actor_outs = agent(flat)[0]
         log_probs = ppo_fc.check_policy(
-            actor_outs, *map(torch.as_tensor, (noise, actions)), agent, True
+            actor_outs, *(torch.as_tensor(x).flatten(0, 1) for x in (noise, actions)), agent, True
         )
-        expected = agent.distribution(agent(torch.as_tensor(observations))[0]).log_prob(
-            torch.as_tensor(actions)
-        )
+        expected = agent.distribution(actor_outs).log_prob(torch.as_tensor(actions).flatten(0, 1))
     torch.testing.assert_close(log_probs, expected if agent.discrete else expected.sum(-1))
     if agent.discrete:
-        assert (actions == torch_policy(observations, noise)).mean() > 0.99 and len(
-            np.unique(actions)
-        ) > 2
+        assert (actions == torch_actions).mean() > 0.99 and len(np.unique(actions)) > 2
     else:
-        np.testing.assert_allclose(actions, torch_policy(observations, noise), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(actions, torch_actions, rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         for parameter in agent.parameters():
             parameter.zero_()
-    # later updates do not reach it
-    np.testing.assert_array_equal(numpy_policy(observations, noise), actions)
+    # later updates do not reach it until the next rollout's copy
+    np.testing.assert_array_equal(numpy_policy(observations[0], noise[0]), actions[0])
 
 
 def test_the_check_stops_actions_that_are_not_the_definitions():
@@ -201,7 +199,7 @@ def test_the_check_stops_actions_that_are_not_the_definitions():
         actions = agent.sample(agent.distribution(actor_outs), noise)
         ppo_fc.check_policy(actor_outs, noise, actions, agent, True)
         colder = torch.argmax(agent.distribution(actor_outs).logits * 2 + noise, -1)
-        with pytest.raises(PolicyMismatch, match=r"actions differ.*--no-numpy-rollout"):
+        with pytest.raises(PolicyMismatch, match=r"actions differ.*NumPy copy.*--no-numpy-rollout"):
             ppo_fc.check_policy(actor_outs, noise, colder, agent, True)
         with pytest.raises(PolicyMismatch, match=r"actions differ.*dropout"):
             ppo_fc.check_policy(actor_outs, noise, colder, agent, False)
@@ -317,7 +315,7 @@ NETWORK_EDITS = {
         "def layer_init(",
         "class ScaledLinear(nn.Linear):\n    def forward(self, x):\n        return 2 * super().forward(x)\n\n\n"
         "def layer_init(",
-        "torch",
+        "numpy",  # followed into: its forward's F.linear and product are recorded
     ),
     "scaled_linear_hook": (
         "    nn.init.orthogonal_(layer.weight, std)",
@@ -329,7 +327,7 @@ NETWORK_EDITS = {
     "colder_distribution": (
         "Categorical(logits=actor_out,",
         "Categorical(logits=2 * actor_out,",
-        "torch",
+        "numpy",
     ),
     "less_exploration_noise": (
         "return noise.exponential_().log_().neg_()",
@@ -339,12 +337,18 @@ NETWORK_EDITS = {
     "trunk_before_the_actor": (
         "return self.actor(hidden),",
         "return self.actor(self.trunk(hidden)),",
-        "torch",
+        "numpy",
     ),
     "activation_in_the_actor_output": (
         "return self.actor(hidden),",
         "return torch.tanh(self.actor(hidden)),",
-        "torch",
+        "numpy",
+    ),
+    "batch_norm_in_the_actor": (
+        "                nn.Tanh(),\n                layer_init(nn.Linear(hidden_size, self.action_size)",
+        "                nn.BatchNorm1d(hidden_size),\n                nn.Tanh(),\n"
+        "                layer_init(nn.Linear(hidden_size, self.action_size)",
+        "numpy",  # in eval mode, by its running statistics
     ),
 }
 
@@ -384,7 +388,7 @@ def test_an_edited_copy_acts_with_its_own_policy_or_stops(tmp_path, monkeypatch,
             copy.train(args)
         return
     copy.train(args)
-    falls_back = "the rollout calls the torch policy at every step" in capsys.readouterr().err
+    falls_back = "the rollout acts with the torch policy at every step" in capsys.readouterr().err
     assert falls_back == (outcome == "torch")
     action_frequencies_match_recorded_log_probs(load_trajectories(path))
 

@@ -144,8 +144,10 @@ def test_one_step_at_a_time_equals_the_sequence_pass_and_the_numpy_copy_equals_b
     obs = rng.normal(size=(num_steps, num_envs, 4)).astype(np.float32)
     starts = rng.random((num_steps, num_envs)) < 0.15
     noise = agent.sampling_noise((num_steps, num_envs)).numpy()
-    numpy_step = ppo_lstm.numpy_policy_step(agent)
     initial = rng.normal(size=agent.initial_state(num_envs).shape).astype(np.float32)
+    first_step = (obs[0], initial, starts[0], noise[0])
+    numpy_step, numpy_copy = ppo_lstm.rollout_policy(agent, True, *first_step)
+    assert numpy_copy
     torch_state, numpy_state, stepped = torch.as_tensor(initial), initial, []
     with torch.no_grad():
         for t in range(num_steps):
@@ -224,7 +226,7 @@ def test_integer_observations_reach_the_agent_as_float32(tmp_path, monkeypatch, 
     )
     assert 200 in result.episode_lengths  # Taxi-v4 truncates at 200 steps: the bootstrap ran
     assert seen == {torch.float32}
-    assert "the rollout calls the torch policy" not in capsys.readouterr().err
+    assert "the rollout acts with the torch policy" not in capsys.readouterr().err
 
 
 def test_replay_tolerance_follows_the_outputs_scale():
@@ -291,14 +293,14 @@ def test_a_replay_that_ignores_episode_starts_is_stopped(tmp_path, monkeypatch):
 def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(
     tmp_path, monkeypatch
 ):
-    numpy_policy_step = ppo_lstm.numpy_policy_step
+    numpy_copy = ppo_lstm.stand_in.numpy_copy
 
-    # passes the trial before acting (it starts no episode), then acts wrongly
-    def forgetful_copy(agent):
-        step = numpy_policy_step(agent)
+    # passes the check before acting (its first step starts every episode from zeros), then acts wrongly
+    def forgetful_copy(*args):
+        step = numpy_copy(*args)
         return lambda obs, state, starts, noise: step(obs, state, np.zeros_like(starts), noise)
 
-    monkeypatch.setattr(ppo_lstm, "numpy_policy_step", forgetful_copy)
+    monkeypatch.setattr(ppo_lstm.stand_in, "numpy_copy", forgetful_copy)
     monkeypatch.setattr(ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=2))
     with pytest.raises(PolicyMismatch, match="--no-numpy-rollout"):
         ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256))
@@ -309,25 +311,33 @@ def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(
 
 
 def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypatch, capsys):
-    numpy_policy_step = ppo_lstm.numpy_policy_step
+    numpy_cell, build_agent, agents = ppo_lstm.stand_in.numpy_cell, ppo_lstm.build_agent, []
 
-    # acts right; the critic core's half of the state it carries is not the cell's
-    def wrong_critic_copy(agent):
-        step = numpy_policy_step(agent)
+    # the NumPy form of the critic core's cell carries another state than the cell's
+    def wrong_cell(rnn):
+        step = numpy_cell(rnn)
+        if rnn is not agents[0].critic_core.rnn:
+            return step
 
-        def wrong_step(obs, state, starts, noise):
-            actions, next_state = step(obs, state, starts, noise)
-            next_state[..., agent.core.state_size :] *= 0.5
-            return actions, next_state
+        def wrong_step(x, state):
+            output, (hidden, cell) = step(x, state)
+            return output, (hidden, cell * 0.5)
 
         return wrong_step
 
-    monkeypatch.setattr(ppo_lstm, "numpy_policy_step", wrong_critic_copy)
+    def recording_build_agent(*args, **kwargs):
+        agents.append(build_agent(*args, **kwargs))
+        return agents[-1]
+
+    monkeypatch.setattr(ppo_lstm.stand_in, "numpy_cell", wrong_cell)
+    monkeypatch.setattr(ppo_lstm, "build_agent", recording_build_agent)
     result = ppo_lstm.train(
         quick_args(tmp_path, num_steps=64, total_timesteps=256, shared_core=False)
     )
     assert result.global_step == 256
-    assert "the rollout calls the torch policy at every step" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the rollout acts with the torch policy at every step" in err
+    assert "LSTM at critic_core.rnn" in err
 
 
 def test_an_edited_policy_acts_through_torch_and_is_scored_as_it_acts(
@@ -335,8 +345,8 @@ def test_an_edited_policy_acts_through_torch_and_is_scored_as_it_acts(
 ):
     distribution = ppo_lstm.Agent.distribution
 
-    def sharper(self, actor_out):  # an edit the NumPy copy does not follow
-        return distribution(self, actor_out * 5)
+    def sharper(self, actor_out):  # an edit the NumPy copy does not follow: no NumPy form of asinh
+        return distribution(self, torch.asinh(actor_out) * 5)
 
     monkeypatch.setattr(ppo_lstm.Agent, "distribution", sharper)
     monkeypatch.setattr(ppo_lstm, "Agent", sharp_agent(ppo_lstm.Agent, seed=2))
@@ -347,7 +357,7 @@ def test_an_edited_policy_acts_through_torch_and_is_scored_as_it_acts(
     args.learning_rate, args.norm_obs = 1e-30, False
     result = ppo_lstm.train(args)
     assert result.global_step == 256
-    assert "the rollout calls the torch policy at every step" in capsys.readouterr().err
+    assert "the rollout acts with the torch policy at every step" in capsys.readouterr().err
     data = load_trajectories(path)
     obs, states = (
         torch.as_tensor(data[key]).flatten(0, 1)

@@ -1,0 +1,326 @@
+"""Copy and modify: ordinary edits a researcher makes to a copy of a script, applied to fresh copies, each trained on a
+probe whose answer the edit does not change. Each copy must reach the probe's target, with at most one notice: no
+error, no traceback, never another policy than the one that acted. Where the NumPy copy of the policy can follow the
+edit it must (`numpy`), and where it cannot the run says so once and acts with torch (`torch`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import visit_states
+
+REPO = Path(__file__).resolve().parents[1]
+FALLBACK = "the rollout acts with the torch policy at every step"
+TRAINS_OTHERWISE = "the network computes otherwise in train mode"
+
+
+@dataclass(frozen=True)
+class Edit:
+    script: str
+    replacements: tuple[tuple[str, str], ...]
+    """(text in the script, what it becomes), each applied to every occurrence"""
+    rollout: str | None = "numpy"
+    """how the copy acts: through the NumPy copy (numpy), the torch policy (torch), or None (no NumPy copy)"""
+    notice: str | None = None
+    """the one notice line the run prints, if any"""
+
+
+MLP_ACTOR = """            self.actor = nn.Sequential(  # logits (discrete) or the Gaussian mean (continuous)
+                layer_init(nn.Linear(observation_size, hidden_size)),
+                nn.Tanh(),
+                layer_init(nn.Linear(hidden_size, hidden_size)),
+                nn.Tanh(),
+                layer_init(nn.Linear(hidden_size, self.action_size), std=0.01),
+            )"""
+MLP_CRITIC = """            self.critic = nn.Sequential(
+                layer_init(nn.Linear(observation_size, hidden_size)),
+                nn.Tanh(),
+                layer_init(nn.Linear(hidden_size, hidden_size)),
+                nn.Tanh(),
+                layer_init(nn.Linear(hidden_size, 1), std=1.0),
+            )"""
+FC_HIDDEN = "            hidden = self.obs_norm(self.normalised_part(x))"
+FC_RETURN = "        return self.actor(hidden), self.critic(hidden).squeeze(-1)"
+
+EDITS = {
+    # ppo_fc: the MLP's activations, width, norms, torso and heads, its loss
+    "fc_relu_and_wider": Edit(
+        "ppo_fc",
+        (("nn.Tanh()", "nn.ReLU()"), ("hidden_size: int = 64", "hidden_size: int = 256")),
+    ),
+    "fc_layer_norm": Edit(
+        "ppo_fc",
+        (
+            (
+                "                nn.Tanh(),\n",
+                "                nn.LayerNorm(hidden_size),\n                nn.Tanh(),\n",
+            ),
+        ),
+    ),
+    "fc_shared_torso_two_heads": Edit(
+        "ppo_fc",
+        (
+            (
+                MLP_CRITIC + "\n" + MLP_ACTOR,
+                "            self.torso = nn.Sequential(\n"
+                "                layer_init(nn.Linear(observation_size, hidden_size)), nn.Tanh(),\n"
+                "                layer_init(nn.Linear(hidden_size, hidden_size)), nn.Tanh(),\n"
+                "            )\n"
+                "            self.critic = layer_init(nn.Linear(hidden_size, 1), std=1.0)\n"
+                "            self.actor = layer_init(nn.Linear(hidden_size, self.action_size), std=0.01)",
+            ),
+            (FC_HIDDEN, "            hidden = self.torso(self.obs_norm(self.normalised_part(x)))"),
+        ),
+    ),
+    "fc_huber_value_loss": Edit(
+        "ppo_fc",
+        (
+            (
+                "v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()",
+                "v_loss = nn.functional.smooth_l1_loss(newvalue, b_returns[mb_inds])",
+            ),
+        ),
+    ),
+    "fc_extra_output_sliced_off": Edit(
+        "ppo_fc",
+        (
+            (
+                "layer_init(nn.Linear(hidden_size, self.action_size), std=0.01),",
+                "layer_init(nn.Linear(hidden_size, self.action_size + 2), std=0.01),",
+            ),
+            (
+                FC_RETURN,
+                "        return self.actor(hidden)[..., : self.action_size], self.critic(hidden).squeeze(-1)",
+            ),
+        ),
+    ),
+    "fc_dropout": Edit(
+        "ppo_fc",
+        (
+            (
+                "                nn.Tanh(),\n",
+                "                nn.Tanh(),\n                nn.Dropout(0.1),\n",
+            ),
+        ),
+        notice=TRAINS_OTHERWISE,
+    ),
+    "fc_batch_norm_in_the_actor": Edit(
+        "ppo_fc",
+        (
+            (
+                MLP_ACTOR,
+                MLP_ACTOR.replace(
+                    "                nn.Tanh(),\n",
+                    "                nn.BatchNorm1d(hidden_size),\n                nn.Tanh(),\n",
+                ),
+            ),
+        ),
+        notice=TRAINS_OTHERWISE,
+    ),
+    "fc_residual_block_with_a_gate": Edit(
+        "ppo_fc",
+        (
+            (
+                FC_RETURN,
+                "        hidden = hidden + torch.sigmoid(self.gate) * self.actor[:2](hidden).mean(-1, keepdim=True)\n"
+                + FC_RETURN,
+            ),
+            (
+                "        if not self.discrete:\n            self.actor_logstd",
+                "        self.gate = nn.Parameter(torch.zeros(1))\n"
+                "        if not self.discrete:\n            self.actor_logstd",
+            ),
+        ),
+    ),
+    "fc_an_activation_it_has_no_numpy_form_for": Edit(
+        "ppo_fc", (("nn.Tanh()", "nn.Softsign()"),), rollout="torch", notice=FALLBACK
+    ),
+    # ppo_lstm: the recurrent core and what comes around it
+    "lstm_layer_after_the_core": Edit(
+        "ppo_lstm",
+        (
+            (
+                "        self.rnn = cell(encoder_size, args.rnn_hidden_size, args.rnn_layers)\n",
+                "        self.rnn = cell(encoder_size, args.rnn_hidden_size, args.rnn_layers)\n"
+                "        self.post = nn.Sequential(nn.Linear(args.rnn_hidden_size, args.rnn_hidden_size), nn.Tanh())\n",
+            ),
+            (
+                "return output, self.flat_state(next_state)",
+                "return self.post(output), self.flat_state(next_state)",
+            ),
+            (
+                "return segments.unpad(output), None",
+                "return self.post(segments.unpad(output)), None",
+            ),
+        ),
+    ),
+    "lstm_relu_deeper_encoder": Edit(
+        "ppo_lstm",
+        (
+            (
+                "self.encoder = nn.Sequential(linear, nn.Tanh())",
+                "self.encoder = nn.Sequential(\n"
+                "                linear, nn.ReLU(), nn.Linear(args.hidden_size, args.hidden_size), nn.ReLU()\n"
+                "            )",
+            ),
+        ),
+    ),
+    "lstm_dropout_in_the_encoder": Edit(
+        "ppo_lstm",
+        (
+            (
+                "self.encoder = nn.Sequential(linear, nn.Tanh())",
+                "self.encoder = nn.Sequential(linear, nn.Tanh(), nn.Dropout(0.1))",
+            ),
+        ),
+        notice=TRAINS_OTHERWISE,
+    ),
+    "lstm_two_layer_gru_after_a_layer_norm": Edit(
+        "ppo_lstm",
+        (
+            (
+                "self.rnn = cell(encoder_size, args.rnn_hidden_size, args.rnn_layers)",
+                "self.rnn = nn.GRU(encoder_size, args.rnn_hidden_size, 2)",
+            ),
+            (
+                "nn.Sequential(linear, nn.Tanh())",
+                "nn.Sequential(linear, nn.Tanh(), nn.LayerNorm(args.hidden_size))",
+            ),
+        ),
+    ),
+    # ddpg: the actor and the critic
+    "ddpg_deeper_actor": Edit(
+        "ddpg",
+        (
+            (
+                "            nn.Linear(hidden_size, int(np.prod(action_space.shape))),",
+                "            nn.Linear(hidden_size, hidden_size),\n            nn.ReLU(),\n"
+                "            nn.Linear(hidden_size, int(np.prod(action_space.shape))),",
+            ),
+        ),
+        rollout=None,
+    ),
+    "ddpg_layer_norm_elu_critic": Edit(
+        "ddpg",
+        (
+            (
+                "            nn.Linear(hidden_size, 1),\n",
+                "            nn.LayerNorm(hidden_size),\n            nn.ELU(),\n"
+                "            nn.Linear(hidden_size, 1),\n",
+            ),
+        ),
+        rollout=None,
+    ),
+}
+
+
+def edited_copy(edit: Edit, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str):
+    """A fresh copy of the edit's script with the edit applied, imported as its own module."""
+    source = (REPO / f"{edit.script}.py").read_text()
+    for old, new in edit.replacements:
+        assert old in source, (
+            f"the edit {name!r} no longer applies to {edit.script}.py: update this test"
+        )
+        source = source.replace(old, new)
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    (folder / f"{edit.script}.py").write_text(source)
+    spec = importlib.util.spec_from_file_location(f"edited_{name}", folder / f"{edit.script}.py")
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, copy)  # dataclasses look their module up there
+    spec.loader.exec_module(copy)
+    return copy
+
+
+def fc_reaches_the_target(copy, result) -> None:
+    """Probe5-v0: the value of every state within 0.15 of the optimum, the right action with probability 0.9."""
+    agent = result.agent.eval()
+    for env, observation in visit_states("Probe5-v0"):
+        with torch.no_grad():
+            actor_out, value = agent(torch.as_tensor(observation[None], dtype=torch.float32))
+        assert value.item() == pytest.approx(env.optimal_value(0.99), abs=0.15), observation
+        probability = agent.distribution(actor_out).probs[0, env.optimal_action()].item()
+        assert probability >= 0.9, observation
+
+
+def lstm_reaches_the_target(copy, result) -> None:
+    """Probe7-v0, memory: at the last step the cue's action is the greedy one, in every episode, and the last 200
+    training episodes earn 0.8 or more (a memoryless agent earns 0.5)."""
+    agent = result.agent.eval()
+    for env, observation in visit_states("Probe7-v0"):
+        if env.t == 0:
+            state, start = agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool)
+        with torch.no_grad():
+            actor_out, _, state = agent(
+                torch.as_tensor(observation[None, None], dtype=torch.float32), state, start
+            )
+        start = torch.zeros(1, 1, dtype=torch.bool)
+        if env.t == env.horizon - 1:
+            assert actor_out[0, 0].argmax().item() == env.optimal_action(), env.cue
+    assert np.mean(result.episode_returns[-200:]) >= 0.8
+
+
+def ddpg_reaches_the_target(copy, result) -> None:
+    """ContinuousProbe5-v0: the actor's action within 0.1 of the optimum at every state, and the critic's value of it
+    within 0.1 of the optimal value."""
+    agent = result.agent.eval()
+    for env, observation in visit_states("ContinuousProbe5-v0"):
+        x = torch.as_tensor(observation, dtype=torch.float32)[None]
+        with torch.no_grad():
+            action = agent.actor(x)
+            value = agent.qf1(x, action).item()
+        assert action[0, 0].item() == pytest.approx(env.optimal_action()[0], abs=0.1), observation
+        assert value == pytest.approx(env.optimal_value(0.99), abs=0.1), observation
+
+
+PROBES = {
+    "ppo_fc": (dict(env_id="Probe5-v0", total_timesteps=20_480), fc_reaches_the_target),
+    "ppo_lstm": (dict(env_id="Probe7-v0", total_timesteps=20_480), lstm_reaches_the_target),
+    "ddpg": (
+        dict(
+            env_id="ContinuousProbe5-v0",
+            total_timesteps=3000,
+            learning_rate=1e-3,
+            learning_starts=256,
+            batch_size=64,
+            hidden_size=64,
+            buffer_size=10_000,
+        ),
+        ddpg_reaches_the_target,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", EDITS)
+def test_an_edited_copy_trains_to_the_probes_target(tmp_path, monkeypatch, capsys, name):
+    edit = EDITS[name]
+    copy = edited_copy(edit, tmp_path, monkeypatch, name)
+    settings, reaches_the_target = PROBES[edit.script]
+    args = copy.Args(
+        run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=True, **settings
+    )
+    result = copy.train(args)
+    notices = re.findall(r"^notice: .*$", capsys.readouterr().err, re.MULTILINE)
+    notices = [line for line in notices if "rounded down" not in line]
+    assert len(notices) <= 1, notices
+    if edit.notice is None:
+        assert not notices, notices
+    else:
+        assert notices and edit.notice in notices[0], notices
+    if edit.rollout == "torch":
+        assert FALLBACK in notices[0]
+    reaches_the_target(copy, result)
+    # and its checkpoint evaluates
+    returns = copy.evaluate_checkpoint(
+        copy.Args(
+            eval_checkpoint=str(result.checkpoint), run_dir=str(tmp_path / "runs"), eval_episodes=2
+        )
+    )
+    assert len(returns) == 2

@@ -1,0 +1,240 @@
+"""common/stand_in.py: the NumPy copy of a policy function, recorded from one call of it, and what it refuses."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributions import Categorical, Normal
+
+from common import stand_in
+from common.stand_in import LAYERS, NoNumpyForm, numpy_cell, numpy_copy, record_numpy_copy
+
+
+def assert_copies(policy, network, *inputs, later=()):
+    """The copy of `policy` recorded on `inputs` gives torch's outputs there and on `later` inputs of the same shapes,
+    and takes in new weights at its next check."""
+    copy = record_numpy_copy(policy, inputs, network)
+    for arrays in (inputs, *later):
+        with torch.no_grad():
+            expected = policy(*map(torch.as_tensor, arrays))
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        outputs = copy(*arrays)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        for a, b in zip(outputs, expected, strict=True):
+            np.testing.assert_allclose(a, b.numpy(), rtol=1e-5, atol=1e-5)
+    return copy
+
+
+def test_every_known_layer_is_copied_as_torch_computes_it():
+    torch.manual_seed(0)
+    layers = {
+        nn.Linear: nn.Linear(6, 6),
+        nn.LayerNorm: nn.LayerNorm(6),
+        nn.Tanh: nn.Tanh(),
+        nn.ReLU: nn.ReLU(),
+        nn.LeakyReLU: nn.LeakyReLU(0.1),
+        nn.ELU: nn.ELU(0.5),
+        nn.Sigmoid: nn.Sigmoid(),
+        nn.SiLU: nn.SiLU(),
+        nn.Identity: nn.Identity(),
+    }
+    assert set(layers) == set(LAYERS)
+    with torch.no_grad():
+        layers[nn.LayerNorm].weight.normal_()
+        layers[nn.LayerNorm].bias.normal_()
+    x = (torch.randn(64, 6) * 3).numpy()
+    for layer in (*layers.values(), nn.GELU(), nn.GELU("tanh"), nn.Softmax(-1), nn.Flatten()):
+        network = nn.Sequential(nn.Linear(6, 6), layer)
+        assert_copies(network, network, x, later=[(x * 2,)])
+
+
+@pytest.mark.parametrize("cell_type", [nn.LSTM, nn.GRU])
+@pytest.mark.parametrize("layers, bias", [(1, True), (2, True), (2, False)])
+def test_the_numpy_form_of_a_cell_steps_as_torch_does(cell_type, layers, bias):
+    torch.manual_seed(0)
+    rnn = cell_type(5, 7, layers, bias=bias)
+    step = numpy_cell(rnn)
+    x = torch.randn(6, 3, 5)
+    state = torch.randn(layers, 3, 14 if cell_type is nn.LSTM else 7)
+    torch_state = tuple(state.chunk(2, -1)) if cell_type is nn.LSTM else state
+    numpy_state = tuple(x.numpy() for x in torch_state) if cell_type is nn.LSTM else state.numpy()
+    with torch.no_grad():
+        for t in range(len(x)):
+            output, torch_state = rnn(x[t : t + 1], torch_state)
+            numpy_output, numpy_state = step(x[t : t + 1].numpy(), numpy_state)
+            np.testing.assert_allclose(numpy_output, output.numpy(), rtol=1e-5, atol=1e-5)
+            for a, b in zip(np.atleast_3d(*numpy_state) if cell_type is nn.LSTM else [numpy_state],
+                            torch_state if cell_type is nn.LSTM else [torch_state], strict=True):  # fmt: skip
+                np.testing.assert_allclose(a, b.numpy(), rtol=1e-5, atol=1e-5)
+        zero_state = step(x[:1].numpy(), None)[0]
+        np.testing.assert_allclose(zero_state, rnn(x[:1])[0].numpy(), rtol=1e-5, atol=1e-5)
+    for unusual in (dict(bidirectional=True), dict(batch_first=True), dict(proj_size=3)):
+        if cell_type is nn.GRU and "proj_size" in unusual:
+            continue
+        with pytest.raises(NoNumpyForm):
+            numpy_cell(cell_type(5, 7, **unusual))
+    with pytest.raises(NoNumpyForm, match="one step"):
+        step(x[:2].numpy(), None)
+
+
+class ScaledLinear(nn.Linear):
+    """A subclass computes what its forward says: the copy follows it in."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class SharedTorso(nn.Module):
+    """Ordinary edits of a script's network: a shared torso, a residual sum, a gate, a scale parameter, a layer after a
+    recurrent core, and a policy distribution with a state-dependent std."""
+
+    def __init__(self):
+        super().__init__()
+        self.torso = nn.Sequential(
+            nn.Linear(4, 16), nn.LayerNorm(16), nn.GELU(), ScaledLinear(16, 16), nn.SiLU()
+        )
+        self.rnn = nn.LSTM(16, 8)
+        self.after = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.actor = nn.Linear(8 + 16, 6)
+        self.critic = nn.Linear(16, 1)
+        self.scale = nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x, state, starts):
+        hidden = self.torso(x.float())
+        hidden = hidden + F.relu(hidden) * torch.sigmoid(self.scale)
+        state = state * ~starts[:, None]
+        h, c = state.chunk(2, -1)
+        out, (h, c) = self.rnn(hidden[None], (h[None].contiguous(), c[None].contiguous()))
+        features = torch.cat([self.after(out[0]), hidden], -1)
+        mean, log_std = self.actor(features).split(3, -1)
+        return (
+            mean,
+            log_std.clamp(-5, 2),
+            self.critic(hidden).squeeze(-1),
+            torch.cat([h[0], c[0]], -1),
+        )
+
+
+def test_the_copy_follows_the_network_wherever_its_forward_leads():
+    torch.manual_seed(0)
+    network = SharedTorso()
+    rng = np.random.default_rng(0)
+
+    def policy(x, state, starts, noise):
+        mean, log_std, _, next_state = network(x, state, starts)
+        return Normal(
+            mean, log_std.exp(), validate_args=False
+        ).mean + log_std.exp() * noise, next_state
+
+    def inputs():
+        return (rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=(5, 16)).astype(np.float32),
+                rng.random(5) < 0.5, rng.normal(size=(5, 3)).astype(np.float32))  # fmt: skip
+
+    copy = assert_copies(policy, network, *inputs(), later=[inputs(), inputs()])
+    assert "critic" not in copy.code and copy.code.count("\n") < 120  # what the outputs need, only
+    first = inputs()
+    copy = numpy_copy(policy, first, network)
+    before = copy(*first)
+    with torch.no_grad():
+        for parameter in network.parameters():
+            parameter.mul_(1.1)
+    np.testing.assert_array_equal(copy(*first)[0], before[0])  # a snapshot, until its next check
+    assert numpy_copy(policy, first, network) is copy  # the next rollout's: new weights, checked
+    with torch.no_grad():
+        expected = policy(*map(torch.as_tensor, first))[0].numpy()
+    np.testing.assert_allclose(copy(*first)[0], expected, rtol=1e-5, atol=1e-5)
+    assert np.abs(expected - before[0]).max() > 0.01
+
+
+def test_a_categorical_draw_with_the_gumbel_max_trick_is_copied():
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 5))
+
+    def policy(x, noise):
+        return torch.argmax(Categorical(logits=network(x), validate_args=False).logits + noise, -1)
+
+    x, noise = torch.randn(256, 3) * 3, -torch.log(torch.empty(256, 5).exponential_())
+    copy = assert_copies(policy, network, x.numpy(), noise.numpy())
+    assert len(np.unique(copy(x.numpy(), noise.numpy()))) == 5
+
+
+class Branching(nn.Module):
+    def __init__(self, edit):
+        super().__init__()
+        self.linear, self.edit = nn.Linear(3, 3), edit
+
+    def forward(self, x):
+        return self.edit(self.linear(x))
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (nn.BatchNorm1d(3), "no NumPy form for BatchNorm1d at edit"),
+        (nn.Dropout(0.5).train(), "no NumPy form for Dropout at edit"),
+        (lambda x: x if x.sum() > 0 else -x, "__bool__"),
+        (lambda x: x.add_(1), "in-place add_"),
+        (torch.asinh, "no NumPy form for torch's asinh in Branching"),
+        (lambda x: x + torch.randn_like(x), "randn_like"),
+        (lambda x: x * x.max().item(), "item"),
+    ],
+)
+def test_what_the_copy_cannot_follow_it_names(edit, named):
+    network = Branching(edit)
+    with pytest.raises(NoNumpyForm, match=named):
+        record_numpy_copy(network, (np.ones((4, 3), np.float32),), network)
+
+
+def test_a_forward_hook_is_refused_and_torch_acts_with_one_notice(capsys):
+    network = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    network[0].register_forward_hook(lambda module, inputs, output: 2 * output)
+    x = np.ones((4, 3), np.float32)
+    with pytest.raises(NoNumpyForm, match="Linear at 0 has forward hooks"):
+        record_numpy_copy(network, (x,), network)
+    assert numpy_copy(network, (x,), network) is None
+    assert numpy_copy(network, (x,), network) is None  # once per network and policy
+    assert capsys.readouterr().err.count("notice: the rollout acts with the torch policy") == 1
+
+
+def test_a_copy_that_computes_otherwise_names_the_module_and_is_not_used(capsys, monkeypatch):
+    network = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
+    linear = stand_in.LAYERS[nn.Linear]
+    monkeypatch.setitem(
+        stand_in.LAYERS, nn.Linear, lambda layer: (lambda f: lambda x: f(x) + 1)(linear(layer))
+    )
+    assert numpy_copy(network, (np.ones((4, 3), np.float32),), network) is None
+    assert "computes otherwise than torch in Linear at 0" in capsys.readouterr().err
+
+
+def test_a_copy_whose_python_state_changed_is_recorded_again():
+    class Tempered(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear, self.temperature = nn.Linear(3, 3), 1.0
+
+        def forward(self, x):
+            return self.linear(x) / self.temperature  # a float, not a weight: recorded as it is
+
+    network, x = Tempered(), np.ones((4, 3), np.float32)
+    first = numpy_copy(network, (x,), network)
+    network.temperature = 2.0
+    second = numpy_copy(network, (x,), network)
+    assert second is not first
+    with torch.no_grad():
+        np.testing.assert_allclose(second(x), network(torch.as_tensor(x)).numpy(), rtol=1e-6)
+
+
+def test_a_network_that_trains_otherwise_is_told_without_touching_the_run():
+    torch.manual_seed(0)
+    x = torch.randn(8, 3)
+    plain = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    assert not stand_in.acts_otherwise_in_training(plain, lambda net: net(x))
+    normed = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    dropout = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+    state = torch.random.get_rng_state()
+    assert stand_in.acts_otherwise_in_training(normed, lambda net: net(x))
+    assert torch.equal(normed[1].running_mean, torch.zeros(3))  # its statistics are untouched
+    assert stand_in.acts_otherwise_in_training(dropout, lambda net: net(x))
+    assert torch.equal(torch.random.get_rng_state(), state)  # and the run's draws
+    assert dropout.training and normed.training
