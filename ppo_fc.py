@@ -400,7 +400,7 @@ def train(args: Args) -> TrainResult:
     max_reward = args.norm_reward_clip
     # dropout, batch norm: one notice that the update's ratios start away from 1
     stand_in.acts_otherwise_in_training(
-        agent, lambda net: net(observation_tensor(next_obs, device))
+        agent, lambda net, obs: net(observation_tensor(obs, device)), next_obs
     )
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130

@@ -471,10 +471,13 @@ def train(args: Args) -> TrainResult:
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
     max_reward = args.norm_reward_clip
     # dropout, batch norm: the rollout acts in eval mode, the update trains in train mode
-    first_obs = observation_tensor(next_obs, device)[None]
     first_starts = torch.ones(1, args.num_envs, dtype=torch.bool, device=device)
     train_mode_differs = stand_in.acts_otherwise_in_training(
-        agent, lambda net: net(first_obs, net.initial_state(args.num_envs), first_starts)
+        agent,
+        lambda net, obs: net(
+            observation_tensor(obs, device)[None], net.initial_state(args.num_envs), first_starts
+        ),
+        next_obs,
     )
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130

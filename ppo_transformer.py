@@ -5,8 +5,10 @@ plumbing is in ``common/``; docs/ppo_transformer.md gives the reasons for the de
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -289,15 +291,22 @@ class NatureCNN(nn.Module):
 
 @dataclass
 class TransformerConfig:
+    """What the network is built from. Once built, its sizes are read from its modules, so that an
+    edit to a module holds; K stays here, the window of every mask and of the rollout's context."""
+
     d_model: int
+    """the width of the tokens"""
     n_heads: int
+    """the attention heads of each layer"""
     n_layers: int
+    """the blocks"""
     context_len: int
+    """K: each step attends to itself and the K - 1 steps before it in its episode"""
 
 
 def rotary(positions: Tensor, head_size: int) -> tuple[Tensor, Tensor]:
-    """RoPE's cosines and sines for tokens at `positions` (B, T) in their episodes: rotated queries
-    and keys let attention see how far apart two steps are, not where they are."""
+    """RoPE's cosines and sines for the heads of a layer, at `positions` (B, T) in their episodes:
+    rotated queries and keys let attention see how far apart two steps are, not where they are."""
     frequencies = 10_000.0 ** -(torch.arange(0, head_size, 2, device=positions.device) / head_size)
     # (B, 1, T, head_size / 2), shared by the heads
     angles = positions[:, None, :, None].float() * frequencies
@@ -312,6 +321,8 @@ def rotate(x: Tensor, rotation: tuple[Tensor, Tensor]) -> Tensor:
 
 KeysValues = tuple[Tensor, Tensor]
 """one layer's keys and values, each (B, nh, T, hs)"""
+RotationFor = Callable[[int], tuple[Tensor, Tensor]]
+"""RoPE's cosines and sines of a pass's steps, for heads of the width given (`rotary`)"""
 
 
 class CausalSelfAttention(nn.Module):
@@ -322,16 +333,18 @@ class CausalSelfAttention(nn.Module):
         self.n_heads = config.n_heads
 
     def forward(
-        self, x: Tensor, rotation: tuple[Tensor, Tensor], mask: Tensor, cached: KeysValues | None
+        self, x: Tensor, rotation_for: RotationFor, mask: Tensor, cached: KeysValues | None
     ) -> tuple[Tensor, KeysValues]:
-        """Attention of `x` (B, T, C) to the `cached` keys and values and to its own, where `mask`
-        (B, 1, T, cached + T) allows; also the keys and values attended to."""
+        """Attention of `x` (B, T, C), rotated by `rotation_for` its heads' width, to the `cached`
+        keys and values and to its own, where `mask` (B, 1, T, cached + T) allows; also the keys and
+        values attended to."""
         B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (d_model)
         q, k, v = self.c_attn(x).split(C, dim=2)
         k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
         q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)  # (B, nh, T, hs)
         # RoPE, not nanoGPT's position embedding: attention sees how far apart steps are
+        rotation = rotation_for(C // self.n_heads)
         q = rotate(q, rotation)
         k = rotate(k, rotation)
         if cached is not None:
@@ -367,9 +380,9 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: Tensor, rotation: tuple[Tensor, Tensor], mask: Tensor, cached: KeysValues | None
+        self, x: Tensor, rotation_for: RotationFor, mask: Tensor, cached: KeysValues | None
     ) -> tuple[Tensor, KeysValues]:
-        attended, keys_values = self.attn(self.ln_1(x), rotation, mask, cached)
+        attended, keys_values = self.attn(self.ln_1(x), rotation_for, mask, cached)
         x = x + attended
         x = x + self.mlp(self.ln_2(x))
         return x, keys_values
@@ -434,12 +447,12 @@ class Agent(nn.Module):
                     nn.init.normal_(layer.weight, 0.0, 0.02)
                     nn.init.zeros_(layer.bias)
             for layer in (block.attn.c_proj, block.mlp.c_proj):
-                nn.init.normal_(layer.weight, 0.0, 0.02 / math.sqrt(2 * args.n_layers))
+                nn.init.normal_(layer.weight, 0.0, 0.02 / math.sqrt(2 * len(self.blocks)))
 
     @property
     def receptive_field(self) -> int:
         """How many steps back an output can depend on: L(K-1), each sequence's prefix."""
-        return self.config.n_layers * (self.config.context_len - 1)
+        return len(self.blocks) * (self.config.context_len - 1)
 
     def forward(
         self,
@@ -454,12 +467,13 @@ class Agent(nn.Module):
         allows to themselves and each layer's `cached` keys and values; also each layer's keys and
         values."""
         x = self.embed(self.token_input(obs))
-        rotation = rotary(positions, self.config.d_model // self.config.n_heads)
+        # each layer's rotation for its own heads' width, computed once for the layers that share it
+        rotation_for = functools.cache(partial(rotary, positions))
         keys_values = []
         for block, layer_cache in zip(
             self.blocks, cached or [None] * len(self.blocks), strict=True
         ):
-            x, layer_keys_values = block(x, rotation, mask, layer_cache)
+            x, layer_keys_values = block(x, rotation_for, mask, layer_cache)
             keys_values.append(layer_keys_values)
         x = self.ln_f(x)
         actor_out, value = self.actor(x), self.critic(x).squeeze(-1)
@@ -522,14 +536,22 @@ class Agent(nn.Module):
 
 
 class Context:
-    """What each env's next step attends to: every layer's keys and values of its last K - 1 steps,
-    oldest first, and which of them belong to its current episode. The rollout steps through it (a
-    key/value cache: one token per step through the network, not the window)."""
+    """What each env's next step attends to: every layer's keys and values of its last K - 1 steps
+    (fewer before K - 1 steps were taken), oldest first, and which of them belong to its current
+    episode. The rollout steps through it (a key/value cache: one token per step through the
+    network, not the window). Its shapes are the layers' own."""
 
-    def __init__(self, agent: Agent, keys_values: list[KeysValues], valid: Tensor):
+    def __init__(self, agent: Agent, keys_values: list[KeysValues] | None, valid: Tensor):
         self.agent = agent
-        self.keys_values = keys_values
-        self.valid = valid
+        self.keep_last(keys_values, valid)
+
+    def keep_last(self, keys_values: list[KeysValues] | None, valid: Tensor) -> None:
+        """Keep the last K - 1 of the steps whose keys and values are `keys_values` (None: no step)
+        and of which `valid` (B, T) says whether they are of the current episode."""
+        dropped = max(valid.shape[1] - (self.agent.config.context_len - 1), 0)
+        if keys_values is not None:
+            keys_values = [(k[:, :, dropped:], v[:, :, dropped:]) for k, v in keys_values]
+        self.keys_values, self.valid = keys_values, valid[:, dropped:]
 
     @classmethod
     @torch.no_grad()
@@ -541,21 +563,13 @@ class Context:
             return cls.empty(agent, len(positions))
         episodes = first_of_each_run(valid).cumsum(1)
         _, _, keys_values = agent(obs, positions, window_mask(episodes, agent.config.context_len))
-        kept = positions.shape[1] - (agent.config.context_len - 1)
-        return cls(
-            agent, [(k[:, :, kept:], v[:, :, kept:]) for k, v in keys_values], valid[:, kept:]
-        )
+        return cls(agent, keys_values, valid)
 
     @classmethod
     def empty(cls, agent: Agent, batch_size: int) -> Context:
-        """The context of `batch_size` envs before their first steps: nothing of their episodes."""
+        """The context of `batch_size` envs before their first steps: nothing."""
         device = next(agent.parameters()).device
-        config = agent.config
-        head_size = config.d_model // config.n_heads
-        shape = (batch_size, config.n_heads, config.context_len - 1, head_size)
-        nothing = torch.zeros(shape, device=device)
-        valid = torch.zeros(batch_size, config.context_len - 1, dtype=torch.bool, device=device)
-        return cls(agent, [(nothing, nothing)] * config.n_layers, valid)
+        return cls(agent, None, torch.zeros((batch_size, 0), dtype=torch.bool, device=device))
 
     @torch.no_grad()
     def step(self, obs: Any, positions: Any, starts: Any, envs: Any = None, keep: bool = True):
@@ -570,17 +584,17 @@ class Context:
         valid = self.valid
         if envs is not None:
             envs = as_tensor(envs)
-            keys_values = [(k[envs], v[envs]) for k, v in keys_values]
+            if keys_values is not None:
+                keys_values = [(k[envs], v[envs]) for k, v in keys_values]
             valid = valid[envs]
         valid = valid & ~as_tensor(starts)[:, None]
-        # (B, 1, 1, K): the context's steps of the step's episode, and the step itself
+        # (B, 1, 1, K at most): the context's steps of the step's episode, and the step itself
         mask = torch.cat([valid, valid.new_ones(len(valid), 1)], 1)[:, None, None, :]
         actor_out, value, keys_values = self.agent(
             obs[:, None], as_tensor(positions)[:, None], mask, keys_values
         )
         if keep:
-            self.keys_values = [(k[:, :, 1:], v[:, :, 1:]) for k, v in keys_values]
-            self.valid = mask[:, 0, 0, 1:]
+            self.keep_last(keys_values, mask[:, 0, 0])
         return actor_out[:, 0], value[:, 0]
 
     def value(self, obs: Any, positions: Any, starts: Any = None, envs: Any = None) -> np.ndarray:
@@ -632,6 +646,13 @@ def train(args: Args) -> TrainResult:
     prefix = agent.receptive_field  # the steps before the rollout's in each sequence
     carried = Carried.start(run.carried, run.envs.single_observation_space, num_envs, prefix)
     max_reward = args.norm_reward_clip
+    # Dropout and the like: the rollout and the checks run in eval mode, the update in train mode.
+    first_positions, first_starts = np.zeros(num_envs, np.int64), np.ones(num_envs, bool)
+    trains_otherwise = stand_in.acts_otherwise_in_training(
+        agent,
+        lambda net, obs: Context.empty(net, num_envs).step(obs, first_positions, first_starts),
+        next_obs,
+    )
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -640,7 +661,8 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            # The rollout acts through the key/value context.
+            # The rollout acts through the key/value context, in eval mode.
+            agent.eval()
             context = carried.context(agent)
             for step in range(args.num_steps):
                 global_step += num_envs * world_size
@@ -673,7 +695,7 @@ def train(args: Args) -> TrainResult:
 
             # The batch: each env's sequence (envs, steps, ...), its context, then its rollout.
             b_obs, b_positions, b_episodes = carried.batch(obs, positions, episode_starts, device)
-            b_mask = window_mask(b_episodes, args.context_len)
+            b_mask = window_mask(b_episodes, agent.config.context_len)
             b_actions = by_env(actions, device)
             with torch.no_grad():
                 b_actor_outs, b_values, _ = agent(b_obs, b_positions, b_mask, outputs_from=prefix)
@@ -691,17 +713,22 @@ def train(args: Args) -> TrainResult:
             sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
             run.end_rollout(logprobs=b_logprobs.T, values=values, position=positions, **sampled)
 
+            agent.train()
             ratios = []
             for epoch in range(args.update_epochs):  # minibatches of whole sequences
                 minibatches = torch.randperm(num_envs, device=device).view(args.num_minibatches, -1)
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
                 for i, mb_envs in enumerate(minibatches):
-                    actor_out, newvalue, _ = agent(
-                        b_obs[mb_envs], b_positions[mb_envs], b_mask[mb_envs], outputs_from=prefix
-                    )
+                    mb_sequences = (b_obs[mb_envs], b_positions[mb_envs], b_mask[mb_envs])
+                    actor_out, newvalue, _ = agent(*mb_sequences, outputs_from=prefix)
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         replayed = (actor_out, newvalue)
+                        if trains_otherwise:  # the rollout acted in eval mode: so does its replay
+                            agent.eval()
+                            with torch.no_grad():
+                                replayed = agent(*mb_sequences, outputs_from=prefix)[:2]
+                            agent.train()
                         mb_acted = (acted_outs[mb_envs], acted_values[mb_envs])
                         check_outputs(replayed, mb_acted, b_positions[mb_envs], REPLAY_MISMATCH)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_envs])
@@ -900,14 +927,16 @@ def by_env(rollout: np.ndarray, device: torch.device) -> Tensor:
 
 
 CONTEXT_MISMATCH = (
-    "the rollout's key/value context (Context.step) acted otherwise than Agent.forward along each "
-    "env's sequence: it must attend to the K - 1 steps before each step in its episode, as "
-    "window_mask does"
+    "the rollout's key/value context (Context.step, a step at a time) acted otherwise than "
+    "Agent.forward along each env's sequence, both in eval mode: they attend to other steps (each "
+    "step must see the K - 1 steps before it in its episode, as window_mask allows), or the "
+    "network computes a step otherwise beside other steps (a layer that mixes steps outside "
+    "attention) or at random in eval mode"
 )
 REPLAY_MISMATCH = (
-    "before any gradient step, the update's pass along these envs' sequences differs from what the "
-    "rollout acted on: does the network depend on the batch (batch norm) or draw at random "
-    "(dropout)?"
+    "before any gradient step, the update's pass along a minibatch of the envs' sequences differs "
+    "from what the rollout acted on, which the pass along all of them gave: the network's outputs "
+    "depend on which envs share its batch (as batch statistics do) or vary from call to call"
 )
 
 

@@ -1,4 +1,5 @@
-"""Trajectory data helpers: nested and flattened dicts, lists of dicts, time-major and batch-major arrays.
+"""Trajectory data helpers: nested and flattened dicts, lists of dicts, time-major and batch-major arrays, and
+episodes cut from batch-major streams.
 
 These follow digideep's ``environment.data_helpers``. A rollout is a list of per-step (possibly nested) dicts; the
 helpers turn it into one flat dict whose keys are unix-style paths (``/agents/policy/values``) and whose values are
@@ -17,6 +18,7 @@ Choices where digideep's documentation contradicts itself:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -238,3 +240,50 @@ def describe(batch: Mapping[str, Any]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+
+
+@dataclass
+class Episode:
+    """One env's stream between two episode ends."""
+
+    env: int
+    """Which env of the vector env it came from."""
+    start: int
+    """Index of its first step in the recording."""
+    finished: bool
+    """False for the unfinished tail of a stream: the recording stopped before the episode ended."""
+    data: dict[str, np.ndarray]
+    """Every per-step key, time-major ``(length, ...)``."""
+
+    @property
+    def length(self) -> int:
+        return len(self.data["/rewards"])
+
+    @property
+    def total_reward(self) -> float:
+        """The undiscounted return."""
+        return float(self.data["/rewards"].sum())
+
+
+def split_episodes(data: Mapping[str, np.ndarray]) -> list[Episode]:
+    """Cut every env's stream at terminations and truncations, in env order then time order.
+
+    An episode ends on the step whose termination or truncation is set. Steps after the last end of
+    a stream form a final episode with ``finished=False``."""
+    ends = np.asarray(data["/terminations"], dtype=bool) | np.asarray(
+        data["/truncations"], dtype=bool
+    )
+    per_step = {key: value for key, value in data.items() if not key.startswith("/meta/")}
+    episodes = []
+    for env_index in range(ends.shape[0]):
+        start = 0
+        stops = [int(t) + 1 for t in np.flatnonzero(ends[env_index])]
+        if not stops or stops[-1] < ends.shape[1]:
+            stops.append(ends.shape[1])
+        for stop in stops:
+            episode_data = {key: value[env_index, start:stop] for key, value in per_step.items()}
+            episodes.append(
+                Episode(env_index, start, bool(ends[env_index, stop - 1]), episode_data)
+            )
+            start = stop
+    return episodes

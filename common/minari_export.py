@@ -27,9 +27,9 @@ import gymnasium as gym
 import numpy as np
 
 from common.cli import notice, one_line
+from common.data_helpers import Episode, split_episodes
 from common.envs import flat_observations, joint_actions, resolve_env_id
 from common.errors import UsageError
-from common.trajectories import Episode, split_episodes
 
 if TYPE_CHECKING:
     from minari import MinariDataset

@@ -30,6 +30,7 @@ from torch.nn.modules import module as torch_module
 from torch.utils import _pytree as pytree
 
 from common.cli import notice
+from common.envs import observation_map
 from common.errors import PolicyMismatch, TrainingDiverged
 
 NumpyFunction = Callable[[np.ndarray], np.ndarray]
@@ -241,17 +242,23 @@ def check_draws(
         )
 
 
-def acts_otherwise_in_training(network: nn.Module, forward: Callable[[nn.Module], Any]) -> bool:
-    """Whether `forward(net)`, a call of `network`'s policy, gives other outputs in train mode than
-    in eval mode (dropout, batch norm, noisy layers: the user's choice). Tried on a copy, with
-    torch's random state kept, so that the run's draws and statistics are untouched; where it does,
-    one notice says what it means for the update. The scripts act and check in eval mode and
-    update in train mode."""
+def acts_otherwise_in_training(
+    network: nn.Module, forward: Callable[[nn.Module, Any], Any], like: Any
+) -> bool:
+    """Whether `forward(net, obs)`, a call of `network`'s policy on a batch of observations, gives
+    other outputs in train mode than in eval mode (dropout, batch norm, noisy layers: the user's
+    choice). Tried on a copy of the network, with torch's random state kept, so that the run's draws
+    and statistics are untouched, and on observations of noise shaped as `like` (a batch, or a dict
+    of them): zeros, a probe's observation, would meet a new network's zero biases and show no layer
+    at work. Where it does, one notice says what it means for the update. The scripts act and check
+    in eval mode and update in train mode."""
+    noise = np.random.default_rng(0)  # its own: the run's draws stay as they are
+    obs = observation_map(lambda part: _noise_like(part, noise), like)
     copy = copy_module.deepcopy(network)
     device = next(network.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-        acting = _tensors(forward(copy.eval()))
-        training = _tensors(forward(copy.train()))
+        acting = _tensors(forward(copy.eval(), obs))
+        training = _tensors(forward(copy.train(), obs))
     differs = any(
         a.shape != b.shape or not torch.equal(a, b) for a, b in zip(acting, training, strict=True)
     )
@@ -261,6 +268,14 @@ def acts_otherwise_in_training(network: nn.Module, forward: Callable[[nn.Module]
             "and the update trains in train mode, so the first update's ratios are not exactly 1"
         )
     return differs
+
+
+def _noise_like(array: np.ndarray, noise: np.random.Generator) -> np.ndarray:
+    if array.dtype == np.uint8:  # images
+        return noise.integers(0, 256, array.shape, dtype=np.uint8)
+    if array.dtype == bool:
+        return noise.random(array.shape) < 0.5
+    return noise.standard_normal(array.shape).astype(array.dtype)
 
 
 def _tensors(outputs: Any) -> list[torch.Tensor]:

@@ -28,7 +28,6 @@ import sys
 import warnings
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from common.data_helpers import (
     describe,
     flatten_dict,
     list_of_dicts_to_flattened_dict_of_lists,
+    split_episodes,
     unflatten_dict,
 )
 from common.envs import observation_map
@@ -560,53 +560,6 @@ def load_trajectories(path: str | Path) -> dict[str, np.ndarray]:
                 f"{str(path)!r}: {key} has shape {value.shape}, expected {shape} + (...)"
             )
     return data
-
-
-@dataclass
-class Episode:
-    """One env's stream between two episode ends."""
-
-    env: int
-    """Which env of the vector env it came from."""
-    start: int
-    """Index of its first step in the recording."""
-    finished: bool
-    """False for the unfinished tail of a stream: the recording stopped before the episode ended."""
-    data: dict[str, np.ndarray]
-    """Every per-step key, time-major ``(length, ...)``."""
-
-    @property
-    def length(self) -> int:
-        return len(self.data["/rewards"])
-
-    @property
-    def total_reward(self) -> float:
-        """The undiscounted return."""
-        return float(self.data["/rewards"].sum())
-
-
-def split_episodes(data: Mapping[str, np.ndarray]) -> list[Episode]:
-    """Cut every env's stream at terminations and truncations, in env order then time order.
-
-    An episode ends on the step whose termination or truncation is set. Steps after the last end of
-    a stream form a final episode with ``finished=False``."""
-    ends = np.asarray(data["/terminations"], dtype=bool) | np.asarray(
-        data["/truncations"], dtype=bool
-    )
-    per_step = {key: value for key, value in data.items() if not key.startswith("/meta/")}
-    episodes = []
-    for env_index in range(ends.shape[0]):
-        start = 0
-        stops = [int(t) + 1 for t in np.flatnonzero(ends[env_index])]
-        if not stops or stops[-1] < ends.shape[1]:
-            stops.append(ends.shape[1])
-        for stop in stops:
-            episode_data = {key: value[env_index, start:stop] for key, value in per_step.items()}
-            episodes.append(
-                Episode(env_index, start, bool(ends[env_index, stop - 1]), episode_data)
-            )
-            start = stop
-    return episodes
 
 
 def summarize(data: Mapping[str, np.ndarray]) -> str:

@@ -11,10 +11,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import visit_states
+from helpers import sharp_agent, visit_states
+
+from common.errors import PolicyMismatch
 
 REPO = Path(__file__).resolve().parents[1]
 FALLBACK = "the rollout acts with the torch policy at every step"
@@ -195,6 +198,40 @@ EDITS = {
             ),
         ),
     ),
+    # ppo_transformer: the attention, the blocks, the MLP. --n-heads stays 4: the attention's own count sets its heads'
+    # width, RoPE's and the context's; --n-layers stays 2: the receptive field and the context follow the blocks.
+    "transformer_head_count_in_the_attention": Edit(
+        "ppo_transformer",
+        (("        self.n_heads = config.n_heads\n", "        self.n_heads = 2\n"),),
+        rollout=None,
+    ),
+    "transformer_dropout_in_each_block": Edit(
+        "ppo_transformer",
+        (
+            (
+                "        self.mlp = MLP(config)\n",
+                "        self.mlp = MLP(config)\n        self.dropout = nn.Dropout(0.1)\n",
+            ),
+            ("        x = x + attended\n", "        x = x + self.dropout(attended)\n"),
+            (
+                "        x = x + self.mlp(self.ln_2(x))\n",
+                "        x = x + self.dropout(self.mlp(self.ln_2(x)))\n",
+            ),
+        ),
+        rollout=None,
+        notice=TRAINS_OTHERWISE,
+    ),
+    "transformer_narrower_mlp": Edit(
+        "ppo_transformer", (("4 * config.d_model", "2 * config.d_model"),), rollout=None
+    ),
+    "transformer_one_more_block": Edit(
+        "ppo_transformer",
+        (("for _ in range(args.n_layers))", "for _ in range(args.n_layers + 1))"),),
+        rollout=None,
+    ),
+    "transformer_relu_for_gelu": Edit(
+        "ppo_transformer", (("self.gelu = nn.GELU()", "self.gelu = nn.ReLU()"),), rollout=None
+    ),
     # ddpg: the actor and the critic
     "ddpg_deeper_actor": Edit(
         "ddpg",
@@ -280,9 +317,29 @@ def ddpg_reaches_the_target(copy, result) -> None:
         assert value == pytest.approx(env.optimal_value(0.99), abs=0.1), observation
 
 
+def transformer_reaches_the_target(copy, result) -> None:
+    """Probe4-v0: the value within 0.1 of the optimum, the right action with probability 0.95."""
+    agent = result.agent.eval()
+    env = copy.env_maker(result_args(copy))("Probe4-v0")()
+    for seed in range(4):
+        observation, _ = env.reset(seed=seed)
+        actor_out, value = copy.Context.empty(agent, 1).step(observation[None], [0], [True])
+        assert value.item() == pytest.approx(env.unwrapped.optimal_value(0.99), abs=0.1)
+        probability = agent.distribution(actor_out).probs[0, env.unwrapped.optimal_action()]
+        assert probability.item() >= 0.95
+
+
+def result_args(copy):
+    return copy.Args(**PROBES["ppo_transformer"][0])
+
+
 PROBES = {
     "ppo_fc": (dict(env_id="Probe5-v0", total_timesteps=20_480), fc_reaches_the_target),
     "ppo_lstm": (dict(env_id="Probe7-v0", total_timesteps=20_480), lstm_reaches_the_target),
+    "ppo_transformer": (
+        dict(env_id="Probe4-v0", total_timesteps=10_240, norm_reward=False),
+        transformer_reaches_the_target,
+    ),
     "ddpg": (
         dict(
             env_id="ContinuousProbe5-v0",
@@ -306,7 +363,22 @@ def test_an_edited_copy_trains_to_the_probes_target(tmp_path, monkeypatch, capsy
     args = copy.Args(
         run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=True, **settings
     )
+    passes = []  # (agent, with gradients, in train mode) of every pass
+    forward = copy.Agent.forward
+
+    def recorded_forward(self, *inputs, **options):
+        passes.append((self, torch.is_grad_enabled(), self.training))
+        return forward(self, *inputs, **options)
+
+    monkeypatch.setattr(copy.Agent, "forward", recorded_forward)
     result = copy.train(args)
+    if edit.script != "ddpg":
+        # the rollout, its checks and evaluation without gradients in eval mode, the update in train mode (the trial
+        # of both modes runs on a copy of the agent)
+        modes = {
+            (gradients, training) for agent, gradients, training in passes if agent is result.agent
+        }
+        assert modes == {(False, False), (True, True)}
     notices = re.findall(r"^notice: .*$", capsys.readouterr().err, re.MULTILINE)
     notices = [line for line in notices if "rounded down" not in line]
     assert len(notices) <= 1, notices
@@ -324,3 +396,50 @@ def test_an_edited_copy_trains_to_the_probes_target(tmp_path, monkeypatch, capsy
         )
     )
     assert len(returns) == 2
+
+
+# --- ppo_transformer: the context a rollout acts through --------------------------------------------------------
+
+
+# noise in eval mode too: no policy that trains is the one that acted
+NOISE_WHILE_ACTING = (
+    (
+        "        x = x + self.mlp(self.ln_2(x))\n",
+        "        x = x + self.mlp(self.ln_2(x))\n        x = x + 0.1 * torch.randn_like(x)\n",
+    ),
+)
+
+
+def test_a_copy_with_one_more_block_rebuilds_a_rollouts_context_from_as_many_steps_as_its_blocks_reach(
+    tmp_path, monkeypatch
+):
+    # a sharp agent's outputs depend on every step within reach: the carried steps must be all of them
+    copy = edited_copy(EDITS["transformer_one_more_block"], tmp_path, monkeypatch, "one_more_block")
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    args = copy.Args(context_len=3)
+    agent = sharp_agent(copy.Agent, seed=1)(observation_space, gym.spaces.Discrete(3), args)
+    obs = torch.randn(2, 30, 4, generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(30).expand(2, 30)
+    with torch.no_grad():
+        mask = copy.window_mask(torch.zeros(2, 30, dtype=torch.long), args.context_len)
+        actor_out, value, _ = agent(obs, positions, mask)
+    # a rollout from step 20 on, in the middle of the episodes, from the steps carried from the one before
+    carried = slice(20 - agent.receptive_field, 20)
+    valid = torch.ones(2, agent.receptive_field, dtype=torch.bool)
+    context = copy.Context.after(agent, obs[:, carried], positions[:, carried], valid)
+    for t in range(20, 30):
+        step_out, step_value = context.step(
+            obs[:, t], positions[:, t], torch.zeros(2, dtype=torch.bool)
+        )
+        torch.testing.assert_close(step_out, actor_out[:, t], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(step_value, value[:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_a_copy_that_draws_at_random_while_acting_stops_and_says_so(tmp_path, monkeypatch):
+    copy = edited_copy(Edit("ppo_transformer", NOISE_WHILE_ACTING), tmp_path, monkeypatch, "noise")
+    args = copy.Args(
+        env_id="Probe4-v0", num_envs=4, num_steps=32, num_minibatches=2, total_timesteps=256,
+        run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=False,
+    )  # fmt: skip
+    with pytest.raises(PolicyMismatch, match=r"key/value context.*at random in eval mode"):
+        copy.train(args)

@@ -227,14 +227,18 @@ def test_a_copy_whose_python_state_changed_is_recorded_again():
 
 def test_a_network_that_trains_otherwise_is_told_without_touching_the_run():
     torch.manual_seed(0)
-    x = torch.randn(8, 3)
+    x = np.zeros((8, 3), np.float32)  # a probe's observation: zeros would show no dropout at work
     plain = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
-    assert not stand_in.acts_otherwise_in_training(plain, lambda net: net(x))
+    forward = lambda net, obs: net(torch.as_tensor(obs))  # noqa: E731
+    assert not stand_in.acts_otherwise_in_training(plain, forward, x)
     normed = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     dropout = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
     state = torch.random.get_rng_state()
-    assert stand_in.acts_otherwise_in_training(normed, lambda net: net(x))
+    assert stand_in.acts_otherwise_in_training(normed, forward, x)
     assert torch.equal(normed[1].running_mean, torch.zeros(3))  # its statistics are untouched
-    assert stand_in.acts_otherwise_in_training(dropout, lambda net: net(x))
+    with torch.no_grad():
+        for layer in (normed[0], dropout[0]):
+            layer.bias.zero_()  # as a new network's
+    assert stand_in.acts_otherwise_in_training(dropout, forward, x)
     assert torch.equal(torch.random.get_rng_state(), state)  # and the run's draws
     assert dropout.training and normed.training
