@@ -81,6 +81,27 @@ def table(readings: list[Reading]) -> list[str]:
     return rows
 
 
+def common_names(path: Path) -> tuple[list[str], list[str]]:
+    """The names a script imports from `common/` (a module imported whole counts once), and the
+    names of `common/` it uses: functions, classes and constants imported by name or reached as
+    `module.name` (issue 52's count: at most 12)."""
+    tree = ast.parse(path.read_text())
+    imported, modules, used = [], {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "common":
+            for alias in node.names:
+                imported.append(f"{node.module}.{alias.name}")
+                if node.module == "common":
+                    modules[alias.asname or alias.name] = f"common.{alias.name}"
+                else:
+                    used.add(f"{node.module}.{alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id in modules:
+                used.add(f"{modules[node.value.id]}.{node.attr}")
+    return sorted(imported), sorted(used)
+
+
 def _loop_with_env_step(train: ast.FunctionDef) -> tuple[list[ast.stmt], ast.stmt]:
     """The body of the innermost loop of `train` that calls `<...>envs.step(...)`, and that call's
     statement in it."""
@@ -215,3 +236,10 @@ if __name__ == "__main__":
         files = sorted({function.split(":")[0] for function in functions})
         print(f"{name}: the action's path, {len(functions)} functions in {len(files)} files:")
         print("    " + "; ".join(functions))
+    print()
+    for name in names:
+        imported, used = common_names(REPO / f"{name}.py")
+        print(
+            f"{name}: {len(imported)} names imported from common/, {len(used)} of its names used:"
+        )
+        print("    " + " ".join(name.removeprefix("common.") for name in used))

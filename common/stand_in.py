@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy as copy_module
 import math
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -319,7 +320,10 @@ _ALIASES = {
     "neg": np.negative, "__invert__": np.invert, "logical_not": np.logical_not,
     "__and__": np.bitwise_and, "__or__": np.bitwise_or, "__xor__": np.bitwise_xor,
     "logical_and": np.logical_and, "logical_or": np.logical_or, "abs": np.abs, "__abs__": np.abs,
-    "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
+    "reciprocal": np.reciprocal, "rsqrt": lambda x: 1 / np.sqrt(x), "atan": np.arctan,
+    "clamp_min": np.maximum, "clamp_max": np.minimum, "sign": np.sign, "floor": np.floor,
+    "mv": np.matmul, "mm": np.matmul, "bmm": np.matmul, "dot": np.dot, "vdot": np.vdot,
+    "outer": np.outer, "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
     "square": np.square, "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "maximum": np.maximum,
     "minimum": np.minimum, "eq": np.equal, "__eq__": np.equal, "ne": np.not_equal,
     "__ne__": np.not_equal, "lt": np.less, "__lt__": np.less, "le": np.less_equal,
@@ -386,6 +390,66 @@ def _gelu(x, approximate="none"):
     from scipy.special import erf  # an optional dependency: without it, GELU acts in torch
 
     return (np.float32(0.5) * x * (1 + erf(x / np.float32(math.sqrt(2))))).astype(x.dtype)
+
+
+@_fn("mish")
+def _mish(x, inplace=False):
+    return x * np.tanh(_softplus(x))
+
+
+@_fn("hardtanh")
+def _hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
+    return np.clip(x, x.dtype.type(min_val), x.dtype.type(max_val))
+
+
+@_fn("relu6")
+def _relu6(x, inplace=False):
+    return np.clip(x, x.dtype.type(0), x.dtype.type(6))
+
+
+@_fn("hardsigmoid")
+def _hardsigmoid(x, inplace=False):
+    return np.clip(x / x.dtype.type(6) + x.dtype.type(0.5), x.dtype.type(0), x.dtype.type(1))
+
+
+@_fn("hardswish")
+def _hardswish(x, inplace=False):
+    return x * _hardsigmoid(x)
+
+
+@_fn("selu")
+def _selu(x, inplace=False):
+    alpha, scale = 1.6732632423543772, 1.0507009873554805
+    return x.dtype.type(scale) * _elu_function(x, alpha)
+
+
+@_fn("celu")
+def _celu(x, alpha=1.0, inplace=False):
+    return np.where(x > 0, x, x.dtype.type(alpha) * np.expm1(x / x.dtype.type(alpha)))
+
+
+@_fn("logsigmoid")
+def _logsigmoid(x):
+    return -_softplus(-x)
+
+
+@_fn("softsign")
+def _softsign(x):
+    return x / (x.dtype.type(1) + np.abs(x))
+
+
+@_fn("rms_norm")
+def _rms_norm(x, normalized_shape, weight=None, eps=None):
+    axes = tuple(range(-len(normalized_shape), 0))
+    eps = np.finfo(x.dtype).eps if eps is None else eps
+    y = x / np.sqrt((x * x).mean(axes, keepdims=True) + x.dtype.type(eps))
+    return y if weight is None else y * weight
+
+
+@_fn("_weight_norm")
+def _weight_norm(v, g, dim=0):
+    axes = tuple(i for i in range(v.ndim) if i != dim % v.ndim)
+    return v * (g / np.sqrt((v * v).sum(axes, keepdims=True)))
 
 
 @_fn("softplus")
@@ -499,19 +563,43 @@ def _squeeze(x, dim=None):
     return np.squeeze(x, dims) if dims else x
 
 
+def _piece_index(whole: torch.Tensor, piece: torch.Tensor) -> tuple:
+    """The index of `whole` that gives `piece`, a view of it cut along one axis."""
+    cut = [i for i, (a, b) in enumerate(zip(whole.shape, piece.shape, strict=True)) if a != b]
+    if not cut:
+        return (slice(None),)
+    start = (piece.data_ptr() - whole.data_ptr()) // whole.element_size() // whole.stride(cut[0])
+    return (*(slice(None),) * cut[0], slice(start, start + piece.shape[cut[0]]))
+
+
+def _items(indices: list[tuple]) -> Callable[[np.ndarray], tuple[np.ndarray, ...]]:
+    get = operator.itemgetter(*indices)
+    return (lambda x: (get(x),)) if len(indices) == 1 else get
+
+
+def _pieces(x: np.ndarray, sizes: list[int], dim: int) -> tuple[np.ndarray, ...]:
+    """Views of `x` cut along `dim` into pieces of `sizes` (slicing: np.split costs microseconds)."""
+    before, start, pieces = (slice(None),) * (dim % x.ndim), 0, []
+    for size in sizes:
+        pieces.append(x[(*before, slice(start, start + size))])
+        start += size
+    return tuple(pieces)
+
+
 @_fn("chunk")
 def _chunk(x, chunks, dim=0):
     size = -(-x.shape[dim] // chunks)
-    return tuple(np.split(x, range(size, x.shape[dim], size), axis=dim))
+    return _pieces(
+        x, [min(size, x.shape[dim] - start) for start in range(0, x.shape[dim], size)], dim
+    )
 
 
 @_fn("split")
 def _split(x, split_size_or_sections, dim=0):
-    if isinstance(split_size_or_sections, int):
-        bounds = range(split_size_or_sections, x.shape[dim], split_size_or_sections)
-    else:
-        bounds = np.cumsum(split_size_or_sections)[:-1]
-    return tuple(np.split(x, bounds, axis=dim))
+    sizes = split_size_or_sections
+    if isinstance(sizes, int):
+        sizes = [min(sizes, x.shape[dim] - start) for start in range(0, x.shape[dim], sizes)]
+    return _pieces(x, list(sizes), dim)
 
 
 @_fn("cat")
@@ -568,14 +656,6 @@ def _module_form(module: nn.Module) -> Callable[..., Any] | None:
     if callable(getattr(module, "numpy_snapshot", None)):
         return module.numpy_snapshot()
     return None
-
-
-def _known(module: nn.Module) -> bool:
-    """Whether a call of `module` is recorded as one call (a layer the copy knows, or any module of
-    torch's own, which refuses to be copied if unknown) rather than followed into."""
-    return _has_form(module) or (
-        type(module).__module__.startswith("torch.nn.") and not _is_container(module)
-    )
 
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
@@ -641,31 +721,36 @@ class _Recorder(torch.overrides.TorchFunctionMode):
                 module.register_forward_pre_hook(self._enter, with_kwargs=True),
                 module.register_forward_hook(self._leave, with_kwargs=True),
             ]
+        self.hook_ids = {handle.id for handle in self.handles}
 
     def describe(self, module: nn.Module) -> str:
         name = self.names.get(module)
         return f"{type(module).__name__} at {name}" if name else type(module).__name__
 
+    def _known(self, module: nn.Module) -> bool:
+        """Whether a call of `module` is recorded whole, by its NumPy form: a layer the copy knows,
+        with no hook or parametrization of the user's (a module with one is followed into, and so
+        are the user's own modules and torch's that the copy has no form for)."""
+        hooks = [*module._forward_hooks, *module._forward_pre_hooks]
+        return (
+            _has_form(module)
+            and not set(hooks) - self.hook_ids
+            and not torch.nn.utils.parametrize.is_parametrized(module)
+        )
+
     def _enter(self, module, args, kwargs):
         self.where.append(self.describe(module))
-        if self.inside or _known(module):
+        if self.inside or self._known(module):
             self.inside += 1
 
     def _leave(self, module, args, kwargs, output):
         self.where.pop()
-        if not (self.inside and (self.inside > 1 or _known(module))):
+        if not (self.inside and (self.inside > 1 or self._known(module))):
             return
         self.inside -= 1
         if self.inside or not self._depends((args, kwargs)):
             return
         self.busy = True
-        if (
-            module._forward_hooks.keys() - {h.id for h in self.handles}
-            or len(module._forward_pre_hooks) > 1
-        ):
-            raise NoNumpyForm(f"{self.describe(module)} has forward hooks")
-        if not _has_form(module):
-            raise NoNumpyForm(f"no NumPy form for {self.describe(module)}")
         self.where.append(self.describe(module))
         self._line(module, args, kwargs, output)
         self.where.pop()
@@ -759,6 +844,8 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             raise NoNumpyForm(f"{name}() reads a value of the network in {self.where[-1]}")
         if name.endswith("_") and not name.endswith("__"):
             raise NoNumpyForm(f"the in-place {name} in {self.where[-1]}")
+        if "dropout" in name and kwargs.get("training", args[2] if len(args) > 2 else True):
+            raise NoNumpyForm(f"{name} in train mode draws at random in {self.where[-1]}")
         if name in ("expand_as", "expand", "broadcast_to", "broadcast_tensors"):
             # They read only shapes, fixed here: expanding a weight is done once per refresh.
             for x, y in zip(
@@ -766,6 +853,11 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             ):
                 if id(x) in self.slots:
                     self._line(np.broadcast_to, (x, tuple(y.shape)), {}, y)
+            return
+        if name in ("chunk", "split") and isinstance(output, tuple):
+            # views at the recorded shapes: one C call that indexes each (np.split costs microseconds)
+            pieces = [_piece_index(args[0], piece) for piece in output]
+            self._line(_items(pieces), args[:1], {}, output)
             return
         if name not in FUNCTIONS:
             raise NoNumpyForm(f"no NumPy form for torch's {name} in {self.where[-1]}")
@@ -840,6 +932,9 @@ class NumpyCopy:
         if line.form is None:
             source, path = line.arguments
             return f"{line.target} = {source}" + "".join(f"[{i}]" for i in path)
+        if line.form is np.reshape:  # a method call: np.reshape costs a dispatch
+            (source, shape), _ = line.arguments
+            return f"{line.target} = {_source(source)}.reshape({shape!r})"
         function = f"f_{line.target}"
         if isinstance(line.form, nn.Module):
             self.modules[function] = line.form

@@ -127,6 +127,19 @@ EDITS = {
         ),
         notice=TRAINS_OTHERWISE,
     ),
+    "fc_softsign_and_spectral_norm": Edit(
+        "ppo_fc",
+        (
+            ("nn.Tanh()", "nn.Softsign()"),
+            (
+                "layer_init(nn.Linear(hidden_size, self.action_size), std=0.01),",
+                "nn.utils.parametrizations.spectral_norm(\n"
+                "                    layer_init(nn.Linear(hidden_size, self.action_size), std=0.01)\n"
+                "                ),",
+            ),
+        ),
+        notice=TRAINS_OTHERWISE,  # its power iteration runs in train mode only
+    ),
     "fc_residual_block_with_a_gate": Edit(
         "ppo_fc",
         (
@@ -143,7 +156,7 @@ EDITS = {
         ),
     ),
     "fc_an_activation_it_has_no_numpy_form_for": Edit(
-        "ppo_fc", (("nn.Tanh()", "nn.Softsign()"),), rollout="torch", notice=FALLBACK
+        "ppo_fc", (("nn.Tanh()", "nn.PReLU()"),), rollout="torch", notice=FALLBACK
     ),
     # ppo_lstm: the recurrent core and what comes around it
     "lstm_layer_after_the_core": Edit(

@@ -321,7 +321,7 @@ NETWORK_EDITS = {
         "    nn.init.orthogonal_(layer.weight, std)",
         "    layer.register_forward_hook(lambda module, inputs, output: 2 * output)\n"
         "    nn.init.orthogonal_(layer.weight, std)",
-        "torch",
+        "numpy",  # the hook runs inside the call, and is recorded with it
     ),
     # The rollout's check, the recorded log-probabilities and the update all follow `distribution`.
     "colder_distribution": (

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import torch
 
-from benchmark.readability import REPO, SCRIPTS, action_path, action_statements, read, table
+from benchmark.readability import (
+    REPO,
+    SCRIPTS,
+    action_path,
+    action_statements,
+    common_names,
+    read,
+    table,
+)
 from benchmark.same_parameters import fingerprint
 
 
@@ -80,3 +88,19 @@ def test_a_fingerprint_follows_values_not_names(tmp_path: Path) -> None:
         checkpoint("c_attn.weight", 1.0)
     )
     assert fingerprint(checkpoint("qkv.weight", 1.0)) != fingerprint(checkpoint("qkv.weight", 1.5))
+
+
+def test_common_names_count_a_module_once_imported_and_each_name_it_reaches(tmp_path: Path) -> None:
+    path = tmp_path / "toy.py"
+    path.write_text(
+        "from common import cli, envs\nfrom common.errors import UsageError\n"
+        "def main():\n    cli.parse_args(1)\n    cli.exit_status(2)\n    envs.IMAGE\n    raise UsageError()\n"
+    )
+    imported, used = common_names(path)
+    assert imported == ["common.cli", "common.envs", "common.errors.UsageError"]
+    assert used == [
+        "common.cli.exit_status",
+        "common.cli.parse_args",
+        "common.envs.IMAGE",
+        "common.errors.UsageError",
+    ]
