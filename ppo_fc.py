@@ -410,13 +410,11 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            # The rollout only acts, in eval mode; log-probs and values come after it, from one
-            # torch pass.
+            # The rollout acts in eval mode; log-probs and values come after it, in one torch pass.
             agent.eval()
             sampling_noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise = sampling_noise.cpu().numpy()
-            obs[0] = next_obs
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, obs[0], noise[0])
+            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs, noise[0])
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs

@@ -9,6 +9,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -471,14 +472,8 @@ def train(args: Args) -> TrainResult:
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
     max_reward = args.norm_reward_clip
     # dropout, batch norm: the rollout acts in eval mode, the update trains in train mode
-    first_starts = torch.ones(1, args.num_envs, dtype=torch.bool, device=device)
-    train_mode_differs = stand_in.acts_otherwise_in_training(
-        agent,
-        lambda net, obs: net(
-            observation_tensor(obs, device)[None], net.initial_state(args.num_envs), first_starts
-        ),
-        next_obs,
-    )
+    first_steps = partial(first_step, num_envs=args.num_envs)
+    train_mode_differs = stand_in.acts_otherwise_in_training(agent, first_steps, next_obs)
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -487,14 +482,12 @@ def train(args: Args) -> TrainResult:
                 lrnow = (1.0 - frac) * args.learning_rate + frac * args.end_learning_rate
                 optimizer.param_groups[0]["lr"] = lrnow
 
-            # The rollout only acts, in eval mode; log-probs and values come after it, from one
-            # torch pass along it.
+            # The rollout acts in eval mode; log-probs and values come after it, in one torch pass.
             agent.eval()
             b_noise = agent.sampling_noise((args.num_steps, args.num_envs))  # (steps, envs, ...)
             noise = b_noise.cpu().numpy()
-            obs[0] = next_obs
-            first_step = (obs[0], next_rnn_state, next_starts, noise[0])
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, *first_step)
+            first = (next_obs, next_rnn_state, next_starts, noise[0])
+            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, *first)
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
@@ -555,11 +548,10 @@ def train(args: Args) -> TrainResult:
                     mb_initial_state = sequences.initial_state(b_rnn_states, mb)
                     actor_out, newvalue, _ = agent(b_obs[mb_inds], mb_initial_state, mb_starts)
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
-                        replayed = (actor_out, newvalue)
-                        if train_mode_differs:  # dropout: the rollout's pass was in eval mode
-                            replayed = eval_pass(agent, b_obs[mb_inds], mb_initial_state, mb_starts)
+                        mb_sequences = (b_obs[mb_inds], mb_initial_state, mb_starts)
+                        replayed = eval_pass(agent, *mb_sequences) if train_mode_differs else None
                         recorded = (b_actor_outs[mb_inds], b_values[mb_inds])
-                        check_replay(mb_initial_state, mb_starts, replayed, recorded)
+                        check_replay(*mb_sequences[1:], replayed or (actor_out, newvalue), recorded)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
@@ -775,6 +767,13 @@ def check_replay(
             f"tolerance {tolerance.item():.3g}, {where}): each training sequence must start from the state "
             f"recorded in the rollout and reset it where an episode starts"
         )
+
+
+def first_step(agent: Agent, obs: np.ndarray | dict, num_envs: int) -> tuple[Tensor, ...]:
+    """The agent's first step in `num_envs` envs whose episodes start at observations `obs`."""
+    device = next(agent.parameters()).device
+    starts = torch.ones(1, num_envs, dtype=torch.bool, device=device)
+    return agent(observation_tensor(obs, device)[None], agent.initial_state(num_envs), starts)
 
 
 @torch.no_grad()

@@ -647,12 +647,8 @@ def train(args: Args) -> TrainResult:
     carried = Carried.start(run.carried, run.envs.single_observation_space, num_envs, prefix)
     max_reward = args.norm_reward_clip
     # Dropout and the like: the rollout and the checks run in eval mode, the update in train mode.
-    first_positions, first_starts = np.zeros(num_envs, np.int64), np.ones(num_envs, bool)
-    trains_otherwise = stand_in.acts_otherwise_in_training(
-        agent,
-        lambda net, obs: Context.empty(net, num_envs).step(obs, first_positions, first_starts),
-        next_obs,
-    )
+    first_steps = partial(first_step, num_envs=num_envs)
+    trains_otherwise = stand_in.acts_otherwise_in_training(agent, first_steps, next_obs)
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -725,10 +721,7 @@ def train(args: Args) -> TrainResult:
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         replayed = (actor_out, newvalue)
                         if trains_otherwise:  # the rollout acted in eval mode: so does its replay
-                            agent.eval()
-                            with torch.no_grad():
-                                replayed = agent(*mb_sequences, outputs_from=prefix)[:2]
-                            agent.train()
+                            replayed = eval_pass(agent, *mb_sequences, outputs_from=prefix)
                         mb_acted = (acted_outs[mb_envs], acted_values[mb_envs])
                         check_outputs(replayed, mb_acted, b_positions[mb_envs], REPLAY_MISMATCH)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_envs])
@@ -919,6 +912,22 @@ class Carried:
         self.context_obs = observation_map(last_steps, b_obs)
         self.context_positions = last_steps(b_positions)
         self.context_valid = last_steps(current)
+
+
+def first_step(agent: Agent, obs: np.ndarray | dict, num_envs: int) -> tuple[Tensor, Tensor]:
+    """The actor outputs and values of `num_envs` envs' first steps of episodes, at `obs`."""
+    return Context.empty(agent, num_envs).step(
+        obs, np.zeros(num_envs, np.int64), np.ones(num_envs, bool)
+    )
+
+
+@torch.no_grad()
+def eval_pass(agent: Agent, *inputs: Any, **options: Any) -> tuple[Tensor, Tensor]:
+    """The actor outputs and values of `agent` in eval mode, as the rollout acted."""
+    agent.eval()
+    actor_out, value, _ = agent(*inputs, **options)
+    agent.train()
+    return actor_out, value
 
 
 def by_env(rollout: np.ndarray, device: torch.device) -> Tensor:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy as copy_module
 import math
 import operator
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -274,8 +273,8 @@ def acts_otherwise_in_training(
 def _noise_like(array: np.ndarray, noise: np.random.Generator) -> np.ndarray:
     if array.dtype == np.uint8:  # images
         return noise.integers(0, 256, array.shape, dtype=np.uint8)
-    if array.dtype == bool:
-        return noise.random(array.shape) < 0.5
+    if array.dtype == bool or np.issubdtype(array.dtype, np.integer):  # one-hot and flags
+        return (noise.random(array.shape) < 0.5).astype(array.dtype)
     return noise.standard_normal(array.shape).astype(array.dtype)
 
 
@@ -333,8 +332,8 @@ _ALIASES = {
     "float": lambda x, memory_format=None: x.astype(np.float32, copy=False),
     "bool": lambda x, memory_format=None: x.astype(bool, copy=False),
     "long": lambda x, memory_format=None: x.astype(np.int64, copy=False),
-    "type_as": lambda x, other: x.astype(other.dtype, copy=False),
-    "unsqueeze": np.expand_dims, "transpose": np.swapaxes, "t": np.transpose,
+    "unsqueeze": lambda x, dim: np.expand_dims(x, dim),
+    "transpose": lambda x, dim0, dim1: np.swapaxes(x, dim0, dim1), "t": np.transpose,
     "T": lambda x: x.T, "mT": lambda x: np.swapaxes(x, -1, -2), "data": _identity,
 }  # fmt: skip
 FUNCTIONS.update(_ALIASES)
@@ -614,12 +613,6 @@ def _stack(tensors, dim=0):
     return np.stack(tensors, axis=dim)
 
 
-@_fn("to")
-def _to(x, *args, **kwargs):
-    dtypes = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.dtype)]
-    return x.astype(_NUMPY_DTYPES[dtypes[0]], copy=False) if dtypes else x
-
-
 _NUMPY_DTYPES = {
     torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64,
     torch.int32: np.int32, torch.bool: np.bool_, torch.uint8: np.uint8,
@@ -748,18 +741,18 @@ class _Recorder(torch.overrides.TorchFunctionMode):
         if not (self.inside and (self.inside > 1 or self._known(module))):
             return
         self.inside -= 1
-        if self.inside or not self._depends((args, kwargs)):
+        weights = [*module.parameters(), *module.buffers()]
+        if self.inside or not self._depends((args, kwargs, weights)):
             return
         self.busy = True
         self.where.append(self.describe(module))
-        self._line(module, args, kwargs, output)
+        inplace = getattr(module, "inplace", False)
+        self._line(module, args, kwargs, output, inplace=inplace)
         self.where.pop()
         self.busy = False
 
     def _depends(self, value: Any) -> bool:
-        return any(
-            isinstance(x, torch.Tensor) and id(x) in self.slots for x in pytree.tree_leaves(value)
-        )
+        return any(isinstance(x, torch.Tensor) and id(x) in self.slots for x in _leaves(value))
 
     def name(self, tensor: torch.Tensor, kind: str = "v") -> str:
         self.alive.append(tensor)
@@ -767,14 +760,15 @@ class _Recorder(torch.overrides.TorchFunctionMode):
         self.values[name] = tensor
         return name
 
-    def _line(self, form: Any, args: Any, kwargs: Any, output: Any) -> None:
-        """A line of the program: `form` of `args` and `kwargs` gives `output`."""
+    def _line(self, form: Any, args: Any, kwargs: Any, output: Any, inplace: bool = False) -> None:
+        """A line of the program: `form` of `args` and `kwargs` gives `output` (`inplace`: in the
+        first argument, whose name then stands for the result)."""
         where = self.where[-1]
         if isinstance(output, torch.Tensor):
             first = args[0] if args else None
-            if output is first:  # torch gave its input back (x.float() of floats): same name
+            if output is first and not inplace:  # its input back (x.float() of floats): same name
                 return
-            same_elements = (
+            same_elements = not inplace and (
                 isinstance(first, torch.Tensor)
                 and id(first) in self.slots
                 and output.dtype == first.dtype
@@ -820,6 +814,8 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             return type(value)(self.template(x) for x in value)
         if isinstance(value, dict):
             return {key: self.template(x) for key, x in value.items()}
+        if isinstance(value, slice) and _leaves(value):
+            raise NoNumpyForm(f"a slice bounded by a tensor in {self.where[-1]}")
         return value
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -842,8 +838,19 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             if name in SHAPE_QUERIES:
                 return
             raise NoNumpyForm(f"{name}() reads a value of the network in {self.where[-1]}")
-        if name.endswith("_") and not name.endswith("__"):
+        if (name.endswith("_") and not name.endswith("__")) or "out" in kwargs:
             raise NoNumpyForm(f"the in-place {name} in {self.where[-1]}")
+        if name == "__getitem__" and any(
+            isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.uint8)
+            for x in _leaves(args[1:])
+        ):
+            raise NoNumpyForm(
+                f"a mask picks a number of elements that depends on values in {self.where[-1]}"
+            )
+        if name == "where" and len(args) + len(kwargs) == 1:
+            raise NoNumpyForm(
+                f"where(condition) gives a number of elements that depends on values in {self.where[-1]}"
+            )
         if "dropout" in name and kwargs.get("training", args[2] if len(args) > 2 else True):
             raise NoNumpyForm(f"{name} in train mode draws at random in {self.where[-1]}")
         if name in ("expand_as", "expand", "broadcast_to", "broadcast_tensors"):
@@ -859,13 +866,31 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             pieces = [_piece_index(args[0], piece) for piece in output]
             self._line(_items(pieces), args[:1], {}, output)
             return
+        if name in ("to", "type_as", "type") and isinstance(output, torch.Tensor):
+            dtype = _NUMPY_DTYPES.get(output.dtype)
+            if dtype is None:
+                raise NoNumpyForm(f"no NumPy form for the dtype {output.dtype} in {self.where[-1]}")
+            self._line(_cast(dtype), args[:1], {}, output)
+            return
         if name not in FUNCTIONS:
             raise NoNumpyForm(f"no NumPy form for torch's {name} in {self.where[-1]}")
-        self._line(FUNCTIONS[name], args, kwargs, output)
+        self._line(FUNCTIONS[name], args, kwargs, output, inplace=bool(kwargs.get("inplace")))
 
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+def _leaves(value: Any) -> list[Any]:
+    """The leaves of `value`, those in slices too."""
+    leaves = []
+    for x in pytree.tree_leaves(value):
+        leaves += [x.start, x.stop, x.step] if isinstance(x, slice) else [x]
+    return [x for x in leaves if x is not None]
+
+
+def _cast(dtype: type) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda x: x.astype(dtype, copy=False)
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -954,14 +979,29 @@ class NumpyCopy:
     def __call__(self, *inputs: np.ndarray) -> Any:
         return self.policy(*inputs)
 
-    def first_difference(self, inputs: Sequence[np.ndarray], expected: Any) -> str | None:
-        """Where the copy's outputs on `inputs` differ from torch's `expected` ones: None if they
-        agree to 1e-4, else the first recorded line whose value differs (its module or call)."""
+    def agrees(self, inputs: Sequence[np.ndarray], expected: list[torch.Tensor]) -> bool:
+        """Whether the copy's outputs on `inputs` are torch's `expected` ones: floats to 1e-4, and
+        integers (argmax draws) but for one element, which a float32 tie may flip."""
         outputs = pytree.tree_leaves(self(*inputs))
-        if len(outputs) == len(expected) and all(
-            np.shape(a) == tuple(b.shape) and np.allclose(a, b.cpu().numpy(), rtol=1e-4, atol=1e-4)
-            for a, b in zip(outputs, expected, strict=True)
-        ):
+        if len(outputs) != len(expected):
+            return False
+        for output, torch_output in zip(outputs, expected, strict=True):
+            torch_output = torch_output.cpu().numpy()
+            if np.shape(output) != torch_output.shape:
+                return False
+            if np.issubdtype(torch_output.dtype, np.floating):
+                if not np.allclose(output, torch_output, rtol=1e-4, atol=1e-4):
+                    return False
+            elif np.count_nonzero(output != torch_output) > 1:
+                return False
+        return True
+
+    def first_difference(
+        self, inputs: Sequence[np.ndarray], expected: list[torch.Tensor]
+    ) -> str | None:
+        """Where a new recording's outputs on its `inputs` differ from torch's `expected` ones: None
+        if they agree (`agrees`), else the first line whose value differs (its module or call)."""
+        if self.agrees(inputs, expected):
             return None
         values = {**self.namespace, **self.namespace["every_value"](*inputs)}
         for line in self.recorder.lines:
@@ -977,7 +1017,9 @@ class NumpyCopy:
 
 def _argument(value: Any, namespace: dict[str, Any]) -> str:
     """Source for an argument: names for slots; constants of other kinds go in `namespace`."""
-    if isinstance(value, (_Slot, int, float, bool, str, type(None))):
+    if isinstance(value, (_Slot, int, bool, str, type(None))) or (
+        isinstance(value, float) and math.isfinite(value)
+    ):
         return _source(value)
     if isinstance(value, (tuple, list)):
         parts = [_argument(x, namespace) for x in value]
@@ -1011,17 +1053,26 @@ def record_numpy_copy(
     recorder = _Recorder(network)
     tensors = _as_tensors(inputs, network)
     names = [recorder.name(x) for x in tensors]
+    state = _random_states()
     try:
         with torch.no_grad(), recorder:
             expected = policy(*tensors)
     finally:
         recorder.close()
+    if not all(torch.equal(a, b) for a, b in zip(state, _random_states(), strict=True)):
+        raise NoNumpyForm("the policy draws from torch's generator (its own noise, a sample())")
     copy = NumpyCopy(recorder, names, recorder.template(expected))
     copy.refresh()
     where = copy.first_difference(inputs, _tensors(expected))
     if where is not None:
         raise NoNumpyForm(f"its NumPy form computes otherwise than torch in {where}")
+    recorder.alive, recorder.values = [], {}  # torch's values: only the check needed them
     return copy
+
+
+def _random_states() -> list[torch.Tensor]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return [torch.random.get_rng_state(), *cuda]
 
 
 def _as_tensors(inputs: Sequence[np.ndarray], network: nn.Module) -> list[torch.Tensor]:
@@ -1036,7 +1087,8 @@ def numpy_copy(
     `network`'s current weights, checked against torch on `inputs` (a rollout's first ones);
     recorded once per network and policy, and recorded again if the check fails. None, with one
     notice, where the copy cannot follow the policy: the caller then acts with torch."""
-    copies = _copies.setdefault(network, {})
+    # kept on the network: a copy refers to it, and they go together
+    copies = network.__dict__.setdefault("_numpy_copies", {})
     key = getattr(policy, "__code__", type(policy))  # a new closure each rollout: its code
     if key in copies and copies[key] is None:
         return None
@@ -1046,7 +1098,7 @@ def numpy_copy(
             copy.refresh()
             with torch.no_grad():
                 expected = _tensors(policy(*_as_tensors(inputs, network)))
-            if copy.first_difference(inputs, expected) is None:
+            if copy.agrees(inputs, expected):
                 return copy.policy
         copies[key] = copy = record_numpy_copy(policy, inputs, network)
     except Exception as exc:  # whatever an edit did: the torch policy is always right
@@ -1055,9 +1107,3 @@ def numpy_copy(
         notice(f"the rollout acts with the torch policy at every step (no NumPy copy: {reason})")
         return None
     return copy.policy
-
-
-_copies: weakref.WeakKeyDictionary[nn.Module, dict[Any, NumpyCopy | None]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Each network's copies, by the code of their policy function"""

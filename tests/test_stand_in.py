@@ -264,3 +264,91 @@ def test_a_network_that_trains_otherwise_is_told_without_touching_the_run():
     assert stand_in.acts_otherwise_in_training(dropout, forward, x)
     assert torch.equal(torch.random.get_rng_state(), state)  # and the run's draws
     assert dropout.training and normed.training
+
+
+# What a review found the copy got wrong on inputs other than the recorded ones: each now copied right or refused.
+
+
+def later_inputs(seed: int = 1, scale: float = 1.0) -> list[tuple[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [((rng.normal(size=(8, 4)) * scale).astype(np.float32),) for _ in range(5)]
+
+
+def test_in_place_results_are_what_later_lines_read():
+    torch.manual_seed(0)
+    network = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True))
+
+    def clipped(x):
+        h = network[0](x)
+        F.hardtanh(h, -0.1, 0.1, inplace=True)  # does nothing to small first inputs
+        return h * 2
+
+    def shared(x):
+        h = x * 1.0
+        return network[1](h) + h  # ReLU(inplace=True) changed h
+
+    small = (np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32) * 0.01,)
+    assert_copies(clipped, network, *small, later=later_inputs(scale=10))
+    assert_copies(shared, network, *small, later=later_inputs())
+
+
+def test_a_layer_of_the_network_on_a_constant_input_follows_its_weights():
+    torch.manual_seed(0)
+    network = nn.ModuleDict({"body": nn.Linear(4, 3), "bias": nn.Linear(1, 3)})
+
+    def policy(x):
+        return network["body"](x) + network["bias"](torch.ones(1, 1))
+
+    x = later_inputs()[0]
+    copy = numpy_copy(policy, x, network)
+    with torch.no_grad():
+        network["bias"].bias.add_(0.5)
+    assert numpy_copy(policy, x, network) is copy
+    with torch.no_grad():
+        np.testing.assert_allclose(
+            copy(*x), policy(torch.as_tensor(x[0])).numpy(), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_casts_follow_torchs_dtypes_and_infinite_constants_are_written_out():
+    network = nn.Linear(4, 4)
+
+    def policy(x):
+        counts = (x > 0).to(x) + (x > 1).to(x)  # floats: 2 where both hold, not a logical or
+        return torch.where(counts > 1, network(x), float("-inf")).clamp(min=-1e6) * counts
+
+    assert_copies(policy, network, *later_inputs(scale=0.3)[0], later=later_inputs(scale=3))
+
+
+@pytest.mark.parametrize(
+    "policy, named",
+    [
+        (lambda net, x: net(x) + torch.randn(8, 4), "draws from torch's generator"),
+        (
+            lambda net, x: Normal(net(x), 1.0, validate_args=False).rsample(),
+            "draws from torch's generator",
+        ),
+        (lambda net, x: net(x)[:, : (x[0] > 0).sum()].sum(-1), "slice bounded by a tensor"),
+        (
+            lambda net, x: net(x)[x > 0].view(-1, 1).sum(0),
+            "number of elements that depends on values",
+        ),
+        (lambda net, x: torch.clamp(net(x), -1, 1, out=torch.empty(8, 4)), "in-place clamp"),
+    ],
+)
+def test_what_differs_at_later_inputs_is_refused(policy, named):
+    network = nn.Linear(4, 4)
+    with pytest.raises(NoNumpyForm, match=named):
+        record_numpy_copy(lambda x: policy(network, x), later_inputs()[0], network)
+
+
+def test_a_network_and_its_copies_are_freed_together():
+    import gc
+    import weakref
+
+    network = nn.Linear(4, 4)
+    assert numpy_copy(network, later_inputs()[0], network) is not None
+    alive = weakref.ref(network)
+    del network
+    gc.collect()
+    assert alive() is None
