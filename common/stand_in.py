@@ -814,7 +814,7 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             return type(value)(self.template(x) for x in value)
         if isinstance(value, dict):
             return {key: self.template(x) for key, x in value.items()}
-        if isinstance(value, slice) and _leaves(value):
+        if isinstance(value, slice) and any(isinstance(x, torch.Tensor) for x in _leaves(value)):
             raise NoNumpyForm(f"a slice bounded by a tensor in {self.where[-1]}")
         return value
 
