@@ -343,8 +343,10 @@ def train(args: Args) -> TrainResult:
                 actions = np.random.uniform(low, high, (args.num_envs, action_size))
                 actions = actions.astype(np.float32)
             else:
-                with torch.no_grad():
+                with torch.no_grad():  # in eval mode (dropout, batch norm), as evaluation acts
+                    agent.actor.eval()
                     actions = agent.actor(torch.as_tensor(obs, device=device)).cpu().numpy()
+                    agent.actor.train()
                 actions = np.clip(actions + noise * half_range, low, high)
             env_actions = actions.reshape(args.num_envs, *action_space.shape)
             next_obs, rewards, terminations, truncations, infos = run.envs.step(env_actions)

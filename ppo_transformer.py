@@ -639,9 +639,6 @@ def train(args: Args) -> TrainResult:
     positions = np.zeros((args.num_steps, num_envs), dtype=np.int64)  # each step's in its episode
     # where an episode was truncated: the value of its last observation
     final_values = np.zeros((args.num_steps, num_envs), dtype=np.float32)
-    # what the rollout acted on (envs, steps): the update's pass must give the same
-    acted_outs = torch.zeros((num_envs, args.num_steps, agent.action_size), device=device)
-    acted_values = torch.zeros((num_envs, args.num_steps), device=device)
 
     prefix = agent.receptive_field  # the steps before the rollout's in each sequence
     carried = Carried.start(run.carried, run.envs.single_observation_space, num_envs, prefix)
@@ -660,16 +657,20 @@ def train(args: Args) -> TrainResult:
             # The rollout acts through the key/value context, in eval mode.
             agent.eval()
             context = carried.context(agent)
+            acted_outs, acted_values = (
+                [],
+                [],
+            )  # what it acted on: the update's pass must give the same
             for step in range(args.num_steps):
                 global_step += num_envs * world_size
                 obs[step] = next_obs
                 episode_starts[step] = carried.episode_starts
                 positions[step] = carried.episode_positions
-                acted_outs[:, step], acted_values[:, step] = context.step(
-                    obs[step], positions[step], episode_starts[step]
-                )
+                actor_out, value = context.step(obs[step], positions[step], episode_starts[step])
+                acted_outs.append(actor_out)
+                acted_values.append(value)
                 with torch.no_grad():
-                    actions[step] = agent.distribution(acted_outs[:, step]).sample().cpu().numpy()
+                    actions[step] = agent.distribution(actor_out).sample().cpu().numpy()
                 sent_action = agent.env_action(actions[step])
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
                 terminations[step] = terminated
@@ -695,6 +696,7 @@ def train(args: Args) -> TrainResult:
             b_actions = by_env(actions, device)
             with torch.no_grad():
                 b_actor_outs, b_values, _ = agent(b_obs, b_positions, b_mask, outputs_from=prefix)
+                acted_outs, acted_values = torch.stack(acted_outs, 1), torch.stack(acted_values, 1)
                 acted = (acted_outs, acted_values)
                 check_outputs((b_actor_outs, b_values), acted, b_positions, CONTEXT_MISMATCH)
                 b_logprobs = check_policy(b_actor_outs, b_actions, agent)

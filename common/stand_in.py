@@ -254,11 +254,17 @@ def acts_otherwise_in_training(
     in eval mode and update in train mode."""
     noise = np.random.default_rng(0)  # its own: the run's draws stay as they are
     obs = observation_map(lambda part: _noise_like(part, noise), like)
-    copy = copy_module.deepcopy(network)
+    try:
+        copy = copy_module.deepcopy(network)
+    except RuntimeError:  # the old nn.utils.weight_norm, say: the network itself, restored after
+        copy = network
+    state = {key: value.clone() for key, value in network.state_dict().items()}
     device = next(network.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
         acting = _tensors(forward(copy.eval(), obs))
         training = _tensors(forward(copy.train(), obs))
+    if copy is network:
+        network.load_state_dict(state)
     differs = any(
         a.shape != b.shape or not torch.equal(a, b) for a, b in zip(acting, training, strict=True)
     )
@@ -321,7 +327,10 @@ _ALIASES = {
     "logical_and": np.logical_and, "logical_or": np.logical_or, "abs": np.abs, "__abs__": np.abs,
     "reciprocal": np.reciprocal, "rsqrt": lambda x: 1 / np.sqrt(x), "atan": np.arctan,
     "clamp_min": np.maximum, "clamp_max": np.minimum, "sign": np.sign, "floor": np.floor,
-    "mv": np.matmul, "mm": np.matmul, "bmm": np.matmul, "dot": np.dot, "vdot": np.vdot,
+    "zeros_like": lambda x, **kwargs: np.zeros_like(x),
+    "ones_like": lambda x, **kwargs: np.ones_like(x),
+    "full_like": lambda x, value, **kwargs: np.full_like(x, value), "mv": np.matmul,
+    "mm": np.matmul, "bmm": np.matmul, "dot": np.dot, "vdot": np.vdot,
     "outer": np.outer, "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
     "square": np.square, "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "maximum": np.maximum,
     "minimum": np.minimum, "eq": np.equal, "__eq__": np.equal, "ne": np.not_equal,
@@ -430,6 +439,110 @@ def _celu(x, alpha=1.0, inplace=False):
 @_fn("logsigmoid")
 def _logsigmoid(x):
     return -_softplus(-x)
+
+
+@_fn("group_norm")
+def _group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    grouped = x.reshape(x.shape[0], num_groups, -1)
+    centred = grouped - grouped.mean(-1, keepdims=True)
+    variance = (centred * centred).mean(-1, keepdims=True)
+    y = (centred / np.sqrt(variance + x.dtype.type(eps))).reshape(x.shape)
+    channels = (-1,) + (1,) * (x.ndim - 2)
+    y = y if weight is None else y * weight.reshape(channels)
+    return y if bias is None else y + bias.reshape(channels)
+
+
+@_fn("embedding")
+def _embedding(indices, weight, padding_idx=None, max_norm=None, *args, **kwargs):
+    if max_norm is not None:
+        raise NoNumpyForm("an embedding with max_norm renormalises its weights in place")
+    return weight[indices]
+
+
+@_fn("norm")
+def _norm(x, p="fro", dim=None, keepdim=False, dtype=None):
+    order = 2 if p in ("fro", 2, 2.0) else p
+    if dim is None:
+        return np.asarray(np.linalg.norm(x.reshape(-1), order), x.dtype)
+    axis = tuple(dim) if isinstance(dim, (list, tuple)) else dim
+    return np.linalg.norm(x, order, axis=axis, keepdims=keepdim).astype(x.dtype)
+
+
+@_fn("normalize")
+def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
+    return x / np.maximum(_norm(x, p, dim, keepdim=True), x.dtype.type(eps))
+
+
+def _spread(function: Callable) -> Callable:
+    def spread(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+        ddof = correction if correction is not None else (0 if unbiased is False else 1)
+        axis = tuple(dim) if isinstance(dim, list) else dim
+        return function(x, axis=axis, ddof=ddof, keepdims=keepdim)
+
+    return spread
+
+
+FUNCTIONS.update(var=_spread(np.var), std=_spread(np.std))
+
+
+@_fn("masked_fill")
+def _masked_fill(x, mask, value):
+    return np.where(mask, np.asarray(value, x.dtype), x)
+
+
+@_fn("repeat")
+def _repeat(x, *sizes):
+    return np.tile(x, _shape(sizes))
+
+
+@_fn("cumsum")
+def _cumsum(x, dim, dtype=None):
+    return np.cumsum(x, axis=dim)
+
+
+@_fn("flip")
+def _flip(x, dims):
+    return np.flip(x, axis=tuple(dims) if isinstance(dims, (list, tuple)) else dims)
+
+
+@_fn("roll")
+def _roll(x, shifts, dims=None):
+    return np.roll(x, shifts, axis=dims)
+
+
+@_fn("lerp")
+def _lerp(x, end, weight):
+    return x + weight * (end - x)
+
+
+@_fn("addcmul")
+def _addcmul(x, tensor1, tensor2, value=1):
+    return x + value * tensor1 * tensor2
+
+
+@_fn("glu")
+def _glu(x, dim=-1):
+    a, b = np.split(x, 2, axis=dim)
+    return a * _sigmoid(b)
+
+
+@_fn("softmin")
+def _softmin(x, dim=None, _stacklevel=3, dtype=None):
+    return _softmax(-x, dim)
+
+
+@_fn("erf")
+def _erf(x):
+    from scipy.special import erf  # an optional dependency: without it, erf acts in torch
+
+    return erf(x).astype(x.dtype)
+
+
+@_fn("einsum")
+def _einsum(equation, *operands):
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = operands[0]
+    return np.einsum(equation, *operands)
 
 
 @_fn("softsign")
@@ -552,6 +665,12 @@ def _permute(x, *dims):
 def _flatten(x, start_dim=0, end_dim=-1):
     start, end = start_dim % max(x.ndim, 1), end_dim % max(x.ndim, 1)
     return x.reshape(*x.shape[:start], -1, *x.shape[end + 1 :])
+
+
+@_fn("unflatten")
+def _unflatten(x, dim, sizes):
+    dim %= x.ndim
+    return x.reshape(*x.shape[:dim], *sizes, *x.shape[dim + 1 :])
 
 
 @_fn("squeeze")
@@ -704,6 +823,7 @@ class _Recorder(torch.overrides.TorchFunctionMode):
         self.lines: list[_Line] = []
         self.constants: dict[str, Any] = {}
         self.weights = {self.name(x, "w"): x for x in (*network.parameters(), *network.buffers())}
+        self.overwritten: set[str] = set()  # names whose tensor an in-place line changed later
         self.inside = 0  # how deep in a known module's call
         self.busy = False
         self.where = [type(network).__name__]
@@ -793,6 +913,8 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             ):  # a view that reshapes (flatten, view, squeeze): at the recorded shapes
                 args, kwargs, form = (first, tuple(output.shape)), {}, np.reshape
             arguments = self.template((args, kwargs))
+            if inplace and id(output) in self.slots:  # torch's value under the old name is gone
+                self.overwritten.add(self.slots[id(output)])
             self.lines.append(_Line(self.name(output), form, arguments, where))
             return
         target = f"s{len(self.lines)}"
@@ -838,7 +960,16 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             if name in SHAPE_QUERIES:
                 return
             raise NoNumpyForm(f"{name}() reads a value of the network in {self.where[-1]}")
-        if (name.endswith("_") and not name.endswith("__")) or "out" in kwargs:
+        if name.endswith("_") and not name.endswith("__") and output is args[0]:
+            # in place: as its out-of-place form, where no other tensor views the one it changes
+            viewed = args[0]._base is not None or any(x._base is args[0] for x in self.alive)
+            if self.slots[id(args[0])].startswith("w"):  # a state kept from call to call
+                raise NoNumpyForm(f"{name} changes a weight or buffer in {self.where[-1]}")
+            if name[:-1] not in FUNCTIONS or viewed:
+                raise NoNumpyForm(f"the in-place {name} in {self.where[-1]}")
+            self._line(FUNCTIONS[name[:-1]], args, kwargs, output, inplace=True)
+            return
+        if (name.endswith("_") and not name.endswith("__")) or kwargs.get("out") is not None:
             raise NoNumpyForm(f"the in-place {name} in {self.where[-1]}")
         if name == "__getitem__" and any(
             isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.uint8)
@@ -871,6 +1002,19 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             if dtype is None:
                 raise NoNumpyForm(f"no NumPy form for the dtype {output.dtype} in {self.where[-1]}")
             self._line(_cast(dtype), args[:1], {}, output)
+            return
+        first = args[0] if args else None
+        if (
+            name not in FUNCTIONS
+            and isinstance(output, torch.Tensor)
+            and isinstance(first, torch.Tensor)
+            and output.data_ptr() == first.data_ptr()
+            and output.numel() == first.numel()
+            and output.dtype == first.dtype
+            and output.is_contiguous()
+            and first.is_contiguous()
+        ):  # a view that only reshapes (unflatten, view_as, ...): at the recorded shapes
+            self._line(np.reshape, (first, tuple(output.shape)), {}, output)
             return
         if name not in FUNCTIONS:
             raise NoNumpyForm(f"no NumPy form for torch's {name} in {self.where[-1]}")
@@ -999,20 +1143,25 @@ class NumpyCopy:
     def first_difference(
         self, inputs: Sequence[np.ndarray], expected: list[torch.Tensor]
     ) -> str | None:
-        """Where a new recording's outputs on its `inputs` differ from torch's `expected` ones: None
-        if they agree (`agrees`), else the first line whose value differs (its module or call)."""
-        if self.agrees(inputs, expected):
-            return None
+        """Where a new recording on its `inputs` computes otherwise than torch: the first line whose
+        float value differs from torch's to 1e-4 (its module or call), whether or not the outputs
+        show it (an argmax hides small differences), else the outputs if they differ (`agrees`)."""
         values = {**self.namespace, **self.namespace["every_value"](*inputs)}
         for line in self.recorder.lines:
-            if line.target in values and line.target in self.recorder.values:
-                torch_value = self.recorder.values[line.target].cpu().numpy()
-                numpy_value = values[line.target]
-                if np.shape(numpy_value) != torch_value.shape or not np.allclose(
-                    numpy_value, torch_value, rtol=1e-4, atol=1e-4
-                ):
-                    return line.where
-        return "the policy's outputs"
+            torch_value = self.recorder.values.get(line.target)
+            if (
+                line.target not in values
+                or torch_value is None
+                or not torch_value.is_floating_point()
+                or line.target in self.recorder.overwritten
+            ):
+                continue
+            torch_value, numpy_value = torch_value.cpu().numpy(), values[line.target]
+            if np.shape(numpy_value) != torch_value.shape or not np.allclose(
+                numpy_value, torch_value, rtol=1e-4, atol=1e-4
+            ):
+                return line.where
+        return None if self.agrees(inputs, expected) else "the policy's outputs"
 
 
 def _argument(value: Any, namespace: dict[str, Any]) -> str:

@@ -173,12 +173,12 @@ class Branching(nn.Module):
     [
         (
             nn.BatchNorm1d(3),
-            "in-place add_ in BatchNorm1d at edit",
+            "add_ changes a weight or buffer in BatchNorm1d at edit",
         ),  # its count of batches, in train mode
         (nn.Dropout(0.5).train(), "dropout in train mode draws at random in Dropout at edit"),
         (nn.Softshrink(0.1), "no NumPy form for torch's softshrink in Softshrink at edit"),
         (lambda x: x if x.sum() > 0 else -x, "__bool__"),
-        (lambda x: x.add_(1), "in-place add_"),
+        (lambda x: (x[:, :2].mul_(2), x)[1], "in-place mul_"),  # x changes through its view
         (torch.asinh, "no NumPy form for torch's asinh in Branching"),
         (lambda x: x + torch.randn_like(x), "randn_like"),
         (lambda x: x * x.max().item(), "item"),
@@ -352,3 +352,30 @@ def test_a_network_and_its_copies_are_freed_together():
     del network
     gc.collect()
     assert alive() is None
+
+
+def test_ordinary_operations_a_review_found_refused_are_copied():
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.norm, self.embed = nn.GroupNorm(2, 8), nn.Embedding(3, 8)
+            self.unflatten = nn.Unflatten(-1, (2, 4))
+
+        def forward(self, x):
+            out = self.fc2(torch.tanh(self.fc1(x)))
+            out += x  # in place, on a tensor nothing else views
+            out = self.norm(out) + self.embed(torch.zeros(len(x), dtype=torch.long))
+            out = torch.cat([out, F.normalize(out, dim=-1)], -1) * out.var(-1, keepdim=True)
+            out = self.unflatten(out[:, :8]).flatten(1) + torch.zeros_like(out[:, 8:])
+            masked = out.masked_fill(out > 1, 1.0)
+            return torch.einsum("bi,bi->b", out, masked) + F.glu(out, -1).sum(-1)
+
+    network = Block()
+    x = np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32)
+    later = [
+        (np.random.default_rng(seed).normal(size=(8, 8)).astype(np.float32),) for seed in (1, 2, 3)
+    ]
+    assert_copies(network, network, x, later=later)
