@@ -1130,7 +1130,7 @@ class NumpyCopy:
         if len(outputs) != len(expected):
             return False
         for output, torch_output in zip(outputs, expected, strict=True):
-            torch_output = torch_output.cpu().numpy()
+            torch_output = torch_output.detach().cpu().numpy()
             if np.shape(output) != torch_output.shape:
                 return False
             if np.issubdtype(torch_output.dtype, np.floating):
@@ -1156,7 +1156,7 @@ class NumpyCopy:
                 or line.target in self.recorder.overwritten
             ):
                 continue
-            torch_value, numpy_value = torch_value.cpu().numpy(), values[line.target]
+            torch_value, numpy_value = torch_value.detach().cpu().numpy(), values[line.target]
             if np.shape(numpy_value) != torch_value.shape or not np.allclose(
                 numpy_value, torch_value, rtol=1e-4, atol=1e-4
             ):
