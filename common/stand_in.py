@@ -21,7 +21,7 @@ import copy as copy_module
 import math
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -34,7 +34,6 @@ from common.envs import observation_map
 from common.errors import PolicyMismatch, TrainingDiverged
 
 NumpyFunction = Callable[[np.ndarray], np.ndarray]
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class NoNumpyForm(Exception):
@@ -695,31 +694,6 @@ def _items(indices: list[tuple]) -> Callable[[np.ndarray], tuple[np.ndarray, ...
     return (lambda x: (get(x),)) if len(indices) == 1 else get
 
 
-def _pieces(x: np.ndarray, sizes: list[int], dim: int) -> tuple[np.ndarray, ...]:
-    """Views of `x` cut along `dim` into pieces of `sizes` (slicing: np.split costs microseconds)."""
-    before, start, pieces = (slice(None),) * (dim % x.ndim), 0, []
-    for size in sizes:
-        pieces.append(x[(*before, slice(start, start + size))])
-        start += size
-    return tuple(pieces)
-
-
-@_fn("chunk")
-def _chunk(x, chunks, dim=0):
-    size = -(-x.shape[dim] // chunks)
-    return _pieces(
-        x, [min(size, x.shape[dim] - start) for start in range(0, x.shape[dim], size)], dim
-    )
-
-
-@_fn("split")
-def _split(x, split_size_or_sections, dim=0):
-    sizes = split_size_or_sections
-    if isinstance(sizes, int):
-        sizes = [min(sizes, x.shape[dim] - start) for start in range(0, x.shape[dim], sizes)]
-    return _pieces(x, list(sizes), dim)
-
-
 @_fn("cat")
 @_fn("concat")
 @_fn("concatenate")
@@ -797,10 +771,6 @@ def _has_form(module: nn.Module) -> bool:
         or (kind in (nn.Dropout, nn.Dropout1d, nn.AlphaDropout) and not module.training)
         or callable(getattr(module, "numpy_snapshot", None))
     )
-
-
-def _is_container(module: nn.Module) -> bool:
-    return type(module) in (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
 class _Line(NamedTuple):

@@ -253,3 +253,17 @@ class GlobalRandomEnv(gym.Env):
 
 
 gym.register("GlobalRandom-v0", entry_point=GlobalRandomEnv)
+
+
+def play_optimally(agent: torch.nn.Module, env_id: str, seeds=range(8)):
+    """A ppo_lstm agent's (env, value, policy) at every state of episodes played with the optimal policy, its state
+    carried along each episode from zero."""
+    for env, observation in visit_states(env_id, seeds):
+        if env.t == 0:
+            state, start = agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool)
+        with torch.no_grad():
+            actor_out, value, state = agent(
+                torch.as_tensor(observation[None, None], dtype=torch.float32), state, start
+            )
+        start = torch.zeros(1, 1, dtype=torch.bool)
+        yield env, value.item(), agent.distribution(actor_out[0])

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import sharp_agent, visit_states
+from helpers import play_optimally, sharp_agent, visit_states
 
 from common.errors import PolicyMismatch
 
@@ -364,17 +364,9 @@ def fc_reaches_the_target(copy, result) -> None:
 def lstm_reaches_the_target(copy, result) -> None:
     """Probe7-v0, memory: at the last step the cue's action is the greedy one, in every episode, and the last 200
     training episodes earn 0.8 or more (a memoryless agent earns 0.5)."""
-    agent = result.agent.eval()
-    for env, observation in visit_states("Probe7-v0"):
-        if env.t == 0:
-            state, start = agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool)
-        with torch.no_grad():
-            actor_out, _, state = agent(
-                torch.as_tensor(observation[None, None], dtype=torch.float32), state, start
-            )
-        start = torch.zeros(1, 1, dtype=torch.bool)
+    for env, _, policy in play_optimally(result.agent.eval(), "Probe7-v0"):
         if env.t == env.horizon - 1:
-            assert actor_out[0, 0].argmax().item() == env.optimal_action(), env.cue
+            assert policy.probs[0].argmax().item() == env.optimal_action(), env.cue
     assert np.mean(result.episode_returns[-200:]) >= 0.8
 
 

@@ -1,11 +1,9 @@
 """ppo_lstm.py: the hidden state (reset, replay, stand-in), learning on the probes, checkpoints, trajectories, the
 CLI."""
 
-import importlib.util
 import json
 import shutil
 import subprocess
-import sys
 import time
 
 import gymnasium as gym
@@ -14,14 +12,13 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
-    REPO,
     NanRewardEnv,
     on_policy_value,
+    play_optimally,
     read_scalars,
     reference_gae,
     run_script,
     sharp_agent,
-    visit_states,
 )
 
 import ppo_fc
@@ -378,20 +375,6 @@ def test_an_edited_policy_acts_through_torch_and_is_scored_as_it_acts(
 # --- learning on the probes ----------------------------------------------------------------------------------------
 
 
-def play_optimally(agent: ppo_lstm.Agent, env_id: str, seeds=range(8)):
-    """Yield (env, value, policy) at every state of episodes played with the optimal policy, the agent's state
-    carried along each episode from zero."""
-    for env, observation in visit_states(env_id, seeds):
-        if env.t == 0:
-            state, start = agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool)
-        with torch.no_grad():
-            actor_out, value, state = agent(
-                torch.as_tensor(observation[None, None], dtype=torch.float32), state, start
-            )
-        start = torch.zeros(1, 1, dtype=torch.bool)
-        yield env, value.item(), agent.distribution(actor_out[0])
-
-
 @pytest.mark.parametrize(
     ("env_id", "steps", "value_tolerance", "min_probability"),
     [
@@ -434,46 +417,6 @@ def test_the_defaults_learn_to_remember_within_a_small_budget(tmp_path):
         if env.t == env.horizon - 1:
             # the greedy action is the cue
             assert policy.probs[0, env.optimal_action()].item() > 0.5, env.cue
-
-
-def test_a_copy_with_a_two_layer_gru_after_a_layer_norm_learns_to_remember(
-    tmp_path, monkeypatch, capsys
-):
-    source = (REPO / "ppo_lstm.py").read_text()
-    edits = {  # the edit a researcher makes: the cell's module, and a layer norm on its input
-        "self.rnn = cell(encoder_size, args.rnn_hidden_size, args.rnn_layers)": (
-            "self.rnn = nn.GRU(encoder_size, args.rnn_hidden_size, 2)"
-        ),
-        "nn.Sequential(linear, nn.Tanh())": (
-            "nn.Sequential(linear, nn.Tanh(), nn.LayerNorm(args.hidden_size))"
-        ),
-    }
-    for old, new in edits.items():
-        assert old in source, "the edit no longer applies to ppo_lstm.py: update this test"
-        source = source.replace(old, new)
-    (tmp_path / "copy").mkdir()
-    (tmp_path / "copy" / "ppo_lstm.py").write_text(source)
-    spec = importlib.util.spec_from_file_location(
-        "edited_ppo_lstm", tmp_path / "copy" / "ppo_lstm.py"
-    )
-    copy = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, copy)  # dataclasses look their module up there
-    spec.loader.exec_module(copy)
-    settings = dict(
-        run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, save_model=True
-    )
-    result = copy.train(copy.Args(env_id="Probe7-v0", total_timesteps=10_240, **settings))
-    assert isinstance(result.agent.core.rnn, torch.nn.GRU) and result.agent.core.rnn.num_layers == 2
-    # the NumPy copy follows the edit: layer norm, 2-layer GRU
-    assert "notice" not in capsys.readouterr().err
-    for env, _, policy in play_optimally(result.agent, "Probe7-v0"):
-        if env.t == env.horizon - 1:
-            # the greedy action is the cue
-            assert policy.probs[0, env.optimal_action()].item() > 0.5, env.cue
-    returns = copy.evaluate_checkpoint(
-        copy.Args(eval_checkpoint=str(result.checkpoint), **settings | {"eval_episodes": 2})
-    )
-    assert len(returns) == 2
 
 
 @pytest.mark.parametrize(
