@@ -92,6 +92,18 @@ def living(pids: set[int], seconds: float = 10.0) -> set[int]:
         time.sleep(0.2)
 
 
+def described(pids: set[int]) -> set[str]:
+    """Each of `pids` with its command line, for an assertion's message."""
+    found = set()
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        found.add(f"{pid}: {command}")
+    return found
+
+
 def harness(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
     monkeypatch.setattr(sys, "argv", ["benchmark", *argv])
     return harness_main()
@@ -212,12 +224,14 @@ def test_pruning_stops_every_run_of_the_trial(
     )
     monkeypatch.setattr(tune_module, "EVENTS_EVERY_SECONDS", 1.0)
     start, left_running = tune_module.start_stoppable, []
+    # processes an earlier test in this pytest worker left running are not this test's
+    earlier = living(descendants(os.getpid()), seconds=0)
 
     def note_what_runs(
         command: list[str], cwd: Path, log_stem: Path, environment: dict
     ) -> subprocess.Popen:
         if log_stem.parent.name == "trial-0001" and log_stem.name.startswith("Probe4"):
-            left_running.append(living(descendants(os.getpid()), seconds=0))
+            left_running.append(described(living(descendants(os.getpid()) - earlier, seconds=0)))
         return start(command, cwd, log_stem, environment)
 
     monkeypatch.setattr(tune_module, "start_stoppable", note_what_runs)
@@ -231,7 +245,7 @@ def test_pruning_stops_every_run_of_the_trial(
     assert [list(trial.intermediate_values) for trial in trials] == [[10_000]] * 2
     # trial 0's runs and their env workers had ended when trial 1 started
     assert left_running == [set()]
-    assert living(descendants(os.getpid())) == set()
+    assert described(living(descendants(os.getpid()) - earlier)) == set()
     for run_dir in (tmp_path / "runs").glob("trial-*/Probe*__1"):
         # stopped early
         assert 10_000 <= tune_module.TrialRun("", 1, run_dir, None).read().steps < 50_000
