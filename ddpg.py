@@ -7,6 +7,7 @@ defaults."""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,17 +19,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import checkpoints, cli, distributed, evaluation, run_start
-from common.envs import checked_spaces, flat_observations, vector_observations_only
-from common.errors import UsageError, check_finite
-from common.seeding import threads_for
-from common.train_result import TrainResult
+from common import cli
+from common.envs import flat_observations, vector_observations_only
+from common.errors import UsageError
+from common.run_start import Run, TrainResult
 
 SCRIPT = Path(__file__).stem
 CHECKPOINT_FORMAT = 1
+# --save-buffer stays the command line's on --resume; continuous actions only
+RUN_OPTIONS = {"kept": ("save_buffer",), "actions": (gym.spaces.Box,)}
 
 
 @dataclass
@@ -274,11 +275,11 @@ def next_noise(args: Args, noise_state: np.ndarray, episode_starts: np.ndarray) 
 
 
 def train(args: Args) -> TrainResult:
-    args, checkpoint, device = run_start.setup(
-        args, SCRIPT, CHECKPOINT_FORMAT, check_args, kept=("save_buffer",)
-    )
+    # checks, the checkpoint --resume continues (args become its settings), seeds, device
+    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args, **RUN_OPTIONS)
+    args, device = run.args, run.device
     num_iterations = args.total_timesteps // args.num_envs  # one vector step each
-    agent = build_agent(args, None, device)
+    agent = build_agent(run)
     # fused: one kernel for every parameter, about 6% of an update here (docs/ddpg.md)
     actor_optimizer = torch.optim.Adam(agent.actor.parameters(), lr=args.learning_rate, fused=True)
     q_optimizer = torch.optim.Adam(agent.qf1.parameters(), lr=args.learning_rate, fused=True)
@@ -289,7 +290,6 @@ def train(args: Args) -> TrainResult:
     # What a checkpoint carries, by key (the replay buffer goes to a file beside it: write_checkpoint).
     saved = {"model": agent, "actor_optimizer": actor_optimizer, "q_optimizer": q_optimizer}
     saved |= {"noise": noise_state, "updates": updates}
-    checkpoints.restore(checkpoint, saved)
 
     def write_checkpoint(iteration: int) -> Path:  # with the replay buffer in a file beside it
         folder = run.path / "checkpoints"
@@ -299,18 +299,9 @@ def train(args: Args) -> TrainResult:
         remove_older_buffers(folder, global_step)  # once a checkpoint names the new one
         return path
 
-    run = run_start.Run(
-        SCRIPT,
-        CHECKPOINT_FORMAT,
-        args,
-        checkpoint,
-        saved,
-        make_env,
-        args.num_envs,
-        write_checkpoint,
-    )
+    # restored on --resume
+    next_obs = run.start(saved, args.num_envs, write=write_checkpoint)
     global_step = run.global_step
-    next_obs = run.next_obs
     episode_starts = np.ones(args.num_envs, dtype=bool)
     carried = run.carry(
         {"episode_starts": episode_starts}
@@ -323,8 +314,8 @@ def train(args: Args) -> TrainResult:
     high = action_space.high.ravel()
     observation_size = int(np.prod(run.envs.single_observation_space.shape))
     rb = ReplayBuffer(args.buffer_size, observation_size, action_size)
-    if checkpoint is not None:
-        restore_buffer(rb, checkpoint, args.resume)
+    if run.checkpoint is not None:
+        restore_buffer(rb, run)
     log_every = max(1, 100 // args.num_envs)  # CleanRL logs the losses every 100 steps
 
     qf1_values = qf1_loss = actor_loss = torch.zeros(())
@@ -386,7 +377,7 @@ def train(args: Args) -> TrainResult:
                 # A NaN or inf loss reaches the parameters; checking them all takes 0.5 ms: only then.
                 if not torch.isfinite(qf1_loss + actor_loss):
                     losses = {"qf1_loss": qf1_loss, "actor_loss": actor_loss}
-                    check_finite(agent.parameters(), global_step, **losses)
+                    run.check_finite(agent.parameters(), global_step, **losses)
 
             if iteration % log_every == 0 or iteration == num_iterations:
                 scalars = {"charts/learning_rate": q_optimizer.param_groups[0]["lr"]}
@@ -398,13 +389,13 @@ def train(args: Args) -> TrainResult:
             every = args.eval_every
             crossed = every and global_step // every > (global_step - args.num_envs) // every
             if crossed and not (iteration == num_iterations and args.eval_episodes):  # last: after
-                evaluate(agent, args, run.writer, global_step)
+                evaluate(agent, run, global_step)
             # a checkpoint if one is due; Ctrl-C: the run stops after a whole iteration
             if run.iteration_done(iteration, global_step, **carried):
                 break
         run.end(iteration)
-    eval_returns = evaluate(agent, args, run.writer, global_step)
-    return run.finish(agent, global_step, eval_returns)
+    eval_returns = evaluate(agent, run)
+    return run.finish(agent, eval_returns)
 
 
 # What train() calls, for a second reading: argument checks, the agent, the replay buffer's file,
@@ -412,32 +403,33 @@ def train(args: Args) -> TrainResult:
 
 
 def check_args(args: Args) -> None:
-    """Reject bad settings before anything is built or written."""
-    distributed.single_process("ddpg.py")  # no data parallelism here (docs/ddpg.md)
+    """Reject bad settings (ValueError) before anything is built or written."""
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # no data parallelism here (docs/ddpg.md)
+        raise ValueError(
+            "ddpg.py runs in one process: start it with python, or torchrun --nproc-per-node 1"
+        )
     positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
     positive += ("hidden_size", "video_every", "learning_rate", "updates_per_step")
     non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "eval_every")
     non_negative += ("end_learning_rate", "learning_starts", "exploration_noise")
     cli.check_ranges(args, positive, non_negative, ("gamma", "tau"))
     if args.total_timesteps < args.num_envs:
-        raise UsageError(
+        raise ValueError(
             f"--total-timesteps {args.total_timesteps} is less than one vector step ({args.num_envs})"
         )
     if args.eval_every and not args.eval_episodes:
-        raise UsageError("--eval-every needs --eval-episodes of 1 or more")
+        raise ValueError("--eval-every needs --eval-episodes of 1 or more")
 
 
-def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
-    """The agent for `args.env_id`, with the checkpoint's weights if given."""
-    observation_space, action_space = checked_spaces(make_env, args, actions=(gym.spaces.Box,))
+def build_agent(run: Run) -> Agent:
+    """The agent for the run's env and settings, on its device (a checkpoint's weights come later)."""
+    action_space = run.action_space
     if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
         raise UsageError(
-            f"{args.env_id!r} has unbounded actions; the actor's tanh needs finite bounds on each one"
+            f"{run.args.env_id!r} has unbounded actions; the actor's tanh needs finite bounds on each one"
         )
-    agent = Agent(int(np.prod(observation_space.shape)), action_space, args.hidden_size).to(device)
-    checkpoints.restore(checkpoint, {"model": agent})  # nothing without a checkpoint
-    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
-    return agent
+    observation_size = int(np.prod(run.observation_space.shape))
+    return Agent(observation_size, action_space, run.args.hidden_size).to(run.device)
 
 
 def write_buffer(rb: ReplayBuffer, folder: Path, global_step: int) -> str:
@@ -458,11 +450,11 @@ def remove_older_buffers(folder: Path, global_step: int) -> None:
             older.unlink()
 
 
-def restore_buffer(rb: ReplayBuffer, checkpoint: dict, resume: str) -> None:
+def restore_buffer(rb: ReplayBuffer, run: Run) -> None:
     """The replay buffer of the checkpoint --resume continues, if it was written (--save-buffer) and
     is still there; else a notice, and the run goes on with an empty one."""
-    name = checkpoint.get("buffer")
-    buffer_path = checkpoints.resume_folder(resume) / "checkpoints" / str(name or "")
+    name = run.checkpoint.get("buffer")
+    buffer_path = run.path / "checkpoints" / str(name or "")
     if name and buffer_path.is_file():
         with np.load(buffer_path, allow_pickle=False) as stored:
             rb.restore(dict(stored))
@@ -471,47 +463,35 @@ def restore_buffer(rb: ReplayBuffer, checkpoint: dict, resume: str) -> None:
     if name:
         why = "is gone (only the newest checkpoint's buffer is kept)"
     cli.notice(
-        f"{resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
+        f"{run.args.resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
     )
 
 
 def evaluate(
-    agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
+    agent: Agent, run: Run, step: int | None = None, record_to: Path | None = None
 ) -> list[float]:
-    """`common.evaluation.evaluate` with the deterministic actor: no noise."""
-    device = next(agent.parameters()).device
+    """Play --eval-episodes episodes with the deterministic actor (no noise); log them at `step`
+    (default: the run's) and return their returns (`Run.evaluate`)."""
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
-        actions = (
-            agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
-        )
+        obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=run.device)
+        actions = agent.actor(obs_tensor).cpu().numpy()
         return actions.reshape(len(actions), *agent.actor.action_shape)
 
-    return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
+    return run.evaluate(agent, act, step, record_to)
 
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    trained, checkpoint, device = run_start.setup_evaluation(
-        args, SCRIPT, CHECKPOINT_FORMAT, check_args, kept=("save_buffer",)
-    )
-    agent = build_agent(trained, checkpoint, device)
-    step = checkpoint["global_step"]
-    return evaluation.evaluate_checkpoint(
-        args, trained, lambda writer, path: evaluate(agent, trained, writer, step, path)
-    )
+    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args, **RUN_OPTIONS)
+    agent = build_agent(run)
+    return run.evaluate_checkpoint(agent, lambda record_to: evaluate(agent, run, None, record_to))
 
 
 def main() -> int:
-    def run() -> None:
-        args = cli.parse_args(Args)
-        if args.eval_checkpoint:
-            evaluate_checkpoint(args)
-        else:
-            train(args).print_summary()
-
-    return cli.exit_status(run)
+    """The command line: --eval-checkpoint evaluates, else `train`; the exit status."""
+    return cli.main(Args, train, evaluate_checkpoint)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ says what an edit must touch."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,35 +19,12 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 from torch.distributions import Categorical, Normal
-from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import (
-    atari,
-    checkpoints,
-    cli,
-    distributed,
-    evaluation,
-    run_start,
-    stand_in,
-)
-from common.envs import (
-    IMAGE,
-    VECTOR,
-    checked_spaces,
-    cnn_layout,
-    flat_observations,
-    joint_actions,
-    observation_map,
-    observation_tensor,
-    observation_zeros,
-    stacked_observations,
-)
-from common.errors import PolicyMismatch, UsageError, check_finite
+from common import atari, cli, envs, stand_in
+from common.envs import cnn_layout, observation_tensor, observation_zeros
+from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
-from common.seeding import threads_for
-from common.tracking import explained_variance
-from common.train_result import TrainResult
 
 SCRIPT = Path(__file__).stem
 # 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
@@ -175,10 +153,8 @@ def make_env(
             )
         else:
             env = gym.make(env_id, **atari.make_kwargs(env_id))
-        # CleanRL's Atari wrappers (only for Atari games)
-        env = atari.preprocessed(env, frame_stack=4)
-        # per env: vector observation wrappers refuse SAME_STEP autoreset
-        return joint_actions(flat_observations(env, keep_images=True, image_parts=True))
+        # CleanRL's Atari wrappers (only for Atari games), observations as the network takes them
+        return envs.prepared(env, frame_stack=4)
 
     return thunk
 
@@ -253,8 +229,8 @@ class Agent(nn.Module):
         # A Dict observation is an image and a vector (common.envs.image_and_vector): the vector
         # joins the image's CNN features (or, with --encoder mlp, its flattened pixels).
         self.parts = isinstance(observation_space, gym.spaces.Dict)
-        image_space = observation_space[IMAGE] if self.parts else observation_space
-        vector_size = int(np.prod(observation_space[VECTOR].shape)) if self.parts else 0
+        image_space = observation_space["image"] if self.parts else observation_space
+        vector_size = int(np.prod(observation_space["vector"].shape)) if self.parts else 0
         layout = cnn_layout(image_space, encoder)
         self.cnn = layout is not None
         if self.cnn:  # ppo_atari.py's agent: one CNN trunk, then a linear actor and critic
@@ -291,7 +267,7 @@ class Agent(nn.Module):
         (of any dtype). Both read one hidden vector: the CNN's features of an image (computed once;
         a Dict's normalised vector joins its 512 units), or the normalised observation."""
         if self.cnn and self.parts:
-            hidden = self.network(x[IMAGE].float(), self.obs_norm(x[VECTOR]))
+            hidden = self.network(x["image"].float(), self.obs_norm(x["vector"]))
         else:
             hidden = self.obs_norm(self.normalised_part(x))
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
@@ -302,14 +278,14 @@ class Agent(nn.Module):
         if not self.parts:
             return self.network(x.float())
         if self.cnn:
-            return x[VECTOR]
-        return torch.cat([self.network(x[IMAGE].float()), x[VECTOR]], -1)
+            return x["vector"]
+        return torch.cat([self.network(x["image"].float()), x["vector"]], -1)
 
     def update_obs_norm(self, x: Tensor | dict[str, Tensor]) -> None:
         """With --norm-obs (never of an image through the CNN): the running statistics take in the
         batch of observations `x` of every rank."""
         if isinstance(self.obs_norm, RunningNorm):
-            self.obs_norm.merge(*distributed.moments(self.normalised_part(x)))
+            self.obs_norm.update(self.normalised_part(x))
 
     def get_value(self, x: Tensor) -> Tensor:
         return self(x)[1]
@@ -361,37 +337,34 @@ class Agent(nn.Module):
             return torch.argmax(policy.logits + noise, -1)
         if isinstance(policy, Normal):
             return policy.mean + policy.stddev * noise
-        raise PolicyMismatch(
+        raise NotImplementedError(
             f"Agent.sample cannot draw from a {type(policy).__name__}: write its draw"
         )
 
 
 def train(args: Args) -> TrainResult:
-    args, checkpoint, device = run_start.setup(args, SCRIPT, CHECKPOINT_FORMAT, check_args)
-    world_size = distributed.world_size()
+    # checks, torchrun, the checkpoint --resume continues (args become its settings), seeds, device
+    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args)
+    args, device, world_size = run.args, run.device, run.world_size
     batch_size = args.num_envs * args.num_steps  # this process's share of the global batch
     minibatch_size = batch_size // args.num_minibatches  # and of each global minibatch
     global_batch_size = batch_size * world_size
     num_iterations = args.total_timesteps // global_batch_size
     norm_adv = args.norm_adv and minibatch_size * world_size > 1  # a minibatch of one has no std
 
-    agent = build_agent(args, None, device)
+    agent = build_agent(run)
     # fused: one kernel for every parameter, a fifth of the update time for a network this small
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint carries, by key
-    checkpoints.restore(checkpoint, saved)
-    distributed.broadcast_module(agent)  # every rank starts from rank 0's parameters
-    run = run_start.Run(
-        SCRIPT, CHECKPOINT_FORMAT, args, checkpoint, saved, make_env, global_batch_size
-    )
+    # what a checkpoint carries, by key: restored on --resume; rank 0's on every rank under torchrun
+    next_obs = run.start({"model": agent, "optimizer": optimizer}, global_batch_size)
     global_step = run.global_step
-    next_obs = run.next_obs
 
     # Rollout storage in NumPy, filled without conversions; images stay uint8 until the network.
     action_shape = () if agent.discrete else (agent.action_size,)
     action_dtype = np.int64 if agent.discrete else np.float32
     obs = observation_zeros(run.envs.single_observation_space, args.num_steps, args.num_envs)
-    final_obs = observation_map(np.zeros_like, obs)  # where an episode was truncated: its last one
+    # where an episode was truncated: its last observation
+    final_obs = observation_zeros(run.envs.single_observation_space, args.num_steps, args.num_envs)
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=action_dtype)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     terminations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
@@ -427,11 +400,12 @@ def train(args: Args) -> TrainResult:
                 rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
                 run.step(sent_action, next_obs, reward, terminated, truncated, infos, global_step)
                 if args.bootstrap_truncation and truncated.any():
-                    final_obs[step, truncated] = stacked_observations(infos["final_obs"][truncated])
+                    for env_index in np.flatnonzero(truncated):
+                        final_obs[step, env_index] = infos["final_obs"][env_index]
             run.combine_return_stats()  # all ranks go on from the return statistics of all envs
 
             with torch.no_grad():
-                b_obs = observation_map(lambda x: x.flatten(0, 1), observation_tensor(obs, device))
+                b_obs = observation_tensor(obs, device).flatten(0, 1)
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
                 b_actor_outs, b_values = agent(b_obs)
                 b_noise = sampling_noise.flatten(0, 1)
@@ -460,7 +434,7 @@ def train(args: Args) -> TrainResult:
                 b_inds = torch.randperm(batch_size, device=device)
                 minibatches = b_inds.view(args.num_minibatches, minibatch_size)
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
-                    adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
+                    adv_means, adv_stds = run.mean_std_over_ranks(b_advantages[minibatches])
                 for i, mb_inds in enumerate(minibatches):
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(
                         b_obs[mb_inds], b_actions[mb_inds]
@@ -494,7 +468,7 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    distributed.average_gradients(agent.parameters())  # the global minibatch's
+                    run.average_gradients(agent.parameters())  # the global minibatch's
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
@@ -502,28 +476,31 @@ def train(args: Args) -> TrainResult:
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    kls = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
+                    kls = run.mean_over_ranks(torch.stack([old_approx_kl, approx_kl]))
                     old_approx_kl, approx_kl = kls
                     if approx_kl > args.target_kl:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
-            check_finite(agent.parameters(), global_step, **losses)
+            run.check_finite(agent.parameters(), global_step, **losses)
             # after the update, which used the statistics the rollout acted with
             agent.update_obs_norm(b_obs)
 
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
                 "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
                 "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
-                "losses/explained_variance": explained_variance(b_values, b_returns),
+                "losses/explained_variance": float(explained_var),
             })  # fmt: skip
             if run.iteration_done(iteration, global_step):  # a checkpoint if due; Ctrl-C
                 break
         run.end(iteration)
-    eval_returns = evaluate(agent, args, run.writer, global_step)  # rank 0 alone
-    return run.finish(agent, global_step, eval_returns)
+    eval_returns = evaluate(agent, run)  # rank 0 alone
+    return run.finish(agent, eval_returns)
 
 
 def compute_gae(
@@ -553,7 +530,7 @@ def compute_gae(
 
 
 def check_args(args: Args) -> None:
-    """Reject bad settings before anything is built or written."""
+    """Reject bad settings (ValueError) before anything is built or written."""
     positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     positive += ("hidden_size", "video_every", "sampling_k", "temperature", "learning_rate")
     positive += ("clip_coef", "max_grad_norm")
@@ -564,25 +541,22 @@ def check_args(args: Args) -> None:
     )
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
-        raise UsageError(
+        raise ValueError(
             f"--num-minibatches {args.num_minibatches} must divide --num-envs x --num-steps = {batch_size}"
         )
-    batch_size *= distributed.launched_size()  # every process's steps
+    batch_size *= int(os.environ.get("WORLD_SIZE", 1))  # every process's steps, under torchrun
     if args.total_timesteps < batch_size:
-        raise UsageError(
+        raise ValueError(
             f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
         )
 
 
-def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
-    """The agent for `args.env_id`, with the checkpoint's weights if given."""
-    observation_space, action_space = checked_spaces(make_env, args)
-    agent = Agent(
-        observation_space, action_space, args.hidden_size, args.norm_obs, args.encoder
-    ).to(device)
-    checkpoints.restore(checkpoint, {"model": agent})  # nothing without a checkpoint
-    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
-    return agent
+def build_agent(run: Run) -> Agent:
+    """The agent for the run's env and settings, on its device (a checkpoint's weights come later)."""
+    args = run.args
+    return Agent(
+        run.observation_space, run.action_space, args.hidden_size, args.norm_obs, args.encoder
+    ).to(run.device)
 
 
 PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -620,56 +594,34 @@ def check_policy(
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
     policy's `actor_outs`, after checking that the actions are its draws with `noise`."""
     policy = agent.distribution(actor_outs)
+    stand_in.check_actions(actions, policy, agent.sample(policy, noise), noise, numpy_copy)
     if agent.discrete:
-        stand_in.check_same_actions(
-            actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise
-        )
-        stand_in.check_draws(actions, probs=policy.probs)
         return policy.log_prob(actions)
-    stand_in.check_same_actions(actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev)
-    stand_in.check_draws(actions, mean=policy.mean, std=policy.stddev)
     return policy.log_prob(actions).sum(-1)
 
 
-def evaluate(
-    agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
-) -> list[float]:
-    """Play `args.eval_episodes` episodes, actions by `args.sampling_method`; log them at `step`
-    (see `common.evaluation.evaluate`) and return their returns."""
-    device = next(agent.parameters()).device
+def evaluate(agent: Agent, run: Run, record_to: Path | None = None) -> list[float]:
+    """Play --eval-episodes episodes, actions by --sampling-method; log them at the run's step and
+    return their returns (`Run.evaluate`)."""
 
     @torch.inference_mode()
     def act(obs: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
-        policy = agent.distribution(agent(observation_tensor(obs, device))[0])
-        action = evaluation.select_action(
-            policy, args.sampling_method, args.temperature, args.sampling_k
-        )
-        return agent.env_action(action.cpu().numpy())
+        policy = agent.distribution(agent(observation_tensor(obs, run.device))[0])
+        return agent.env_action(run.select_action(policy).cpu().numpy())
 
-    return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
+    return run.evaluate(agent, act, record_to=record_to)
 
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    trained, checkpoint, device = run_start.setup_evaluation(
-        args, SCRIPT, CHECKPOINT_FORMAT, check_args
-    )
-    agent = build_agent(trained, checkpoint, device)
-    step = checkpoint["global_step"]
-    return evaluation.evaluate_checkpoint(
-        args, trained, lambda writer, path: evaluate(agent, trained, writer, step, path)
-    )
+    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args)  # the checkpoint's run
+    agent = build_agent(run)
+    return run.evaluate_checkpoint(agent, lambda record_to: evaluate(agent, run, record_to))
 
 
 def main() -> int:
-    def run() -> None:
-        args = cli.parse_args(Args)
-        if args.eval_checkpoint:
-            evaluate_checkpoint(args)
-        else:
-            train(args).print_summary()
-
-    return cli.exit_status(run)
+    """The command line: --eval-checkpoint evaluates, else `train`; the exit status."""
+    return cli.main(Args, train, evaluate_checkpoint)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ the defaults."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,26 +20,13 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 from torch.distributions import Categorical, Normal
-from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import atari, checkpoints, cli, distributed, evaluation, run_start, stand_in
-from common.envs import (
-    IMAGE,
-    VECTOR,
-    checked_spaces,
-    cnn_layout,
-    flat_observations,
-    joint_actions,
-    observation_tensor,
-    observation_zeros,
-    stacked_observations,
-)
-from common.errors import PolicyMismatch, UsageError, check_finite
+from common import atari, cli, envs, stand_in
+from common.envs import cnn_layout, observation_tensor, observation_zeros
+from common.errors import PolicyMismatch
+from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
-from common.seeding import threads_for
-from common.tracking import explained_variance
-from common.train_result import TrainResult
 
 SCRIPT = Path(__file__).stem
 # 2: the envs' places in their episodes and the recurrent state there ("episodes")
@@ -177,10 +165,9 @@ def make_env(
             )
         else:
             env = gym.make(env_id, **atari.make_kwargs(env_id))
-        # CleanRL's Atari wrappers (only for Atari games); the LSTM remembers
-        env = atari.preprocessed(env, frame_stack=1)
-        # per env: vector observation wrappers refuse SAME_STEP autoreset
-        return joint_actions(flat_observations(env, keep_images=True, image_parts=True))
+        # CleanRL's Atari wrappers (only for Atari games; one frame: the LSTM remembers),
+        # observations as the network takes them
+        return envs.prepared(env, frame_stack=1)
 
     return thunk
 
@@ -245,8 +232,8 @@ class Core(nn.Module):
         super().__init__()
         # an image and a vector (common.envs.image_and_vector)
         parts = isinstance(observation_space, gym.spaces.Dict)
-        image_space = observation_space[IMAGE] if parts else observation_space
-        vector_size = int(np.prod(observation_space[VECTOR].shape)) if parts else 0
+        image_space = observation_space["image"] if parts else observation_space
+        vector_size = int(np.prod(observation_space["vector"].shape)) if parts else 0
         if layout is not None:  # ppo_atari_lstm.py's: the CNN's 512 features feed the cell
             self.encoder = NatureCNN(image_space, layout, vector_size)
             encoder_size = 512
@@ -273,7 +260,7 @@ class Core(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """The cell's output along `x` (T, B, obs...) from `state` (layers, B, state size), cut into
         `segments`; for one step (`segments` None) also the state after it."""
-        features = self.encoder(x[IMAGE], x[VECTOR]) if isinstance(x, dict) else self.encoder(x)
+        features = self.encoder(x["image"], x["vector"]) if isinstance(x, dict) else self.encoder(x)
         if segments is None:
             output, next_state = self.rnn(features, self.cell_state(state))
             return output, self.flat_state(next_state)
@@ -304,8 +291,8 @@ class Agent(nn.Module):
         # (common.envs.image_and_vector): the vector, normalised, joins the image's CNN features
         # (or, with --encoder mlp, its flattened pixels).
         self.parts = isinstance(observation_space, gym.spaces.Dict)
-        image_space = observation_space[IMAGE] if self.parts else observation_space
-        vector_size = int(np.prod(observation_space[VECTOR].shape)) if self.parts else 0
+        image_space = observation_space["image"] if self.parts else observation_space
+        vector_size = int(np.prod(observation_space["vector"].shape)) if self.parts else 0
         layout = cnn_layout(image_space, args.encoder)
         self.cnn = layout is not None
         self.flatten = nn.Identity() if layout else nn.Flatten(start_dim=2)  # after the (T, B) axes
@@ -348,7 +335,7 @@ class Agent(nn.Module):
         `episode_starts` (T, B): the actor's output and the value at each step; for one step (T = 1)
         also the state after it."""
         if self.parts and self.cnn:
-            x = {IMAGE: x[IMAGE], VECTOR: self.obs_norm(x[VECTOR])}
+            x = {"image": x["image"], "vector": self.obs_norm(x["vector"])}
         else:
             x = self.obs_norm(self.normalised_part(x))
         state = state * ~episode_starts[0, None, :, None]
@@ -366,7 +353,7 @@ class Agent(nn.Module):
         """With --norm-obs (never of an image through the CNN): the running statistics take in the
         batch of observations `x` of every rank."""
         if isinstance(self.obs_norm, RunningNorm):
-            self.obs_norm.merge(*distributed.moments(self.normalised_part(x)))
+            self.obs_norm.update(self.normalised_part(x))
 
     def normalised_part(self, x: Tensor | dict[str, Tensor]) -> Tensor:
         """What `obs_norm` normalises: a Dict's vector with the CNN, else the observation flat (an
@@ -375,8 +362,8 @@ class Agent(nn.Module):
         if not self.parts:
             return self.flatten(x.float())
         if self.cnn:
-            return x[VECTOR]
-        return torch.cat([self.flatten(x[IMAGE].float()), x[VECTOR]], -1)
+            return x["vector"]
+        return torch.cat([self.flatten(x["image"].float()), x["vector"]], -1)
 
     @torch.no_grad()
     def bootstrap_value(self, obs: np.ndarray | dict, state: np.ndarray) -> np.ndarray:
@@ -428,29 +415,25 @@ class Agent(nn.Module):
             return torch.argmax(policy.logits + noise, -1)
         if isinstance(policy, Normal):
             return policy.mean + policy.stddev * noise
-        raise PolicyMismatch(
+        raise NotImplementedError(
             f"Agent.sample cannot draw from a {type(policy).__name__}: write its draw"
         )
 
 
 def train(args: Args) -> TrainResult:
-    args, checkpoint, device = run_start.setup(args, SCRIPT, CHECKPOINT_FORMAT, check_args)
-    world_size = distributed.world_size()
+    # checks, torchrun, the checkpoint --resume continues (args become its settings), seeds, device
+    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args)
+    args, device, world_size = run.args, run.device, run.world_size
     global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
     num_iterations = args.total_timesteps // global_batch_size
     norm_adv = args.norm_adv and global_batch_size > args.num_minibatches  # one step has no std
 
-    agent = build_agent(args, None, device)
+    agent = build_agent(run)
     # fused: one kernel for every parameter, a fifth of the update time for a network this small
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint carries, by key
-    checkpoints.restore(checkpoint, saved)
-    distributed.broadcast_module(agent)  # every rank starts from rank 0's parameters
-    run = run_start.Run(
-        SCRIPT, CHECKPOINT_FORMAT, args, checkpoint, saved, make_env, global_batch_size
-    )
+    # what a checkpoint carries, by key: restored on --resume; rank 0's on every rank under torchrun
+    next_obs = run.start({"model": agent, "optimizer": optimizer}, global_batch_size)
     global_step = run.global_step
-    next_obs = run.next_obs
     next_starts = np.ones(args.num_envs, dtype=bool)
     next_rnn_state = agent.initial_state(args.num_envs).cpu().numpy()
     # the loop's state across steps, updated in place: checkpoints save it, and resume restores it
@@ -506,7 +489,7 @@ def train(args: Args) -> TrainResult:
                 # truncated episodes bootstrap from their last observation's value, seen with memory
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = stacked_observations(infos["final_obs"][truncated_only])
+                    last_obs = infos["final_obs"][truncated_only]
                     last_state = next_rnn_state[:, truncated_only]
                     final_values[step, truncated_only] = agent.bootstrap_value(last_obs, last_state)
                 next_starts[...] = terminated | truncated
@@ -541,7 +524,7 @@ def train(args: Args) -> TrainResult:
                 minibatches = order.view(args.num_minibatches, -1)
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     by_minibatch = b_advantages[sequences.index(minibatches)].transpose(0, 1)
-                    adv_means, adv_stds = distributed.mean_std(by_minibatch)
+                    adv_means, adv_stds = run.mean_std_over_ranks(by_minibatch)
                 for i, mb in enumerate(minibatches):
                     mb_inds = sequences.index(mb)  # its sequences' steps, (length, sequences)
                     mb_starts = b_starts[mb_inds]
@@ -581,7 +564,7 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    distributed.average_gradients(agent.parameters())  # the global minibatch's
+                    run.average_gradients(agent.parameters())  # the global minibatch's
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
@@ -589,29 +572,32 @@ def train(args: Args) -> TrainResult:
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    kls = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
+                    kls = run.mean_over_ranks(torch.stack([old_approx_kl, approx_kl]))
                     old_approx_kl, approx_kl = kls
                     if approx_kl > args.target_kl:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
-            check_finite(agent.parameters(), global_step, **losses)
+            run.check_finite(agent.parameters(), global_step, **losses)
             # after the update, which used the rollout's statistics (taken in the sequences' order)
             agent.update_obs_norm(b_obs[sequences.index()])
 
             clipfrac = ((torch.cat(ratios, 1) - 1.0).abs() > args.clip_coef).float().mean()
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
                 "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
                 "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
-                "losses/explained_variance": explained_variance(b_values, b_returns),
+                "losses/explained_variance": float(explained_var),
             })  # fmt: skip
             # a checkpoint if one is due; Ctrl-C on any rank stops every rank here
             if run.iteration_done(iteration, global_step, **carried):
                 break
         run.end(iteration)
-    eval_returns = evaluate(agent, args, run.writer, global_step)  # rank 0 alone
-    return run.finish(agent, global_step, eval_returns)
+    eval_returns = evaluate(agent, run)  # rank 0 alone
+    return run.finish(agent, eval_returns)
 
 
 def compute_gae(
@@ -640,7 +626,7 @@ def compute_gae(
 
 
 def check_args(args: Args) -> None:
-    """Reject bad settings before anything is built or written."""
+    """Reject bad settings (ValueError) before anything is built or written."""
     positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     positive += ("hidden_size", "video_every", "sampling_k", "temperature", "learning_rate")
     positive += ("clip_coef", "max_grad_norm", "rnn_hidden_size", "rnn_layers")
@@ -650,30 +636,26 @@ def check_args(args: Args) -> None:
         args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
     )
     if args.bptt_len and args.num_steps % args.bptt_len:
-        raise UsageError(f"--bptt-len {args.bptt_len} must divide --num-steps {args.num_steps}")
+        raise ValueError(f"--bptt-len {args.bptt_len} must divide --num-steps {args.num_steps}")
     num_sequences = args.num_envs * (args.num_steps // args.bptt_len if args.bptt_len else 1)
     if num_sequences % args.num_minibatches:
         what = "--num-envs (whole-rollout sequences)"
         if args.bptt_len:
             what = "--num-envs x --num-steps / --bptt-len"
-        raise UsageError(
+        raise ValueError(
             f"--num-minibatches {args.num_minibatches} must divide the number of training sequences, {what} = "
             f"{num_sequences}"
         )
-    batch_size = args.num_envs * args.num_steps * distributed.launched_size()
+    batch_size = args.num_envs * args.num_steps * int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
     if args.total_timesteps < batch_size:
-        raise UsageError(
+        raise ValueError(
             f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
         )
 
 
-def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
-    """The agent for `args.env_id`, with the checkpoint's weights if given."""
-    observation_space, action_space = checked_spaces(make_env, args)
-    agent = Agent(observation_space, action_space, args).to(device)
-    checkpoints.restore(checkpoint, {"model": agent})  # nothing without a checkpoint
-    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
-    return agent
+def build_agent(run: Run) -> Agent:
+    """The agent for the run's env and settings, on its device (a checkpoint's weights come later)."""
+    return Agent(run.observation_space, run.action_space, run.args).to(run.device)
 
 
 StepFunction = Callable[
@@ -723,16 +705,7 @@ def check_policy(
     policy's `actor_outs`, after checking that the actions are its draws with `noise`."""
     policy = agent.distribution(actor_outs.flatten(0, 1))
     flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
-    if agent.discrete:
-        stand_in.check_same_actions(
-            flat_actions, agent.sample(policy, noise), numpy_copy, scores=policy.logits + noise
-        )
-        stand_in.check_draws(flat_actions, probs=policy.probs)
-    else:
-        stand_in.check_same_actions(
-            flat_actions, agent.sample(policy, noise), numpy_copy, std=policy.stddev
-        )
-        stand_in.check_draws(flat_actions, mean=policy.mean, std=policy.stddev)
+    stand_in.check_actions(flat_actions, policy, agent.sample(policy, noise), noise, numpy_copy)
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 
@@ -848,12 +821,10 @@ class Segments:
         return initial
 
 
-def evaluate(
-    agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
-) -> list[float]:
-    """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with the
-    hidden state it came from."""
-    device = next(agent.parameters()).device
+def evaluate(agent: Agent, run: Run, record_to: Path | None = None) -> list[float]:
+    """Play --eval-episodes episodes, actions by --sampling-method, each recorded with the hidden
+    state it came from; log them at the run's step and return their returns (`Run.evaluate`)."""
+    device = run.device
     state = agent.initial_state(1)
 
     @torch.inference_mode()
@@ -863,37 +834,23 @@ def evaluate(
         starts = torch.as_tensor(episode_starts, device=device)[None]
         acted_from = state * ~starts[0, None, :, None]
         actor_out, _, state = agent(obs_tensor, state, starts)
-        policy = agent.distribution(actor_out[0])
-        action = evaluation.select_action(
-            policy, args.sampling_method, args.temperature, args.sampling_k
-        )
+        action = run.select_action(agent.distribution(actor_out[0]))
         fields = {"policy": {"hidden_state": acted_from.transpose(0, 1).cpu().numpy()}}
         return agent.env_action(action.cpu().numpy()), fields
 
-    return evaluation.evaluate(agent, act, make_env, args, writer, step, record_to)
+    return run.evaluate(agent, act, record_to=record_to)
 
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    trained, checkpoint, device = run_start.setup_evaluation(
-        args, SCRIPT, CHECKPOINT_FORMAT, check_args
-    )
-    agent = build_agent(trained, checkpoint, device)
-    step = checkpoint["global_step"]
-    return evaluation.evaluate_checkpoint(
-        args, trained, lambda writer, path: evaluate(agent, trained, writer, step, path)
-    )
+    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args)  # the checkpoint's run
+    agent = build_agent(run)
+    return run.evaluate_checkpoint(agent, lambda record_to: evaluate(agent, run, record_to))
 
 
 def main() -> int:
-    def run() -> None:
-        args = cli.parse_args(Args)
-        if args.eval_checkpoint:
-            evaluate_checkpoint(args)
-        else:
-            train(args).print_summary()
-
-    return cli.exit_status(run)
+    """The command line: --eval-checkpoint evaluates, else `train`; the exit status."""
+    return cli.main(Args, train, evaluate_checkpoint)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,28 +22,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 from torch.distributions import Categorical, Normal
-from torch.utils.tensorboard import SummaryWriter
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import atari, checkpoints, cli, distributed, evaluation, run_start, stand_in
-from common.envs import (
-    IMAGE,
-    VECTOR,
-    checked_spaces,
-    cnn_layout,
-    flat_observations,
-    image_layout,
-    joint_actions,
-    observation_map,
-    observation_tensor,
-    observation_zeros,
-    stacked_observations,
-)
-from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
+from common import atari, cli, envs, stand_in
+from common.envs import cnn_layout, observation_map, observation_tensor, observation_zeros
+from common.errors import PolicyMismatch, TrainingDiverged
+from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
-from common.seeding import threads_for
-from common.tracking import explained_variance
-from common.train_result import TrainResult
 
 SCRIPT = Path(__file__).stem
 # 3: nanoGPT's module names; 2: --norm-obs normalises the env's observation only (not the previous
@@ -176,11 +162,9 @@ def make_env(
             )
         else:
             env = gym.make(env_id, **atari.make_kwargs(env_id))
-        # CleanRL's Atari wrappers (only for Atari games); one frame, as the memory sees the steps
-        # before it
-        env = atari.preprocessed(env, frame_stack=1)
-        # per env: vector observation wrappers refuse SAME_STEP autoreset
-        env = joint_actions(flat_observations(env, keep_images=True, image_parts=True))
+        # CleanRL's Atari wrappers (only for Atari games; one frame, as the memory sees the steps
+        # before it), observations as the network takes them
+        env = envs.prepared(env, frame_stack=1)
         # others: refused later
         actions_known = isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))
         return PreviousActionReward(env) if prev_action_reward and actions_known else env
@@ -201,13 +185,13 @@ class PreviousActionReward(gym.Wrapper):
         )
         space = env.observation_space
         extra = np.full(self.action_size + 1, np.inf, dtype=np.float32)
-        self.image = image_layout(space) is not None
+        self.image = len(space.shape or ()) > 1  # envs.prepared keeps only images unflattened
         if self.image:
-            space = gym.spaces.Dict({IMAGE: space, VECTOR: gym.spaces.Box(-extra, extra)})
+            space = gym.spaces.Dict({"image": space, "vector": gym.spaces.Box(-extra, extra)})
         elif isinstance(space, gym.spaces.Dict):
-            vector = space[VECTOR]
+            vector = space["vector"]
             low, high = np.concatenate([vector.low, -extra]), np.concatenate([vector.high, extra])
-            space = gym.spaces.Dict({IMAGE: space[IMAGE], VECTOR: gym.spaces.Box(low, high)})
+            space = gym.spaces.Dict({"image": space["image"], "vector": gym.spaces.Box(low, high)})
         else:
             low, high = space.low.astype(np.float32), space.high.astype(np.float32)
             space = gym.spaces.Box(np.concatenate([low, -extra]), np.concatenate([high, extra]))
@@ -223,9 +207,9 @@ class PreviousActionReward(gym.Wrapper):
             previous[:-1] = np.asarray(action, dtype=np.float32).reshape(-1)
         previous[-1] = reward
         if self.image:
-            return {IMAGE: obs, VECTOR: previous}
+            return {"image": obs, "vector": previous}
         if isinstance(obs, dict):
-            return {IMAGE: obs[IMAGE], VECTOR: np.concatenate([obs[VECTOR], previous])}
+            return {"image": obs["image"], "vector": np.concatenate([obs["vector"], previous])}
         return np.concatenate([np.asarray(obs, dtype=np.float32), previous])
 
     def reset(self, **kwargs):
@@ -412,9 +396,9 @@ class Agent(nn.Module):
         image_space = None
         vector_space = observation_space
         if isinstance(observation_space, gym.spaces.Dict):
-            image_space = observation_space[IMAGE]
-            vector_space = observation_space[VECTOR]
-        elif image_layout(observation_space):
+            image_space = observation_space["image"]
+            vector_space = observation_space["vector"]
+        elif len(observation_space.shape) > 1:  # envs.prepared keeps only images unflattened
             image_space = observation_space
             vector_space = None
         layout = cnn_layout(image_space or observation_space, args.encoder)
@@ -487,7 +471,7 @@ class Agent(nn.Module):
             vector = self.obs_norm(vector)
         if self.image_encoder is None:
             return vector
-        image = self.image_encoder(obs[IMAGE] if isinstance(obs, dict) else obs)
+        image = self.image_encoder(obs["image"] if isinstance(obs, dict) else obs)
         return image if vector is None or vector.shape[-1] == 0 else torch.cat([image, vector], -1)
 
     def update_obs_norm(self, obs: Tensor | dict[str, Tensor]) -> None:
@@ -495,14 +479,14 @@ class Agent(nn.Module):
         observations `obs` (steps, envs, ...) of every rank."""
         if self.obs_norm is not None:
             vectors = self.vector_part(obs)
-            self.obs_norm.merge(*distributed.moments(vectors.reshape(-1, vectors.shape[-1])))
+            self.obs_norm.update(vectors.reshape(-1, vectors.shape[-1]))
 
     def vector_part(self, obs: Tensor | dict[str, Tensor]) -> Tensor | None:
         """The observation but the CNN's part, as float (what --norm-obs normalises); with --encoder
         mlp an image's pixels come flattened in front; None for an image alone."""
         image, vector = None, obs
         if isinstance(obs, dict):
-            image, vector = obs[IMAGE], obs[VECTOR]
+            image, vector = obs["image"], obs["vector"]
         elif self.image_rank:
             image, vector = obs, None
         if self.image_encoder is None and image is not None:
@@ -610,22 +594,19 @@ def first_of_each_run(valid: Tensor) -> Tensor:
 
 
 def train(args: Args) -> TrainResult:
-    args, checkpoint, device = run_start.setup(args, SCRIPT, CHECKPOINT_FORMAT, check_args)
-    world_size = distributed.world_size()
+    # checks, torchrun, the checkpoint --resume continues (args become its settings), seeds, device
+    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args, env_kwargs=env_kwargs)
+    args, device, world_size = run.args, run.device, run.world_size
     num_envs = args.num_envs
     global_batch_size = num_envs * args.num_steps * world_size  # over all processes
     num_iterations = args.total_timesteps // global_batch_size
     norm_adv = args.norm_adv and global_batch_size > args.num_minibatches  # one step has no std
 
-    agent = build_agent(args, None, device)
+    agent = build_agent(run)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    saved = {"model": agent, "optimizer": optimizer}  # what a checkpoint carries, by key
-    checkpoints.restore(checkpoint, saved)
-    distributed.broadcast_module(agent)  # every rank starts from rank 0's parameters
-    make = env_maker(args)
-    run = run_start.Run(SCRIPT, CHECKPOINT_FORMAT, args, checkpoint, saved, make, global_batch_size)
+    # what a checkpoint carries, by key: restored on --resume; rank 0's on every rank under torchrun
+    next_obs = run.start({"model": agent, "optimizer": optimizer}, global_batch_size)
     global_step = run.global_step
-    next_obs = run.next_obs
 
     # Rollout storage (steps, envs, ...) in NumPy, as CleanRL's; images stay uint8.
     action_shape = () if agent.discrete else (agent.action_size,)
@@ -681,7 +662,7 @@ def train(args: Args) -> TrainResult:
                 # truncated episodes bootstrap from the value of their last observation
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = stacked_observations(infos["final_obs"][truncated_only])
+                    last_obs = infos["final_obs"][truncated_only]
                     final_values[step, truncated_only] = context.value(
                         last_obs, positions[step, truncated_only] + 1, envs=truncated_only
                     )
@@ -716,7 +697,7 @@ def train(args: Args) -> TrainResult:
             for epoch in range(args.update_epochs):  # minibatches of whole sequences
                 minibatches = torch.randperm(num_envs, device=device).view(args.num_minibatches, -1)
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
-                    adv_means, adv_stds = distributed.mean_std(b_advantages[minibatches])
+                    adv_means, adv_stds = run.mean_std_over_ranks(b_advantages[minibatches])
                 for i, mb_envs in enumerate(minibatches):
                     mb_sequences = (b_obs[mb_envs], b_positions[mb_envs], b_mask[mb_envs])
                     actor_out, newvalue, _ = agent(*mb_sequences, outputs_from=prefix)
@@ -756,7 +737,7 @@ def train(args: Args) -> TrainResult:
 
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    distributed.average_gradients(agent.parameters())  # the global minibatch's
+                    run.average_gradients(agent.parameters())  # the global minibatch's
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     optimizer.step()
 
@@ -764,29 +745,32 @@ def train(args: Args) -> TrainResult:
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
                     approx_kl = ((ratio - 1) - logratio).mean()
                 if args.target_kl is not None:  # the global minibatch's KL: every rank stops alike
-                    kls = distributed.mean(torch.stack([old_approx_kl, approx_kl]))
+                    kls = run.mean_over_ranks(torch.stack([old_approx_kl, approx_kl]))
                     old_approx_kl, approx_kl = kls
                     if approx_kl > args.target_kl:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
-            check_finite(agent.parameters(), global_step, **losses)
+            run.check_finite(agent.parameters(), global_step, **losses)
             # after the update, which used the statistics the rollout acted with
             agent.update_obs_norm(observation_tensor(obs, device))
 
             clipfrac = ((torch.cat(ratios) - 1.0).abs() > args.clip_coef).float().mean()
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
             run.log.iteration(global_step, {
                 "charts/learning_rate": optimizer.param_groups[0]["lr"],
                 "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
                 "losses/entropy": entropy_loss.item(), "losses/clipfrac": clipfrac.item(),
                 "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
-                "losses/explained_variance": explained_variance(b_values, b_returns),
+                "losses/explained_variance": float(explained_var),
             })  # fmt: skip
             # a checkpoint if one is due; Ctrl-C on any rank stops every rank here
             if run.iteration_done(iteration, global_step, **vars(carried)):
                 break
         run.end(iteration)
-    eval_returns = evaluate(agent, args, run.writer, global_step)  # rank 0 alone
-    return run.finish(agent, global_step, eval_returns)
+    eval_returns = evaluate(agent, run)  # rank 0 alone
+    return run.finish(agent, eval_returns)
 
 
 def compute_gae(
@@ -815,7 +799,7 @@ def compute_gae(
 
 
 def check_args(args: Args) -> None:
-    """Reject bad settings before anything is built or written."""
+    """Reject bad settings (ValueError) before anything is built or written."""
     positive = ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     positive += ("video_every", "sampling_k", "temperature", "learning_rate", "clip_coef")
     positive += ("max_grad_norm", "d_model", "n_heads", "n_layers", "context_len")
@@ -825,34 +809,30 @@ def check_args(args: Args) -> None:
         args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
     )
     if args.d_model % args.n_heads or (args.d_model // args.n_heads) % 2:
-        raise UsageError(
+        raise ValueError(
             f"--n-heads {args.n_heads} must divide --d-model {args.d_model} into an even width per "
             "head (RoPE rotates pairs)"
         )
     if args.num_envs % args.num_minibatches:
-        raise UsageError(
+        raise ValueError(
             f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs} "
             "(minibatches are whole env rollouts)"
         )
-    batch_size = args.num_envs * args.num_steps * distributed.launched_size()
+    batch_size = args.num_envs * args.num_steps * int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
     if args.total_timesteps < batch_size:
-        raise UsageError(
+        raise ValueError(
             f"--total-timesteps {args.total_timesteps} is less than one batch ({batch_size} steps)"
         )
 
 
-def env_maker(args: Args):
-    """`make_env` with the run's --prev-action-reward, for the common helpers."""
-    return partial(make_env, prev_action_reward=args.prev_action_reward)
+def env_kwargs(args: Args) -> dict[str, Any]:
+    """What `make_env` takes from the run's settings."""
+    return {"prev_action_reward": args.prev_action_reward}
 
 
-def build_agent(args: Args, checkpoint: dict | None, device: torch.device) -> Agent:
-    """The agent for `args.env_id`, with the checkpoint's weights if given."""
-    observation_space, action_space = checked_spaces(env_maker(args), args)
-    agent = Agent(observation_space, action_space, args).to(device)
-    checkpoints.restore(checkpoint, {"model": agent})  # nothing without a checkpoint
-    threads_for(args.torch_threads, agent)  # --torch-threads left out: chosen by the network
-    return agent
+def build_agent(run: Run) -> Agent:
+    """The agent for the run's env and settings, on its device (a checkpoint's weights come later)."""
+    return Agent(run.observation_space, run.action_space, run.args).to(run.device)
 
 
 @dataclass
@@ -981,19 +961,14 @@ def check_outputs(
 def check_policy(actor_outs: Tensor, actions: Tensor, agent: Agent) -> Tensor:
     """The log-probabilities of the rollout's `actions` at the policy's `actor_outs`, after checking
     that the actions are plausibly its draws (common/stand_in.py)."""
-    policy = agent.distribution(actor_outs.flatten(0, 1))
-    if agent.discrete:
-        stand_in.check_draws(actions.flatten(0, 1), probs=policy.probs)
-    else:
-        stand_in.check_draws(actions.flatten(0, 1), mean=policy.mean, std=policy.stddev)
+    stand_in.check_actions(actions.flatten(0, 1), agent.distribution(actor_outs.flatten(0, 1)))
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 
-def evaluate(
-    agent: Agent, args: Args, writer: SummaryWriter, step: int, record_to: Path | None = None
-) -> list[float]:
-    """`common.evaluation.evaluate` with actions by `args.sampling_method`, each recorded with its
-    step's position in its episode."""
+def evaluate(agent: Agent, run: Run, record_to: Path | None = None) -> list[float]:
+    """Play --eval-episodes episodes, actions by --sampling-method, each recorded with its step's
+    position in its episode; log them at the run's step and return their returns (`Run.evaluate`).
+    """
     context = Context.empty(agent, 1)
     position = np.zeros(1, dtype=np.int64)
 
@@ -1002,36 +977,24 @@ def evaluate(
         nonlocal position
         position = np.where(episode_starts, 0, position + 1)
         actor_out, _ = context.step(obs, position, episode_starts)
-        action = evaluation.select_action(
-            agent.distribution(actor_out), args.sampling_method, args.temperature, args.sampling_k
-        )
+        action = run.select_action(agent.distribution(actor_out))
         recorded = {"policy": {"position": position.copy()}}
         return agent.env_action(action.cpu().numpy()), recorded
 
-    return evaluation.evaluate(agent, act, env_maker(args), args, writer, step, record_to)
+    return run.evaluate(agent, act, record_to=record_to)
 
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    trained, checkpoint, device = run_start.setup_evaluation(
-        args, SCRIPT, CHECKPOINT_FORMAT, check_args
-    )
-    agent = build_agent(trained, checkpoint, device)
-    step = checkpoint["global_step"]
-    return evaluation.evaluate_checkpoint(
-        args, trained, lambda writer, path: evaluate(agent, trained, writer, step, path)
-    )
+    # the checkpoint's run
+    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args, env_kwargs=env_kwargs)
+    agent = build_agent(run)
+    return run.evaluate_checkpoint(agent, lambda record_to: evaluate(agent, run, record_to))
 
 
 def main() -> int:
-    def run() -> None:
-        args = cli.parse_args(Args)
-        if args.eval_checkpoint:
-            evaluate_checkpoint(args)
-        else:
-            train(args).print_summary()
-
-    return cli.exit_status(run)
+    """The command line: --eval-checkpoint evaluates, else `train`; the exit status."""
+    return cli.main(Args, train, evaluate_checkpoint)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmark.registry import load_script, resolve_args
+from benchmark.registry import load_script, resolve_args, script_agent
 from common.cli import exit_status
 from common.envs import (
     env_spaces,
@@ -28,6 +28,7 @@ from common.envs import (
     observation_zeros,
     resolve_env_id,
 )
+from common.run_start import usage_errors
 
 
 def median_seconds(
@@ -53,12 +54,12 @@ def floor_agent(name: str, flags: list[str]) -> tuple[ModuleType, Any, torch.nn.
     the CPU, built as the script builds it, with the script's seed and torch threads set: what every
     floor times."""
     script, args = load_script(name), resolve_args(name, flags)
-    script.check_args(args)
+    usage_errors(script.check_args)(args)  # as the script's Run calls it
     torch.manual_seed(args.seed)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     # which sets the default threads
-    return (script, args, script.build_agent(args, None, torch.device("cpu")))
+    return (script, args, script_agent(script, args))
 
 
 def random_observations(space: Any, *leading: int) -> Any:

@@ -14,13 +14,18 @@ import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import torch
+
+from common import checkpoints
 from common.atari import is_atari_id
 from common.cli import parse_args
-from common.envs import resolve_env_id, training_envs
+from common.envs import checked_spaces, resolve_env_id, training_envs
+from common.seeding import threads_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -225,7 +230,9 @@ SCRIPTS: dict[str, Script] = {
         name="ppo_transformer",
         sb3_algo="recurrent_ppo",
         sb3_settings=transformer_ppo_sb3_settings,
-        vector_env=lambda module, args: training_envs(module.env_maker(args), args, "", None)[0],
+        vector_env=lambda module, args: training_envs(
+            script_make_env(module, args), args, "", None
+        )[0],
         unmatched=TRANSFORMER_PPO_UNMATCHED,
     ),
     "ddpg": Script(
@@ -309,6 +316,29 @@ def load_script(name: str) -> ModuleType:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     return importlib.import_module(name)
+
+
+def script_make_env(script: ModuleType, args: Any) -> Callable[..., Callable]:
+    """The script's `make_env` with what it takes from the run's settings (`env_kwargs`, where the
+    script has it), as its `Run` makes its envs."""
+    if hasattr(script, "env_kwargs"):
+        return partial(script.make_env, **script.env_kwargs(args))
+    return script.make_env
+
+
+def script_agent(script: ModuleType, args: Any, checkpoint: dict | None = None) -> torch.nn.Module:
+    """The script's agent for `args` on the CPU, as its `Run` has it built (the env's spaces
+    checked) and started (the checkpoint's weights, if given; the torch threads for the network)."""
+    actions = getattr(script, "RUN_OPTIONS", {}).get("actions")
+    spaces = checked_spaces(script_make_env(script, args), args, *([actions] if actions else []))
+    cpu = torch.device("cpu")
+    run = SimpleNamespace(
+        args=args, observation_space=spaces[0], action_space=spaces[1], device=cpu
+    )
+    agent = script.build_agent(run)
+    checkpoints.restore(checkpoint, {"model": agent})
+    threads_for(args.torch_threads, agent)
+    return agent
 
 
 def resolve_args(name: str, flags: tuple[str, ...] | list[str]) -> Any:

@@ -16,6 +16,7 @@ import torch
 from torch.profiler import profile
 
 from benchmark.recurrent_floor import floor_agent, median_seconds, random_observations
+from benchmark.registry import script_make_env
 from common.cli import exit_status
 from common.envs import env_spaces, resolve_env_id
 
@@ -26,7 +27,7 @@ def update_floor(flags: list[str], repeats: int = 30) -> dict[str, float]:
     in them."""
     script, args, agent = floor_agent("ppo_transformer", flags)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    observation_space, _, _ = env_spaces(script.env_maker(args)(resolve_env_id(args.env_id)))
+    observation_space, _, _ = env_spaces(script_make_env(script, args)(resolve_env_id(args.env_id)))
     envs = args.num_envs // args.num_minibatches
     length = agent.receptive_field + args.num_steps
     obs = random_observations(observation_space, envs, length)

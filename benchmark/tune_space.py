@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from benchmark.registry import load_script, resolve_args
 from common.errors import UsageError
+from common.run_start import usage_errors
 
 Kind = Literal["float", "log", "int", "choice"]
 
@@ -165,7 +166,8 @@ def build_space(script: str, lines: list[str], base_flags: list[str]) -> list[Pa
     for param in params:
         for value in param.ends():
             try:
-                module.check_args(resolve_args(script, [*base_flags, *param.flags(value)]))
+                check_args = usage_errors(module.check_args)  # as the script's Run calls it
+                check_args(resolve_args(script, [*base_flags, *param.flags(value)]))
             except UsageError as error:
                 raise UsageError(
                     f"search space: {script}.py refuses {' '.join(param.flags(value))}: {error}"

@@ -9,7 +9,7 @@ import multiprocessing
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import tyro
 
@@ -132,3 +132,23 @@ def exit_status(run: Callable[[], object]) -> int:
         return 1
     distributed.leave(0)
     return 0
+
+
+def main(
+    config: type[Config],
+    train: Callable[[Config], Any],
+    evaluate_checkpoint: Callable[[Config], object],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """A script's command line: its flags parsed into `config`, then `evaluate_checkpoint(args)`
+    with --eval-checkpoint, else `train(args)`, whose result's summary is printed; the exit status
+    (see `exit_status`)."""
+
+    def run() -> None:
+        args = parse_args(config, argv)
+        if args.eval_checkpoint:
+            evaluate_checkpoint(args)
+        else:
+            train(args).print_summary()
+
+    return exit_status(run)

@@ -16,7 +16,7 @@ import torch
 from gymnasium.spaces import Box, Dict, Discrete, Space, Text, Tuple
 
 from common import distributed
-from common.atari import GameStatistics
+from common.atari import GameStatistics, preprocessed
 from common.checkpoints import restore_reward_normalizer
 from common.cli import notice, one_line
 from common.env_state import EpisodeRecorder
@@ -228,6 +228,10 @@ class Observations(dict):
         for key, part in self.items():
             part[index] = observation[key]
 
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Observations:
+        """Each part with axes `start_dim` to `end_dim` as one (tensor parts: torch's `flatten`)."""
+        return Observations({key: part.flatten(start_dim, end_dim) for key, part in self.items()})
+
 
 def observation_map(function: Callable[..., Any], *observations: Any) -> Any:
     """`function` of the observations' arrays, or of each part of `image_and_vector` ones (dicts of
@@ -248,7 +252,9 @@ def stacked_observations(observations: Any) -> Any:
 def observation_tensor(observation: Any, device: torch.device | str = "cpu") -> Any:
     """An observation (or batch) as the networks take it, on `device`: images as they are (uint8;
     they become float inside the network), everything else as float32; each part of an
-    `image_and_vector` one."""
+    `image_and_vector` one. An array of observations (a vector env's `final_obs`) is a batch."""
+    if isinstance(observation, np.ndarray) and observation.dtype == object:
+        observation = stacked_observations(observation)
     as_tensor = lambda part: torch.as_tensor(  # noqa: E731
         part, dtype=None if part.dtype in (np.uint8, torch.uint8) else torch.float32, device=device
     )
@@ -376,6 +382,16 @@ def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
 MAX_JOINT_ACTIONS = 4096
 """the most combinations of a MultiDiscrete action space that `joint_actions` turns into one
 Discrete space"""
+
+
+def prepared(env: gym.Env, frame_stack: int = 1) -> gym.Env:
+    """`env` as the PPO scripts' networks take it: an Atari game preprocessed as CleanRL's Atari
+    scripts do (`common.atari.preprocessed`, `frame_stack` frames in each observation), the
+    observation a vector, an image, or an image and a vector (`flat_observations`), and
+    MultiDiscrete or MultiBinary actions as one Discrete (`joint_actions`). Wrapped per env:
+    gymnasium's vector observation wrappers refuse SAME_STEP autoreset."""
+    env = preprocessed(env, frame_stack)
+    return joint_actions(flat_observations(env, keep_images=True, image_parts=True))
 
 
 def joint_actions(env: gym.Env) -> gym.Env:

@@ -1,29 +1,35 @@
-"""What every script's `train()` sets up around its algorithm, in two calls: `setup` before the
-network (checks, torchrun, the checkpoint --resume continues, seeds, device), and `Run` after the
-agent and optimizer (run folder, writer, envs and their first observations, trajectory recorder,
-log, Ctrl-C), which also writes checkpoints and ends the run."""
+"""What every script's `train()` sets up around its algorithm: a `Run`, made first (checks,
+torchrun, the checkpoint --resume continues or --eval-checkpoint evaluates, seeds, device, the env's
+spaces), then started once the agent and optimizer are built (`Run.start`: run folder, writer, envs
+and their first observations, trajectory recorder, log, Ctrl-C). It also writes checkpoints, averages
+over torchrun's processes, evaluates and ends the run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import gymnasium as gym
 import numpy as np
 import torch
+from torch.distributions import Distribution
 from torch.utils.tensorboard import SummaryWriter
 
-from common import checkpoints, distributed, env_state
+from common import checkpoints, distributed, env_state, evaluation
 from common.checkpoints import resume_folder
 from common.cli import notice
-from common.envs import training_envs
-from common.errors import UsageError
+from common.envs import checked_spaces, training_envs
+from common.errors import UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.run_folder import create_run_folder, run_name
-from common.seeding import seed_and_pick_device
+from common.seeding import seed_and_pick_device, threads_for
 from common.tracking import TrainingLog, start_tracking
 from common.train_result import TrainResult
 from common.trajectories import RolloutRecorder, check_destination
+
+__all__ = ["Run", "TrainResult"]
 
 Config = TypeVar("Config")
 
@@ -31,13 +37,22 @@ RUN_KEYS = ("iteration", "reward_rms", "episodes", "trajectories")
 """What `Run.save` adds to a checkpoint beside the script's `saved`: keys `saved` may not use"""
 
 
-def setup(
-    args: Config,
-    script: str,
-    checkpoint_format: int,
-    check_args: Callable[[Config], None],
-    kept: tuple[str, ...] = (),
-) -> tuple[Config, dict | None, torch.device]:
+def usage_errors(check_args: Callable[[Config], None]) -> Callable[[Config], None]:
+    """`check_args`, whose ValueError (a script's own checks) is a UsageError: bad input."""
+
+    def checked(args: Config) -> None:
+        try:
+            check_args(args)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    return checked
+
+
+def _setup(
+    args: Config, script: str, checkpoint_format: int, check_args: Callable[[Config], None],
+    kept: tuple[str, ...],
+) -> tuple[Config, dict | None, torch.device]:  # fmt: skip
     """Before the network is built: `check_args(args)`, joining torchrun's processes
     (docs/distributed.md), the checkpoint --resume continues, whose settings replace `args` but for
     the run-time flags and `kept`, then the seeds (each rank its own: rank 0's parameters are
@@ -55,13 +70,10 @@ def setup(
     return args, checkpoint, device
 
 
-def setup_evaluation(
-    args: Config,
-    script: str,
-    checkpoint_format: int,
-    check_args: Callable[[Config], None],
-    kept: tuple[str, ...] = (),
-) -> tuple[Config, dict, torch.device]:
+def _setup_evaluation(
+    args: Config, script: str, checkpoint_format: int, check_args: Callable[[Config], None],
+    kept: tuple[str, ...],
+) -> tuple[Config, dict, torch.device]:  # fmt: skip
     """For --eval-checkpoint: the checkpoint, its run's settings with the evaluation flags of `args`
     on top (both checked by `check_args`), and the device, after seeding with --seed."""
     check_args(args)
@@ -76,20 +88,25 @@ def setup_evaluation(
 
 
 class Run:
-    """A training run once its agent and optimizer are built: its folder and TensorBoard writer
-    (`_open_folder`), the training envs (`common.envs.training_envs`) and their observation
-    (`next_obs`: the one they start from, `common.env_state.start`, built last since a resumed
-    run's generators are restored there; then the last `step`'s), the trajectory recorder, and the
-    log with its progress bar. What a resumed run's loop carried from step to step is in
-    `carried`.
+    """A training run (or, with --eval-checkpoint, the evaluation of a checkpoint), made before the
+    network: `args` checked by the script's `check_args` (whose ValueError is bad input), torchrun's
+    processes joined, the checkpoint read (--resume: its settings replace `args` but for the run-time
+    flags and `kept`; --eval-checkpoint: its run's settings with the evaluation flags on top), the
+    seeds set, the `device` picked, and the env's `observation_space` and `action_space` checked
+    (an action space of the `actions` types). `args` is then the run's settings; `env_kwargs(args)`,
+    where given, are keyword arguments of `make_env` that come from them.
+
+    `start` goes on once the agent and optimizer are built: their state from the checkpoint, rank
+    0's parameters on every rank, the torch threads for the network, the run's folder and
+    TensorBoard writer, the training envs (`common.envs.training_envs`) and their observation
+    (`next_obs`: the one they start from, `common.env_state.start`, built last since a resumed run's
+    generators are restored there; then the last `step`'s), the trajectory recorder, and the log with
+    its progress bar. What a resumed run's loop carried from step to step is in `carried`.
 
     A context manager for the training loop: Ctrl-C inside it asks the loop to stop after its
     iteration (see `iteration_done`), and leaving it closes the envs and the progress bar; after a
     Ctrl-C, leaving it raises KeyboardInterrupt (the run's exit status is 130), so that nothing
-    after the block runs: no evaluation of a half-trained agent.
-
-    `saved` maps checkpoint keys to what the script's checkpoints carry (see `save`). `write`, when
-    given, writes a checkpoint in place of `save` (ddpg's, with its replay buffer's file)."""
+    after the block runs: no evaluation of a half-trained agent."""
 
     path: Path
     writer: SummaryWriter | None
@@ -98,15 +115,39 @@ class Run:
 
     def __init__(
         self,
+        args: Any,
         script: str,
         checkpoint_format: int,
-        args: Any,
-        checkpoint: dict | None,
-        saved: dict[str, Any],
         make_env: Callable[..., Callable],
-        batch_size: int,
-        write: Callable[[int], Path] | None = None,
+        check_args: Callable[[Any], None],
+        kept: tuple[str, ...] = (),
+        actions: tuple[type[gym.Space], ...] = (gym.spaces.Discrete, gym.spaces.Box),
+        env_kwargs: Callable[[Any], dict[str, Any]] | None = None,
     ):
+        self.script, self.checkpoint_format = script, checkpoint_format
+        check_args = usage_errors(check_args)
+        self.flags = args  # the command line's
+        setup = _setup_evaluation if getattr(args, "eval_checkpoint", None) else _setup
+        self.args, self.checkpoint, self.device = setup(
+            args, script, checkpoint_format, check_args, kept
+        )
+        # what make_env takes from the run's settings (ppo_transformer's --prev-action-reward)
+        self.make_env = partial(make_env, **env_kwargs(self.args)) if env_kwargs else make_env
+        self.observation_space, self.action_space = checked_spaces(
+            self.make_env, self.args, actions
+        )
+        self.world_size = distributed.world_size()
+        self.global_step = int(self.checkpoint["global_step"]) if self.checkpoint else 0
+        self.writer = None
+
+    def start(
+        self, saved: dict[str, Any], batch_size: int, write: Callable[[int], Path] | None = None
+    ) -> Any:
+        """Start training; returns the envs' first observation. `saved` maps checkpoint keys to
+        what the script's checkpoints carry (modules, optimizers, arrays; see `save`), restored
+        from the checkpoint --resume continues; `batch_size` counts every rank's steps of an
+        iteration. `write`, when given, writes a checkpoint in place of `save` (ddpg's, with its
+        replay buffer's file)."""
         reserved = set(saved) & {
             *RUN_KEYS,
             "script",
@@ -120,11 +161,16 @@ class Run:
             raise ValueError(
                 f"checkpoint keys of the run itself cannot be saved: {sorted(reserved)}"
             )
-        self.args, self.script, self.checkpoint_format = args, script, checkpoint_format
+        checkpoints.restore(self.checkpoint, saved)
+        networks = [value for value in saved.values() if isinstance(value, torch.nn.Module)]
+        for network in networks:
+            distributed.broadcast_module(network)  # every rank starts from rank 0's parameters
+        threads_for(self.args.torch_threads, *networks)  # no --torch-threads: by the network
+        args, checkpoint = self.args, self.checkpoint
         self.saved = saved
         video_folder = self._open_folder(args, checkpoint, batch_size)
         self.envs, self.reward_normalizer = training_envs(
-            make_env, args, str(video_folder), checkpoint
+            self.make_env, args, str(video_folder), checkpoint
         )
         self.combine_return_stats = distributed.CombinedReturnStats(self.reward_normalizer)
         first_seed = args.seed + self.global_step
@@ -140,6 +186,7 @@ class Run:
         )
         self.stopped = False
         self._loop_state: tuple[int, dict[str, Any]] = (self.global_step, {})
+        return self.next_obs
 
     def carry(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`arrays`, what the loop carries from step to step (updated in place), filled with what a
@@ -234,9 +281,66 @@ class Run:
 
     def end(self, iteration: int) -> None:
         """After the loop: the last checkpoint (--save-model, or Ctrl-C with --checkpoint-every),
-        and the trajectory recording's last steps."""
+        and the trajectory recording's last steps. `global_step` is then the loop's last."""
+        self.global_step = self._loop_state[0]
         self.saving.run_ended(iteration, self.stopped)
         self.recorder.save()
+
+    def average_gradients(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Under torchrun, each gradient becomes its mean over the ranks: the global minibatch's."""
+        distributed.average_gradients(parameters)
+
+    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` averaged over torchrun's ranks, elementwise (each rank's are means over equal
+        shares); `values` themselves in one process."""
+        return distributed.mean(values)
+
+    def mean_std_over_ranks(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For each `x[i]`, the mean and std of its elements over every rank's `x[i]`: one
+        all-reduce for many minibatches (`x[i].mean()` and `x[i].std()` in one process)."""
+        return distributed.mean_std(x)
+
+    def check_finite(
+        self, parameters: Iterable[torch.Tensor], global_step: int, **losses: torch.Tensor
+    ) -> None:
+        """Stop the run (`error:`, exit status 1) if a parameter is NaN or inf, naming the update's
+        step and its last minibatch's `losses`."""
+        check_finite(parameters, global_step, **losses)
+
+    def select_action(self, policy: Distribution) -> torch.Tensor:
+        """The action evaluation takes from `policy` (--sampling-method, --temperature,
+        --sampling-k; see `common.evaluation.select_action`)."""
+        args = self.args
+        return evaluation.select_action(
+            policy, args.sampling_method, args.temperature, args.sampling_k
+        )
+
+    def evaluate(
+        self, agent: torch.nn.Module, act: evaluation.Act, step: int | None = None,
+        record_to: Path | None = None,
+    ) -> list[float]:  # fmt: skip
+        """Play --eval-episodes episodes with `act(obs, episode_starts)` (see
+        `common.evaluation.play_episodes`) in eval mode, log them at `step` (default: the run's
+        `global_step`), and return their returns: rank 0 alone under torchrun."""
+        step = self.global_step if step is None else step
+        return evaluation.evaluate(
+            agent, act, self.make_env, self.args, self.writer, step, record_to
+        )
+
+    def evaluate_checkpoint(
+        self, agent: torch.nn.Module, play: Callable[[Path | None], list[float]]
+    ) -> list[float]:
+        """--eval-checkpoint: `agent` (built for the checkpoint's run) takes its weights;
+        `play(record_to)`, which calls `evaluate`, runs in a run folder of its own; the mean and
+        std of the return are printed."""
+        checkpoints.restore(self.checkpoint, {"model": agent})
+        threads_for(self.args.torch_threads, agent)
+
+        def in_folder(writer: SummaryWriter, record_to: Path | None) -> list[float]:
+            self.writer = writer
+            return play(record_to)
+
+        return evaluation.evaluate_checkpoint(self.flags, self.args, in_folder)
 
     def _write(self, iteration: int) -> Path:
         global_step, carried = self._loop_state
@@ -254,16 +358,14 @@ class Run:
         finally:
             self.interrupt.__exit__(*exc_info)
 
-    def finish(
-        self, agent: torch.nn.Module, global_step: int, eval_returns: list[float]
-    ) -> TrainResult:
+    def finish(self, agent: torch.nn.Module, eval_returns: list[float]) -> TrainResult:
         """Close the log (and the wandb run) and return what `train()` returns, with the last
         checkpoint `end` or `iteration_done` wrote."""
         self.log.finish()
         episodes = self.log.episodes
         return TrainResult(
             agent,
-            global_step,
+            self.global_step,
             self.path,
             episodes.returns,
             episodes.lengths,

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from common import distributed
+
 
 class RunningNorm(nn.Module):
     """Normalises inputs by a running mean and variance, then clips them. The statistics are
@@ -51,13 +53,13 @@ class RunningNorm(nn.Module):
             self.register_buffer(name, value, persistent=False)
 
     def update(self, batch: torch.Tensor) -> None:
-        """Merge the statistics of `batch` (rows are samples) into the running ones."""
-        batch = batch.reshape(-1, batch.shape[-1]).to(torch.float64)
-        self.merge(batch.mean(0), batch.var(0, unbiased=False), batch.shape[0])
+        """Merge the statistics of `batch` (rows are samples), of every rank's under torchrun, into
+        the running ones."""
+        self.merge(*distributed.moments(batch))
 
     def merge(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, batch_count: int) -> None:
         """Merge a batch's mean, (biased) variance and count into the running statistics (Chan et
-        al.'s parallel update), such as `common.distributed.moments` gives for all ranks' batches.
+        al.'s parallel update), as `update` gives them.
         """
         delta, total = batch_mean - self.mean, self.count + batch_count
         self.mean += delta * batch_count / total

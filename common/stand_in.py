@@ -155,6 +155,28 @@ def numpy_cell(rnn: nn.Module) -> Callable[..., tuple[np.ndarray, Any]]:
     return step
 
 
+def check_actions(
+    acted: torch.Tensor,
+    policy: torch.distributions.Distribution,
+    sampled: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+    numpy_copy: bool = False,
+) -> None:
+    """Stop the run (PolicyMismatch) unless the rollout's `acted` actions are the torch policy's:
+    the `sampled` ones it draws with the same `noise` (`check_same_actions`, where given), and
+    plausibly draws from `policy`, its distribution (`check_draws`). A Categorical's actions are
+    its logits' argmax with Gumbel noise; any other distribution's are checked by its mean and std.
+    `numpy_copy`: whether a NumPy copy of the policy acted, for the message."""
+    if isinstance(policy, torch.distributions.Categorical):
+        if sampled is not None:
+            check_same_actions(acted, sampled, numpy_copy, scores=policy.logits + noise)
+        check_draws(acted, probs=policy.probs)
+        return
+    if sampled is not None:
+        check_same_actions(acted, sampled, numpy_copy, std=policy.stddev)
+    check_draws(acted, mean=policy.mean, std=policy.stddev)
+
+
 def check_same_actions(
     acted: torch.Tensor,
     expected: torch.Tensor,

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -243,14 +242,6 @@ class EpisodeLog:
         """The mean return of the last `episodes` episodes to 2 decimals (for a progress bar), None
         before the first."""
         return round(float(np.mean(self.returns[-episodes:])), 2) if self.returns else None
-
-
-def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns): how much of the returns' variance the values
-    explain (NaN where the returns do not vary)."""
-    y_pred, y_true = values.cpu().numpy(), returns.cpu().numpy()
-    var_y = np.var(y_true)
-    return np.nan if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
 
 
 class TrainingLog:

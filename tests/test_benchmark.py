@@ -36,6 +36,7 @@ from benchmark.registry import (
     load_script,
     resolve_args,
     same_settings_flags,
+    script_make_env,
 )
 from benchmark.report import (
     Row,
@@ -1227,7 +1228,7 @@ def test_the_speed_table_tells_apart_two_rows_of_one_script_by_their_flags():
 def test_every_memory_case_resolves_and_the_reference_builds_its_envs(case):
     script = recurrent_floor.load_script(case.script)
     args = resolve_args(case.script, case.flags)
-    make_env = script.env_maker(args) if hasattr(script, "env_maker") else script.make_env
+    make_env = script_make_env(script, args)
     observation_space, action_space, _ = env_spaces(make_env(resolve_env_id(case.env_id)))
     assert (
         case.task_max is not None and case.judged_on == "reference" and case.reference is not None

@@ -22,7 +22,7 @@ from common.interrupt import sigint_ignored_by_new_processes
 from common.run_folder import create_run_folder
 from common.running_norm import RunningNorm
 from common.stand_in import check_draws
-from common.tracking import TrainingLog, explained_variance
+from common.tracking import TrainingLog
 from common.trajectories import RolloutRecorder, load_trajectories, new_recording_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -524,11 +524,3 @@ def test_the_log_times_each_iterations_rollout_and_update(tmp_path, monkeypatch)
     seconds = lambda tag: [(e.step, e.value) for e in events.Scalars(tag)]  # noqa: E731
     assert seconds("perf/rollout_seconds") == [(10, 3.0), (20, 5.0)]
     assert seconds("perf/update_seconds") == [(10, 6.0), (20, 1.0)]
-
-
-def test_explained_variance_of_values_against_returns():
-    returns = torch.tensor([[1.0, 2.0], [3.0, 5.0]])
-    assert explained_variance(returns, returns) == 1.0
-    assert explained_variance(torch.full_like(returns, 2.75), returns) == 0.0  # their mean
-    assert explained_variance(returns - 1, returns) == 1.0  # an offset leaves no variance
-    assert np.isnan(explained_variance(returns, torch.ones_like(returns)))

@@ -17,6 +17,7 @@ import pytest
 import torch
 from helpers import play_optimally, sharp_agent, visit_states
 
+from benchmark.registry import script_make_env
 from common.errors import PolicyMismatch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -386,7 +387,7 @@ def ddpg_reaches_the_target(copy, result) -> None:
 def transformer_reaches_the_target(copy, result) -> None:
     """Probe4-v0: the value within 0.1 of the optimum, the right action with probability 0.95."""
     agent = result.agent.eval()
-    env = copy.env_maker(result_args(copy))("Probe4-v0")()
+    env = script_make_env(copy, result_args(copy))("Probe4-v0")()
     for seed in range(4):
         observation, _ = env.reset(seed=seed)
         actor_out, value = copy.Context.empty(agent, 1).step(observation[None], [0], [True])

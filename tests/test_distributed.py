@@ -16,6 +16,7 @@ import torch
 from helpers import REPO, read_scalars, visit_states
 
 import ppo_fc
+from benchmark.registry import script_agent
 from common.trajectories import load_trajectories, split_episodes
 
 # torchrun's own traceback, as it reports its workers' failure or a Ctrl-C: what comes before it is the workers'.
@@ -360,7 +361,7 @@ def test_two_ranks_learn_the_probes(tmp_path, env_id):
         torchrun(tmp_path, "ppo_fc", dict(settings, progress=False, run_dir=str(tmp_path / "runs")))
     )
     args = ppo_fc.Args(env_id=env_id)
-    agent = ppo_fc.build_agent(args, {"model": ended(tmp_path, 1)["state"]}, torch.device("cpu"))
+    agent = script_agent(ppo_fc, args, {"model": ended(tmp_path, 1)["state"]})
     for env, observation in visit_states(env_id):
         x = torch.as_tensor(observation[None], dtype=torch.float32)
         with torch.no_grad():

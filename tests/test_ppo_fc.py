@@ -29,10 +29,11 @@ from helpers import (
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_fc
-from common import run_start
+from benchmark.registry import script_agent
 from common.envs import observation_tensor
-from common.errors import PolicyMismatch, TrainingDiverged
+from common.errors import PolicyMismatch, TrainingDiverged, UsageError
 from common.evaluation import select_action
+from common.run_start import Run
 from common.seeding import seed_and_pick_device
 from common.trajectories import load_trajectories, split_episodes
 
@@ -288,7 +289,7 @@ def test_recorded_log_probs_and_values_are_the_acting_agents(tmp_path, env_id):
     )
     ppo_fc.train(args)
     seed_and_pick_device(args.seed, args.torch_deterministic, args.torch_threads, cuda=False)
-    agent = ppo_fc.build_agent(args, None, torch.device("cpu"))
+    agent = script_agent(ppo_fc, args)
     data = load_trajectories(path)
     observations = torch.as_tensor(data["/observations"], dtype=torch.float32)
     actions = torch.as_tensor(
@@ -664,7 +665,7 @@ def test_checkpoint_of_another_shape_is_refused(tmp_path):
     checkpoint["args"]["hidden_size"] = 32
     other = tmp_path / "other.pt"
     torch.save(checkpoint, other)
-    with pytest.raises(ppo_fc.UsageError, match="does not fit"):
+    with pytest.raises(UsageError, match="does not fit"):
         ppo_fc.evaluate_checkpoint(
             quick_args(tmp_path, eval_checkpoint=str(other), eval_episodes=1)
         )
@@ -682,15 +683,17 @@ def test_a_checkpoint_missing_what_a_resume_reads_is_refused_in_one_line(tmp_pat
     checkpoint["args"]["total_timesteps"] = 2048  # so that there is something to resume
     damaged = result.checkpoint.parent / "damaged.pt"
     torch.save(checkpoint, damaged)
-    with pytest.raises(ppo_fc.UsageError) as refused:
+    with pytest.raises(UsageError) as refused:
         ppo_fc.train(ppo_fc.Args(resume=str(damaged), progress=False))
     assert removed in str(refused.value) or "reward statistics" in str(refused.value)
 
 
-def test_a_script_cannot_save_under_the_run_s_own_checkpoint_keys():
+def test_a_script_cannot_save_under_the_run_s_own_checkpoint_keys(tmp_path):
+    args = ppo_fc.Args(run_dir=str(tmp_path), progress=False)
+    run = Run(args, "ppo_fc", ppo_fc.CHECKPOINT_FORMAT, ppo_fc.make_env, ppo_fc.check_args)
     for key in ("episodes", "args", "rng"):
         with pytest.raises(ValueError, match=key):
-            run_start.Run("ppo_fc", 4, None, None, {key: torch.zeros(1)}, None, 1)
+            run.start({key: torch.zeros(1)}, 512)
 
 
 # --- trajectories --------------------------------------------------------------------------------------------------
@@ -886,7 +889,7 @@ def test_unsupported_action_space_is_refused(tmp_path):
         action_space = gym.spaces.MultiDiscrete([100, 100])
 
     gym.register("ManyMultiDiscreteActions-v0", entry_point=ManyMultiDiscreteActions)
-    with pytest.raises(ppo_fc.UsageError, match="MultiDiscrete action space"):
+    with pytest.raises(UsageError, match="MultiDiscrete action space"):
         ppo_fc.train(
             quick_args(tmp_path, env_id="ManyMultiDiscreteActions-v0", total_timesteps=512)
         )
@@ -956,12 +959,12 @@ def test_resume_refuses_flags_the_checkpoint_decides_and_a_finished_run(tmp_path
     )
     run = ppo_fc.train(quick_args(tmp_path, **settings)).run_dir / "checkpoints"
     with pytest.raises(
-        ppo_fc.UsageError, match="--total-timesteps 9999 differs from the checkpoint's 2048"
+        UsageError, match="--total-timesteps 9999 differs from the checkpoint's 2048"
     ):
         ppo_fc.train(
             ppo_fc.Args(resume=str(run / "step_1024.pt"), total_timesteps=9999, progress=False)
         )
-    with pytest.raises(ppo_fc.UsageError, match="nothing to resume"):
+    with pytest.raises(UsageError, match="nothing to resume"):
         ppo_fc.train(ppo_fc.Args(resume=str(run / "latest.pt"), progress=False))
     events = sorted(run.parent.glob("events.*"))
     assert len(events) == 1  # nothing was written by the refused runs
@@ -973,7 +976,7 @@ def test_resume_needs_a_checkpoint_inside_a_run_folder(tmp_path):
     )
     loose = tmp_path / "loose.pt"
     shutil.copy(result.checkpoint, loose)
-    with pytest.raises(ppo_fc.UsageError, match="checkpoints/ folder"):
+    with pytest.raises(UsageError, match="checkpoints/ folder"):
         ppo_fc.train(ppo_fc.Args(resume=str(loose), progress=False))
 
 
@@ -982,7 +985,7 @@ def test_observation_spaces_that_do_not_flatten_are_refused(tmp_path):
         observation_space = gym.spaces.Sequence(gym.spaces.Box(-1, 1, (2,), np.float32))
 
     gym.register("SequenceObservations-v0", entry_point=SequenceObservations)
-    with pytest.raises(ppo_fc.UsageError, match="cannot be flattened"):
+    with pytest.raises(UsageError, match="cannot be flattened"):
         ppo_fc.train(quick_args(tmp_path, env_id="SequenceObservations-v0", total_timesteps=512))
     assert not (tmp_path / "runs").exists()
 
@@ -1138,14 +1141,14 @@ def test_topk_sampling_of_a_continuous_agent_is_refused_before_anything_is_writt
     evaluation = quick_args(
         tmp_path / "eval", eval_checkpoint=str(checkpoint), eval_episodes=1, sampling_method="topk"
     )
-    with pytest.raises(ppo_fc.UsageError, match="discrete action space"):
+    with pytest.raises(UsageError, match="discrete action space"):
         ppo_fc.evaluate_checkpoint(evaluation)
     assert not (tmp_path / "eval").exists()
 
 
 def test_sampling_from_a_distribution_it_cannot_draw_stops():
     noise = torch.zeros(3, 2)
-    with pytest.raises(PolicyMismatch, match="cannot draw from a Laplace"):
+    with pytest.raises(NotImplementedError, match="cannot draw from a Laplace"):
         ppo_fc.Agent.sample(torch.distributions.Laplace(torch.zeros(3, 2), torch.ones(3, 2)), noise)
 
 

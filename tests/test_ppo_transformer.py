@@ -22,6 +22,7 @@ from helpers import (
 
 import ppo_lstm
 import ppo_transformer
+from benchmark.registry import script_agent, script_make_env
 from common.envs import observation_map
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError
 from common.trajectories import load_trajectories, split_episodes
@@ -175,9 +176,7 @@ def test_the_previous_action_and_reward_are_appended_and_zero_at_an_episode_star
 def test_only_the_envs_observation_is_normalised_the_previous_action_as_it_is_and_the_reward_scaled(
     tmp_path,
 ):
-    agent = ppo_transformer.build_agent(
-        quick_args(tmp_path, env_id="CartPole-v1"), None, torch.device("cpu")
-    )
+    agent = script_agent(ppo_transformer, quick_args(tmp_path, env_id="CartPole-v1"))
     rng = np.random.default_rng(0)
     states = rng.normal(3.0, 2.0, (1000, 4))
     actions = np.eye(2)[(rng.random(1000) < 0.02).astype(int)]  # action 1 taken 2% of the time
@@ -217,9 +216,7 @@ def test_an_action_space_the_script_cannot_take_is_refused_as_such_with_the_wrap
     if "TupleAction-v0" not in gym.registry:
         gym.register("TupleAction-v0", entry_point=TupleActionEnv)
     with pytest.raises(UsageError, match="has a Tuple action space; use Discrete or Box"):
-        ppo_transformer.build_agent(
-            quick_args(tmp_path, env_id="TupleAction-v0"), None, torch.device("cpu")
-        )
+        script_agent(ppo_transformer, quick_args(tmp_path, env_id="TupleAction-v0"))
 
 
 # --- the rollout against the update --------------------------------------------------------------------------------
@@ -298,7 +295,7 @@ def test_an_update_pass_that_depends_on_the_batch_is_stopped_before_the_first_gr
 def play_optimally(agent: ppo_transformer.Agent, args: ppo_transformer.Args, seeds=range(8)):
     """Yield (probe, value, policy) at every state of episodes played with the optimal policy, through the env stack
     the agent trained on (the previous action and reward appended) and a context carried along each episode."""
-    env = ppo_transformer.env_maker(args)(args.env_id)()
+    env = script_make_env(ppo_transformer, args)(args.env_id)()
     probe = env.unwrapped
     for seed in seeds:
         observation, _ = env.reset(seed=seed)
@@ -405,7 +402,8 @@ def test_image_runs_of_every_encoder_and_context_build_the_token_from_the_right_
         quick_args(tmp_path, env_id="ImageMemory-v0", total_timesteps=512, context_len=1)
     )
     assert result.global_step == 512
-    space = ppo_transformer.env_maker(quick_args(tmp_path))("ImageMemory-v0")().observation_space
+    make_env = script_make_env(ppo_transformer, quick_args(tmp_path))
+    space = make_env("ImageMemory-v0")().observation_space
     agent = ppo_transformer.Agent(
         space, gym.spaces.Discrete(2), quick_args(tmp_path, encoder="mlp")
     )
