@@ -389,7 +389,7 @@ def train(args: Args) -> TrainResult:
             every = args.eval_every
             crossed = every and global_step // every > (global_step - args.num_envs) // every
             if crossed and not (iteration == num_iterations and args.eval_episodes):  # last: after
-                evaluate(agent, run, global_step)
+                evaluate(agent, run, step=global_step)
             # a checkpoint if one is due; Ctrl-C: the run stops after a whole iteration
             if run.iteration_done(iteration, global_step, **carried):
                 break
@@ -486,7 +486,7 @@ def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args, **RUN_OPTIONS)
     agent = build_agent(run)
-    return run.evaluate_checkpoint(agent, lambda record_to: evaluate(agent, run, None, record_to))
+    return run.evaluate_checkpoint(agent, lambda path: evaluate(agent, run, record_to=path))
 
 
 def main() -> int:

@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.distributions import Categorical, Normal
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import atari, cli, envs, stand_in
+from common import cli, envs, stand_in
 from common.envs import cnn_layout, observation_tensor, observation_zeros
 from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
@@ -146,15 +146,10 @@ def make_env(
     video_every: int = 1,
 ):
     def thunk():
-        if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
-            env = gym.wrappers.RecordVideo(
-                env, video_folder, episode_trigger=lambda n: n % video_every == 0
-            )
-        else:
-            env = gym.make(env_id, **atari.make_kwargs(env_id))
-        # CleanRL's Atari wrappers (only for Atari games), observations as the network takes them
-        return envs.prepared(env, frame_stack=4)
+        # gym.make, gymnasium's RecordVideo for env 0 (--capture-video), CleanRL's Atari wrappers
+        # (only for Atari games), observations as the network takes them
+        video = video_folder if capture_video and idx == 0 else None
+        return envs.make(env_id, frame_stack=4, video_folder=video, video_every=video_every)
 
     return thunk
 

@@ -22,9 +22,8 @@ from torch import Tensor
 from torch.distributions import Categorical, Normal
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import atari, cli, envs, stand_in
+from common import cli, envs, stand_in
 from common.envs import cnn_layout, observation_tensor, observation_zeros
-from common.errors import PolicyMismatch
 from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
@@ -158,16 +157,10 @@ def make_env(
     video_every: int = 1,
 ):
     def thunk():
-        if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
-            env = gym.wrappers.RecordVideo(
-                env, video_folder, episode_trigger=lambda n: n % video_every == 0
-            )
-        else:
-            env = gym.make(env_id, **atari.make_kwargs(env_id))
-        # CleanRL's Atari wrappers (only for Atari games; one frame: the LSTM remembers),
-        # observations as the network takes them
-        return envs.prepared(env, frame_stack=1)
+        # gym.make, gymnasium's RecordVideo for env 0 (--capture-video), CleanRL's Atari wrappers
+        # (only for Atari games; one frame: the LSTM remembers), observations as the network takes them
+        video = video_folder if capture_video and idx == 0 else None
+        return envs.make(env_id, frame_stack=1, video_folder=video, video_every=video_every)
 
     return thunk
 
@@ -454,9 +447,6 @@ def train(args: Args) -> TrainResult:
     rnn_states = np.zeros((args.num_steps, *next_rnn_state.shape), dtype=np.float32)
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
     max_reward = args.norm_reward_clip
-    # dropout, batch norm: the rollout acts in eval mode, the update trains in train mode
-    first_steps = partial(first_step, num_envs=args.num_envs)
-    train_mode_differs = stand_in.acts_otherwise_in_training(agent, first_steps, next_obs)
 
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
@@ -532,9 +522,8 @@ def train(args: Args) -> TrainResult:
                     actor_out, newvalue, _ = agent(b_obs[mb_inds], mb_initial_state, mb_starts)
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         mb_sequences = (b_obs[mb_inds], mb_initial_state, mb_starts)
-                        replayed = eval_pass(agent, *mb_sequences) if train_mode_differs else None
                         recorded = (b_actor_outs[mb_inds], b_values[mb_inds])
-                        check_replay(*mb_sequences[1:], replayed or (actor_out, newvalue), recorded)
+                        check_replay(agent, mb_sequences, recorded, (actor_out, newvalue))
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
@@ -710,43 +699,30 @@ def check_policy(
 
 
 def check_replay(
-    initial_state: Tensor,
-    episode_starts: Tensor,
-    replayed: tuple[Tensor, Tensor],
+    agent: Agent,
+    sequences: tuple[Tensor, Tensor, Tensor],
     recorded: tuple[Tensor, Tensor],
+    replayed: tuple[Tensor, Tensor],
 ) -> None:
-    """Before the first gradient step: stop unless the update's pass along training sequences (from
-    their recorded `initial_state`, reset where `episode_starts`) gives the `recorded` actor outputs and
-    values of the rollout's pass, to float32 rounding (1e-4 of their largest magnitude plus 1e-5:
-    docs/ppo_lstm.md, "Update")."""
-    for replayed_part, recorded_part, what in zip(
-        replayed, recorded, ("actor outputs", "values"), strict=True
-    ):
-        replayed_part = replayed_part.detach()
-        tolerance = 1e-5 + 1e-4 * recorded_part.abs().max()
-        if (replayed_part - recorded_part).abs().max() <= tolerance:
-            continue
-        difference = (
-            (replayed_part - recorded_part).abs().reshape(*episode_starts.shape, -1).amax(-1)
-        )
-        step, sequence = divmod(int(difference.argmax()), episode_starts.shape[1])
+    """Before the first gradient step: stop unless the update's pass along training `sequences`
+    (observations, their recorded initial state, episode starts) gives the `recorded` actor outputs
+    and values of the rollout's pass, to float32 rounding (docs/ppo_lstm.md, "Update"); in eval
+    mode, as the rollout acted, where the network computes otherwise in train mode."""
+    initial_state, episode_starts = sequences[1:]
+
+    def where(index: int) -> str:
+        step, sequence = divmod(index, episode_starts.shape[1])
         starts = episode_starts[: step + 1, sequence].nonzero()
-        norm = initial_state[:, sequence].norm().item()
-        where = f"{step} steps after a recorded state of norm {norm:.3g}"
         if len(starts):
-            where = f"{step - int(starts[-1])} steps after an episode start"
-        raise PolicyMismatch(
-            f"the update's {what} differ from the rollout's (largest difference {difference.max().item():.3g}, "
-            f"tolerance {tolerance.item():.3g}, {where}): each training sequence must start from the state "
-            f"recorded in the rollout and reset it where an episode starts"
-        )
+            return f"{step - int(starts[-1])} steps after an episode start"
+        norm = initial_state[:, sequence].norm().item()
+        return f"{step} steps after a recorded state of norm {norm:.3g}"
 
-
-def first_step(agent: Agent, obs: np.ndarray | dict, num_envs: int) -> tuple[Tensor, ...]:
-    """The agent's first step in `num_envs` envs whose episodes start at observations `obs`."""
-    device = next(agent.parameters()).device
-    starts = torch.ones(1, num_envs, dtype=torch.bool, device=device)
-    return agent(observation_tensor(obs, device)[None], agent.initial_state(num_envs), starts)
+    why = (
+        "the update's pass differs from the rollout's: each training sequence must start from the "
+        "state recorded in the rollout and reset it where an episode starts"
+    )
+    stand_in.check_replay(recorded, replayed, why, where, partial(eval_pass, agent, *sequences))
 
 
 @torch.no_grad()

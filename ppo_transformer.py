@@ -24,9 +24,8 @@ from torch import Tensor
 from torch.distributions import Categorical, Normal
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import atari, cli, envs, stand_in
+from common import cli, envs, stand_in
 from common.envs import cnn_layout, observation_map, observation_tensor, observation_zeros
-from common.errors import PolicyMismatch, TrainingDiverged
 from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
@@ -155,16 +154,11 @@ def make_env(
     prev_action_reward: bool = True,
 ):  # fmt: skip
     def thunk():
-        if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array", **atari.make_kwargs(env_id))
-            env = gym.wrappers.RecordVideo(
-                env, video_folder, episode_trigger=lambda n: n % video_every == 0
-            )
-        else:
-            env = gym.make(env_id, **atari.make_kwargs(env_id))
-        # CleanRL's Atari wrappers (only for Atari games; one frame, as the memory sees the steps
-        # before it), observations as the network takes them
-        env = envs.prepared(env, frame_stack=1)
+        # gym.make, gymnasium's RecordVideo for env 0 (--capture-video), CleanRL's Atari wrappers
+        # (only for Atari games; one frame, as the memory sees the steps before it), observations as
+        # the network takes them
+        video = video_folder if capture_video and idx == 0 else None
+        env = envs.make(env_id, frame_stack=1, video_folder=video, video_every=video_every)
         # others: refused later
         actions_known = isinstance(env.action_space, (gym.spaces.Discrete, gym.spaces.Box))
         return PreviousActionReward(env) if prev_action_reward and actions_known else env
@@ -174,7 +168,7 @@ def make_env(
 
 class PreviousActionReward(gym.Wrapper):
     """Appends the previous action (one-hot when discrete) and reward to the flat observation, or
-    to the VECTOR part of an image's (an image alone gets one); zeros at an episode's first step.
+    to the "vector" part of an image's (an image alone gets one); zeros at an episode's first step.
     Inside the env: evaluation, trajectory files and replays see them too."""
 
     def __init__(self, env: gym.Env):
@@ -185,7 +179,7 @@ class PreviousActionReward(gym.Wrapper):
         )
         space = env.observation_space
         extra = np.full(self.action_size + 1, np.inf, dtype=np.float32)
-        self.image = len(space.shape or ()) > 1  # envs.prepared keeps only images unflattened
+        self.image = cnn_layout(space, "auto") is not None
         if self.image:
             space = gym.spaces.Dict({"image": space, "vector": gym.spaces.Box(-extra, extra)})
         elif isinstance(space, gym.spaces.Dict):
@@ -398,7 +392,7 @@ class Agent(nn.Module):
         if isinstance(observation_space, gym.spaces.Dict):
             image_space = observation_space["image"]
             vector_space = observation_space["vector"]
-        elif len(observation_space.shape) > 1:  # envs.prepared keeps only images unflattened
+        elif cnn_layout(observation_space, "auto"):  # an image
             image_space = observation_space
             vector_space = None
         layout = cnn_layout(image_space or observation_space, args.encoder)
@@ -624,10 +618,6 @@ def train(args: Args) -> TrainResult:
     prefix = agent.receptive_field  # the steps before the rollout's in each sequence
     carried = Carried.start(run.carried, run.envs.single_observation_space, num_envs, prefix)
     max_reward = args.norm_reward_clip
-    # Dropout and the like: the rollout and the checks run in eval mode, the update in train mode.
-    first_steps = partial(first_step, num_envs=num_envs)
-    trains_otherwise = stand_in.acts_otherwise_in_training(agent, first_steps, next_obs)
-
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -679,7 +669,7 @@ def train(args: Args) -> TrainResult:
                 b_actor_outs, b_values, _ = agent(b_obs, b_positions, b_mask, outputs_from=prefix)
                 acted_outs, acted_values = torch.stack(acted_outs, 1), torch.stack(acted_values, 1)
                 acted = (acted_outs, acted_values)
-                check_outputs((b_actor_outs, b_values), acted, b_positions, CONTEXT_MISMATCH)
+                check_outputs(acted, (b_actor_outs, b_values), b_positions, CONTEXT_MISMATCH)
                 b_logprobs = check_policy(b_actor_outs, b_actions, agent)
                 values = b_values.T.cpu().numpy()
                 advantages = compute_gae(
@@ -702,11 +692,13 @@ def train(args: Args) -> TrainResult:
                     mb_sequences = (b_obs[mb_envs], b_positions[mb_envs], b_mask[mb_envs])
                     actor_out, newvalue, _ = agent(*mb_sequences, outputs_from=prefix)
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
-                        replayed = (actor_out, newvalue)
-                        if trains_otherwise:  # the rollout acted in eval mode: so does its replay
-                            replayed = eval_pass(agent, *mb_sequences, outputs_from=prefix)
                         mb_acted = (acted_outs[mb_envs], acted_values[mb_envs])
-                        check_outputs(replayed, mb_acted, b_positions[mb_envs], REPLAY_MISMATCH)
+                        # in eval mode, as the rollout acted, where the network trains otherwise
+                        in_eval = partial(eval_pass, agent, *mb_sequences, outputs_from=prefix)
+                        replayed = (actor_out, newvalue)
+                        check_outputs(
+                            mb_acted, replayed, b_positions[mb_envs], REPLAY_MISMATCH, in_eval
+                        )
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_envs])
                     logratio = newlogprob - b_logprobs[mb_envs]
                     ratio = logratio.exp()
@@ -896,13 +888,6 @@ class Carried:
         self.context_valid = last_steps(current)
 
 
-def first_step(agent: Agent, obs: np.ndarray | dict, num_envs: int) -> tuple[Tensor, Tensor]:
-    """The actor outputs and values of `num_envs` envs' first steps of episodes, at `obs`."""
-    return Context.empty(agent, num_envs).step(
-        obs, np.zeros(num_envs, np.int64), np.ones(num_envs, bool)
-    )
-
-
 @torch.no_grad()
 def eval_pass(agent: Agent, *inputs: Any, **options: Any) -> tuple[Tensor, Tensor]:
     """The actor outputs and values of `agent` in eval mode, as the rollout acted."""
@@ -932,30 +917,18 @@ REPLAY_MISMATCH = (
 
 
 def check_outputs(
-    replayed: tuple[Tensor, Tensor], recorded: tuple[Tensor, Tensor], positions: Tensor, why: str
-):
+    recorded: tuple[Tensor, Tensor], replayed: tuple[Tensor, Tensor], positions: Tensor, why: str,
+    eval_replay: Callable[[], tuple[Tensor, Tensor]] | None = None,
+) -> None:  # fmt: skip
     """Stop unless `replayed` actor outputs and values equal the `recorded` ones (B, T, ...) to
-    1e-4 of their largest magnitude plus 1e-5; the message says at which step of an episode
-    (`positions`: the whole sequences' (B, prefix + T))."""
+    1e-4 of their largest magnitude plus 1e-5 (`common.stand_in.check_replay`, with `eval_replay`);
+    the message says at which step of an episode (`positions`: the whole sequences' (B, prefix + T))."""
     positions = positions[:, positions.shape[1] - recorded[1].shape[1] :]
-    for replayed_part, recorded_part, what in zip(
-        replayed, recorded, ("actor outputs", "values"), strict=True
-    ):
-        if not torch.isfinite(recorded_part).all():
-            raise TrainingDiverged(
-                f"the policy's {what} are NaN or inf: an observation or a parameter is"
-            )
-        difference = (
-            (replayed_part.detach() - recorded_part).abs().reshape(*positions.shape, -1).amax(-1)
-        )
-        tolerance = 1e-5 + 1e-4 * recorded_part.abs().max()
-        if difference.max() <= tolerance:
-            continue
-        worst = int(difference.argmax())
-        raise PolicyMismatch(
-            f"{why}: their {what} differ by up to {difference.max().item():.3g} (tolerance {tolerance.item():.3g}), "
-            f"at step {int(positions.flatten()[worst])} of an episode"
-        )
+
+    def where(index: int) -> str:
+        return f"at step {int(positions.flatten()[index])} of an episode"
+
+    stand_in.check_replay(recorded, replayed, why, where, eval_replay)
 
 
 def check_policy(actor_outs: Tensor, actions: Tensor, agent: Agent) -> Tensor:

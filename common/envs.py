@@ -16,7 +16,7 @@ import torch
 from gymnasium.spaces import Box, Dict, Discrete, Space, Text, Tuple
 
 from common import distributed
-from common.atari import GameStatistics, preprocessed
+from common.atari import GameStatistics, make_kwargs, preprocessed
 from common.checkpoints import restore_reward_normalizer
 from common.cli import notice, one_line
 from common.env_state import EpisodeRecorder
@@ -382,6 +382,22 @@ def env_spaces(env_fn: Callable[[], gym.Env]) -> tuple[Space, Space, list[str]]:
 MAX_JOINT_ACTIONS = 4096
 """the most combinations of a MultiDiscrete action space that `joint_actions` turns into one
 Discrete space"""
+
+
+def make(
+    env_id: str, frame_stack: int = 1, video_folder: str | None = None, video_every: int = 1
+) -> gym.Env:
+    """One env as the PPO scripts' networks take it: `gym.make(env_id)` (an Atari game with
+    `common.atari.make_kwargs`: it skips no frames itself), recorded by gymnasium's RecordVideo
+    into `video_folder`, every `video_every`-th episode, where that is given; then `prepared` with
+    `frame_stack`."""
+    if video_folder is None:
+        return prepared(gym.make(env_id, **make_kwargs(env_id)), frame_stack)
+    env = gym.make(env_id, render_mode="rgb_array", **make_kwargs(env_id))
+    env = gym.wrappers.RecordVideo(
+        env, video_folder, episode_trigger=lambda n: n % video_every == 0
+    )
+    return prepared(env, frame_stack)
 
 
 def prepared(env: gym.Env, frame_stack: int = 1) -> gym.Env:

@@ -38,12 +38,18 @@ RUN_KEYS = ("iteration", "reward_rms", "episodes", "trajectories")
 
 
 def usage_errors(check_args: Callable[[Config], None]) -> Callable[[Config], None]:
-    """`check_args`, whose ValueError (a script's own checks) is a UsageError: bad input."""
+    """`check_args`, whose ValueError raised in its own body (a script's own checks) is a UsageError:
+    bad input. One from deeper down is a bug, and keeps its traceback."""
 
     def checked(args: Config) -> None:
         try:
             check_args(args)
         except ValueError as exc:
+            frame = exc.__traceback__
+            while frame.tb_next is not None:
+                frame = frame.tb_next
+            if frame.tb_frame.f_code is not check_args.__code__:
+                raise
             raise UsageError(str(exc)) from None
 
     return checked
@@ -58,6 +64,7 @@ def _setup(
     the run-time flags and `kept`, then the seeds (each rank its own: rank 0's parameters are
     broadcast, its sampling noise and minibatches are its own) and the device. Returns the run's
     settings, the checkpoint (None for a new run) and the device."""
+    distributed.launched_size()  # a WORLD_SIZE that is not a number, before check_args reads it
     check_args(args)
     distributed.setup(getattr(args, "dist_backend", None), args.cuda)
     kept = (*checkpoints.RUN_TIME_FLAGS, *kept)
@@ -273,6 +280,7 @@ class Run:
         of `saved` if one is due (--checkpoint-every; see `save`), then whether to stop: Ctrl-C on
         any rank stops every rank after the same iteration. The next iteration's timing starts."""
         self._loop_state = (global_step, carried)
+        self.global_step = global_step
         self.saving.iteration_done(iteration)
         self.stopped = distributed.any_rank(self.interrupt.requested)
         self.interrupt.requested = self.stopped

@@ -54,7 +54,7 @@ class RunningNorm(nn.Module):
 
     def update(self, batch: torch.Tensor) -> None:
         """Merge the statistics of `batch` (rows are samples), of every rank's under torchrun, into
-        the running ones."""
+        the running ones: an all-reduce there, so every rank calls it, with its own batch."""
         self.merge(*distributed.moments(batch))
 
     def merge(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, batch_count: int) -> None:

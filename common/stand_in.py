@@ -167,6 +167,8 @@ def check_actions(
     plausibly draws from `policy`, its distribution (`check_draws`). A Categorical's actions are
     its logits' argmax with Gumbel noise; any other distribution's are checked by its mean and std.
     `numpy_copy`: whether a NumPy copy of the policy acted, for the message."""
+    if sampled is not None and noise is None:
+        raise ValueError("check_actions: `sampled` needs the `noise` it was drawn with")
     if isinstance(policy, torch.distributions.Categorical):
         if sampled is not None:
             check_same_actions(acted, sampled, numpy_copy, scores=policy.logits + noise)
@@ -290,11 +292,61 @@ def acts_otherwise_in_training(
         a.shape != b.shape or not torch.equal(a, b) for a, b in zip(acting, training, strict=True)
     )
     if differs:
-        notice(
-            "the network computes otherwise in train mode (dropout, batch norm, noise): the rollout acts in eval mode "
-            "and the update trains in train mode, so the first update's ratios are not exactly 1"
-        )
+        notice(TRAINS_OTHERWISE)
     return differs
+
+
+TRAINS_OTHERWISE = (
+    "the network computes otherwise in train mode (dropout, batch norm, noise): the rollout acts in eval mode "
+    "and the update trains in train mode, so the first update's ratios are not exactly 1"
+)
+
+
+def check_replay(
+    recorded: tuple[torch.Tensor, ...],
+    replayed: tuple[torch.Tensor, ...],
+    why: str,
+    where: Callable[[int], str],
+    eval_replay: Callable[[], tuple[torch.Tensor, ...]] | None = None,
+    names: tuple[str, ...] = ("actor outputs", "values"),
+) -> None:
+    """Stop the run unless the `replayed` outputs (a pass along the rollout's steps) are the
+    `recorded` ones that the rollout acted on, to float32 rounding: 1e-4 of their largest magnitude
+    plus 1e-5. A step's outputs lie along the axes of the last output (the values). NaN or inf
+    among the recorded ones is a TrainingDiverged.
+
+    `replayed` may come from train mode: where it differs, `eval_replay()` (the same pass in eval
+    mode, as the rollout acted) decides, and if it agrees, one notice says that the network computes
+    otherwise in train mode. A difference left is a PolicyMismatch that says `why` they must agree,
+    and where: `where(i)`, for the flat index i of the step of the largest difference."""
+    mismatch = _replay_mismatch(recorded, replayed, names)
+    if mismatch is not None and eval_replay is not None:
+        mismatch = _replay_mismatch(recorded, eval_replay(), names)
+        if mismatch is None:
+            notice(TRAINS_OTHERWISE)
+    if mismatch is not None:
+        what, largest, tolerance, step = mismatch
+        raise PolicyMismatch(
+            f"{why}: their {what} differ by up to {largest:.3g} (tolerance {tolerance:.3g}, {where(step)})"
+        )
+
+
+def _replay_mismatch(
+    recorded: tuple[torch.Tensor, ...], replayed: tuple[torch.Tensor, ...], names: tuple[str, ...]
+) -> tuple[str, float, float, int] | None:
+    """The first output of `replayed` that differs from `recorded` beyond the tolerance: its name,
+    largest difference, tolerance and the flat index of its step of the largest difference."""
+    steps = recorded[-1].shape
+    for replayed_part, recorded_part, what in zip(replayed, recorded, names, strict=True):
+        if not torch.isfinite(recorded_part).all():
+            raise TrainingDiverged(
+                f"the policy's {what} are NaN or inf: an observation or a parameter is"
+            )
+        difference = (replayed_part.detach() - recorded_part).abs().reshape(*steps, -1).amax(-1)
+        tolerance = 1e-5 + 1e-4 * recorded_part.abs().max()
+        if not difference.max() <= tolerance:  # NaN too
+            return what, difference.max().item(), tolerance.item(), int(difference.argmax())
+    return None
 
 
 def _noise_like(array: np.ndarray, noise: np.random.Generator) -> np.ndarray:

@@ -227,7 +227,7 @@ def test_the_update_recomputes_the_rollouts_log_probs_and_values(tmp_path, monke
     # CartPole under a fresh policy ends episodes after about 20 steps: inside 16-step rollouts and across them.
     comparisons = []
 
-    def recording_check(replayed, recorded, positions, why):
+    def recording_check(recorded, replayed, positions, why, eval_replay=None):
         # the positions of whole sequences: the rollout's steps are their last
         comparisons.append((why, replayed, recorded, positions[:, -recorded[1].shape[1] :]))
 
