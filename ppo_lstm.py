@@ -507,6 +507,9 @@ def train(args: Args) -> TrainResult:
                 logprobs=b_logprobs, values=b_values, hidden_state=hidden_state, **sampled
             )
 
+            # batch norm's statistics as the rollout acted with them: the replay check's, after a
+            # train-mode pass has moved them
+            acted_buffers = {name: b.clone() for name, b in agent.named_buffers()}
             agent.train()
             ratios = []
             for epoch in range(args.update_epochs):
@@ -523,7 +526,8 @@ def train(args: Args) -> TrainResult:
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         mb_sequences = (b_obs[mb_inds], mb_initial_state, mb_starts)
                         recorded = (b_actor_outs[mb_inds], b_values[mb_inds])
-                        check_replay(agent, mb_sequences, recorded, (actor_out, newvalue))
+                        replay = partial(eval_pass, agent, acted_buffers, *mb_sequences)
+                        check_replay(mb_sequences, recorded, (actor_out, newvalue), replay)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
@@ -699,15 +703,15 @@ def check_policy(
 
 
 def check_replay(
-    agent: Agent,
     sequences: tuple[Tensor, Tensor, Tensor],
     recorded: tuple[Tensor, Tensor],
     replayed: tuple[Tensor, Tensor],
+    eval_replay: Callable[[], tuple[Tensor, Tensor]],
 ) -> None:
     """Before the first gradient step: stop unless the update's pass along training `sequences`
     (observations, their recorded initial state, episode starts) gives the `recorded` actor outputs
-    and values of the rollout's pass, to float32 rounding (docs/ppo_lstm.md, "Update"); in eval
-    mode, as the rollout acted, where the network computes otherwise in train mode."""
+    and values of the rollout's pass, to float32 rounding (docs/ppo_lstm.md, "Update"); where it
+    does not, `eval_replay` decides: the same pass in eval mode, as the rollout acted."""
     initial_state, episode_starts = sequences[1:]
 
     def where(index: int) -> str:
@@ -722,14 +726,15 @@ def check_replay(
         "the update's pass differs from the rollout's: each training sequence must start from the "
         "state recorded in the rollout and reset it where an episode starts"
     )
-    stand_in.check_replay(recorded, replayed, why, where, partial(eval_pass, agent, *sequences))
+    stand_in.check_replay(recorded, replayed, why, where, eval_replay)
 
 
 @torch.no_grad()
-def eval_pass(agent: Agent, *inputs: Tensor) -> tuple[Tensor, Tensor]:
-    """The actor outputs and values of `agent` in eval mode, as the rollout acted."""
+def eval_pass(agent: Agent, buffers: dict[str, Tensor], *inputs: Tensor) -> tuple[Tensor, Tensor]:
+    """The actor outputs and values of `agent` in eval mode, with the `buffers` (batch norm's
+    statistics) it had then: as the rollout acted."""
     agent.eval()
-    actor_out, value, _ = agent(*inputs)
+    actor_out, value, _ = torch.func.functional_call(agent, buffers, inputs)
     agent.train()
     return actor_out, value
 

@@ -682,6 +682,9 @@ def train(args: Args) -> TrainResult:
             sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
             run.end_rollout(logprobs=b_logprobs.T, values=values, position=positions, **sampled)
 
+            # batch norm's statistics as the rollout acted with them: the replay check's, after a
+            # train-mode pass has moved them
+            acted_buffers = {name: b.clone() for name, b in agent.named_buffers()}
             agent.train()
             ratios = []
             for epoch in range(args.update_epochs):  # minibatches of whole sequences
@@ -694,7 +697,9 @@ def train(args: Args) -> TrainResult:
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         mb_acted = (acted_outs[mb_envs], acted_values[mb_envs])
                         # in eval mode, as the rollout acted, where the network trains otherwise
-                        in_eval = partial(eval_pass, agent, *mb_sequences, outputs_from=prefix)
+                        in_eval = partial(
+                            eval_pass, agent, acted_buffers, *mb_sequences, outputs_from=prefix
+                        )
                         replayed = (actor_out, newvalue)
                         check_outputs(
                             mb_acted, replayed, b_positions[mb_envs], REPLAY_MISMATCH, in_eval
@@ -889,10 +894,13 @@ class Carried:
 
 
 @torch.no_grad()
-def eval_pass(agent: Agent, *inputs: Any, **options: Any) -> tuple[Tensor, Tensor]:
-    """The actor outputs and values of `agent` in eval mode, as the rollout acted."""
+def eval_pass(
+    agent: Agent, buffers: dict[str, Tensor], *inputs: Any, **options: Any
+) -> tuple[Tensor, Tensor]:
+    """The actor outputs and values of `agent` in eval mode, with the `buffers` (batch norm's
+    statistics) it had then: as the rollout acted."""
     agent.eval()
-    actor_out, value, _ = agent(*inputs, **options)
+    actor_out, value, _ = torch.func.functional_call(agent, buffers, inputs, options)
     agent.train()
     return actor_out, value
 

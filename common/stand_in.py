@@ -687,6 +687,18 @@ def _dropout(x, p=0.5, training=True, inplace=False):
     return x
 
 
+@_fn("batch_norm")
+def _batch_norm_function(
+    x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5
+):
+    if training or running_mean is None:
+        raise NoNumpyForm("batch norm in train mode takes the batch's statistics")
+    channels = (-1,) + (1,) * (x.ndim - 2)  # axis 1
+    scale = (1 if weight is None else weight) / np.sqrt(running_var + x.dtype.type(eps))
+    shift = (0 if bias is None else bias) - running_mean * scale
+    return x * np.reshape(scale, channels) + np.reshape(shift, channels)
+
+
 _IDENTITIES = {_identity, _dropout, np.broadcast_to}
 """Forms that give their input back: the copy leaves them out"""
 

@@ -36,6 +36,11 @@ class Edit:
     """the one notice line the run prints, if any"""
 
 
+TIME_BATCH_NORM = (
+    "class TimeBatchNorm(nn.BatchNorm1d):\n"
+    "    def forward(self, x):  # over every step of every sequence: (..., features)\n"
+    "        return super().forward(x.reshape(-1, x.shape[-1])).reshape(x.shape)\n\n\n"
+)
 MLP_ACTOR = """            self.actor = nn.Sequential(  # logits (discrete) or the Gaussian mean (continuous)
                 layer_init(nn.Linear(observation_size, hidden_size)),
                 nn.Tanh(),
@@ -235,6 +240,19 @@ EDITS = {
         ),
         notice=TRAINS_OTHERWISE,
     ),
+    # batch norm's statistics move in the update's train-mode pass; the replay check's eval-mode pass takes the
+    # rollout's. A subclass of the user's: the NumPy copy follows it into F.batch_norm.
+    "lstm_batch_norm_of_the_user_s_in_the_encoder": Edit(
+        "ppo_lstm",
+        (
+            ("class Core(nn.Module):", TIME_BATCH_NORM + "class Core(nn.Module):"),
+            (
+                "self.encoder = nn.Sequential(linear, nn.Tanh())",
+                "self.encoder = nn.Sequential(linear, nn.Tanh(), TimeBatchNorm(args.hidden_size))",
+            ),
+        ),
+        notice=TRAINS_OTHERWISE,
+    ),
     "lstm_two_layer_gru_after_a_layer_norm": Edit(
         "ppo_lstm",
         (
@@ -266,6 +284,22 @@ EDITS = {
             (
                 "        x = x + self.mlp(self.ln_2(x))\n",
                 "        x = x + self.dropout(self.mlp(self.ln_2(x)))\n",
+            ),
+        ),
+        rollout=None,
+        notice=TRAINS_OTHERWISE,
+    ),
+    "transformer_batch_norm_of_the_user_s_on_the_tokens": Edit(
+        "ppo_transformer",
+        (
+            ("class Agent(nn.Module):", TIME_BATCH_NORM + "class Agent(nn.Module):"),
+            (
+                "        x = self.embed(self.token_input(obs))\n",
+                "        x = self.token_norm(self.embed(self.token_input(obs)))\n",
+            ),
+            (
+                "        self.embed = layer_init(",
+                "        self.token_norm = TimeBatchNorm(args.d_model)\n        self.embed = layer_init(",
             ),
         ),
         rollout=None,

@@ -170,7 +170,7 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(
     replays = []
     check_replay = ppo_lstm.check_replay
 
-    def recording_check_replay(agent, sequences, recorded, replayed):
+    def recording_check_replay(sequences, recorded, replayed, eval_replay):
         (replayed_out, replayed_values), (recorded_out, recorded_values) = replayed, recorded
         states, starts = sequences[1:]
         replays.append(
@@ -186,7 +186,7 @@ def test_replayed_sequences_give_the_recorded_log_probs_and_values(
                 carried=((states.abs().amax((0, 2)) > 0) & ~starts[0]).any().item(),
             )
         )
-        check_replay(agent, sequences, recorded, replayed)
+        check_replay(sequences, recorded, replayed, eval_replay)
 
     monkeypatch.setattr(ppo_lstm, "check_replay", recording_check_replay)
     # One minibatch: the pass checked before the first step covers every sequence. One epoch: a policy that learns
@@ -228,42 +228,22 @@ def test_integer_observations_reach_the_agent_as_float32(tmp_path, monkeypatch, 
     assert "the rollout acts with the torch policy" not in capsys.readouterr().err
 
 
-class Replaying:
-    """Stands in for an agent whose every pass, in either mode, gives `outputs`."""
-
-    def __init__(self, *outputs):
-        self.outputs = outputs
-
-    def eval(self):
-        return self
-
-    def train(self, mode=True):
-        return self
-
-    def __call__(self, *inputs):
-        return (*self.outputs, None)
-
-
 def test_replay_tolerance_follows_the_outputs_scale():
     # A CartPoleNoVel-v1 run (100k case, seed 1) was stopped by rounding: cell states of 115 gave differences of
     # 2.8e-5 in logits of 4.7, the largest where a logit was near zero, so an elementwise rtol missed the scale.
     starts, states = torch.zeros(4, 2, dtype=torch.bool), torch.zeros(1, 2, 8)
-    sequences = (None, states, starts)  # the observations: for the agent, which ignores them
+    sequences = (None, states, starts)  # the observations are only for the eval-mode replay
     logits = torch.tensor([4.7, 0.001]).repeat(4, 2, 1)
     values = torch.ones(4, 2)
     rounded = logits.clone()
     rounded[..., 1] += 2.8e-5
-    ppo_lstm.check_replay(
-        Replaying(rounded, values), sequences, (logits, values), (rounded, values)
-    )
+    ppo_lstm.check_replay(sequences, (logits, values), (rounded, values), lambda: (rounded, values))
     wrong = logits.clone()
     wrong[2, 1, 1] += (
         1e-3  # a state not reset at episode starts gave 1.7 and 8.5 in trained agents' logits
     )
     with pytest.raises(PolicyMismatch, match="2 steps after a recorded state"):
-        ppo_lstm.check_replay(
-            Replaying(wrong, values), sequences, (logits, values), (wrong, values)
-        )
+        ppo_lstm.check_replay(sequences, (logits, values), (wrong, values), lambda: (wrong, values))
 
 
 def test_an_update_pass_that_differs_only_in_train_mode_gives_one_notice(capsys, monkeypatch):
@@ -272,8 +252,8 @@ def test_an_update_pass_that_differs_only_in_train_mode_gives_one_notice(capsys,
     starts, states = torch.zeros(4, 2, dtype=torch.bool), torch.zeros(1, 2, 8)
     logits, values = torch.tensor([4.7, 0.001]).repeat(4, 2, 1), torch.ones(4, 2)
     dropped = logits * (torch.rand(logits.shape, generator=torch.Generator().manual_seed(0)) > 0.1)
-    agent = Replaying(logits, values)
-    ppo_lstm.check_replay(agent, (None, states, starts), (logits, values), (dropped, values))
+    recorded = (logits, values)
+    ppo_lstm.check_replay((None, states, starts), recorded, (dropped, values), lambda: recorded)
     assert "computes otherwise in train mode" in capsys.readouterr().err
 
 
