@@ -356,3 +356,44 @@ def test_a_dict_with_one_image_part_becomes_an_image_and_a_vector_or_the_image_a
     # without image_parts: flattened whole, as before
     flattened = flat_observations(Parts(both), keep_images=True)
     assert flattened.observation_space.shape == (40 * 40 * 3 + 4,)
+
+
+class FourSteps(gym.Env):
+    """Episodes of four steps, each with reward 1."""
+
+    observation_space = Box(-1, 1, (1,), np.float32)
+    action_space = Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        return np.zeros(1, np.float32), 1.0, self.steps == 4, False, {}
+
+
+def test_gymnasium_s_vector_wrappers_count_every_step_under_same_step_autoreset():
+    # The scripts' vector envs reset in the step that ends an episode (common.envs.vector_env). Gymnasium 1.1 to 1.3
+    # reported every episode after an env's first one step short, and 1.3.0's NormalizeReward skipped the step after an
+    # episode's end (Gymnasium #1624, #1668): pyproject.toml asks for 1.4.
+    def four_step_envs():
+        return gym.vector.SyncVectorEnv(
+            [FourSteps] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
+
+    statistics = gym.wrappers.vector.RecordEpisodeStatistics(four_step_envs())
+    statistics.reset(seed=0)
+    normalized = gym.wrappers.vector.NormalizeReward(four_step_envs(), gamma=0.5)
+    normalized.reset(seed=0)
+    returns, accumulated = [], []
+    for _ in range(12):
+        *_, infos = statistics.step(np.zeros(2, dtype=np.int64))
+        returns += list(infos["episode"]["r"][infos["_episode"]]) if "episode" in infos else []
+        normalized.step(np.zeros(2, dtype=np.int64))
+        accumulated.append(float(normalized.accumulated_reward[0]))
+    assert returns == [4.0] * 6
+    assert int(normalized.return_rms.count) == 24  # every step of both envs
+    # the discounted return so far, started again after each episode's last step
+    assert accumulated[4:7] == [1.0, 1.5, 1.75]
