@@ -53,7 +53,7 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of env 0 into the run folder's `videos`"""
     save_model: bool = True
-    """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
+    """if toggled, write a checkpoint at the end of training (a stop signal or Ctrl-C always does)"""
     env_id: str = "Pendulum-v1"
     """the gymnasium env id (an installed package's ids work; `module:Env-v0` imports module)"""
     total_timesteps: int = 1_000_000
@@ -99,8 +99,12 @@ class Args:
     """write a checkpoint every this many vector steps (0: only at the end, with --save-model)"""
     save_buffer: bool = False
     """if toggled, write the replay buffer by each checkpoint (.npz): --resume goes on exactly"""
+    checkpoint_minutes: float = 10.0
+    """also write latest.pt every this many minutes of training (0: never): what a kill can lose"""
+    run_name: str | None = None
+    """the run folder's name in --run-dir (default: {env_id}__{exp_name}__{seed}__{unix time})"""
     resume: str | None = None
-    """continue the run of this checkpoint: its settings, run folder, step count and schedule"""
+    """continue this checkpoint's run (settings, folder, step, schedule); auto: --run-name's, if any"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint's actor for --eval-episodes episodes, without noise, then exit"""
     eval_episodes: int = 10
@@ -411,7 +415,8 @@ def check_args(args: Args) -> None:
     positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
     positive += ("hidden_size", "video_every", "learning_rate", "updates_per_step")
     non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "eval_every")
-    non_negative += ("end_learning_rate", "learning_starts", "exploration_noise")
+    non_negative += ("checkpoint_minutes", "end_learning_rate", "learning_starts")
+    non_negative += ("exploration_noise",)
     cli.check_ranges(args, positive, non_negative, ("gamma", "tau"))
     if args.total_timesteps < args.num_envs:
         raise ValueError(

@@ -109,11 +109,15 @@ class Args:
     video_every: int = 50
     """with --capture-video, record one episode of env 0 in every this many"""
     save_model: bool = True
-    """if toggled, write a checkpoint at the end of training (and on Ctrl-C)"""
+    """if toggled, write a checkpoint at the end of training (a stop signal or Ctrl-C always does)"""
     checkpoint_every: int = 0
     """write a checkpoint every this many iterations (0: only at the end, when --save-model)"""
+    checkpoint_minutes: float = 10.0
+    """also write latest.pt every this many minutes of training (0: never): what a kill can lose"""
+    run_name: str | None = None
+    """the run folder's name in --run-dir (default: {env_id}__{exp_name}__{seed}__{unix time})"""
     resume: str | None = None
-    """continue the run of this checkpoint: its settings, run folder, step count and schedule"""
+    """continue this checkpoint's run (settings, folder, step, schedule); auto: --run-name's, if any"""
     eval_checkpoint: str | None = None
     """evaluate the agent of this checkpoint for --eval-episodes episodes, then exit"""
     eval_episodes: int = 10
@@ -530,7 +534,7 @@ def check_args(args: Args) -> None:
     positive += ("hidden_size", "video_every", "sampling_k", "temperature", "learning_rate")
     positive += ("clip_coef", "max_grad_norm")
     non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads")
-    non_negative += ("end_learning_rate",)
+    non_negative += ("checkpoint_minutes", "end_learning_rate")
     cli.check_ranges(
         args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
     )

@@ -23,9 +23,13 @@ def main() -> int:
     command = tyro.extras.subcommand_cli_from_dict(
         {name: kind for name, (kind, _) in commands.items()}
     )
-    return next(function for kind, function in commands.values() if isinstance(command, kind))(
-        command
-    )
+    function = next(function for kind, function in commands.values() if isinstance(command, kind))
+    try:
+        return function(command)
+    except (
+        KeyboardInterrupt
+    ) as exc:  # a stop signal (`benchmark.processes.passing_stop_signals_on`)
+        return getattr(exc, "exit_status", 130)
 
 
 if __name__ == "__main__":

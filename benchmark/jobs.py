@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -26,7 +25,7 @@ from benchmark.cases import (
     suite_cases,
 )
 from benchmark.events import LAST_EPISODES, RunSummary, find_run_dirs, safe_name, summarise_run
-from benchmark.processes import stderr_tail
+from benchmark.processes import PassedOn, passing_stop_signals_on, stderr_tail
 from benchmark.registry import (
     REFERENCES,
     REPO,
@@ -350,14 +349,15 @@ def make_jobs(
     return list(jobs.values()), plans
 
 
-def run_job(job: Job, logs: Path, threads: int | None = None) -> Job:
+def run_job(job: Job, logs: Path, threads: int | None = None, runs: PassedOn | None = None) -> Job:
     """Run the job's process, with `threads` as each of its processes' share of the cores
-    (OMP_NUM_THREADS, which the scripts' default --torch-threads reads, where not set already);
-    record how it ended, then what it printed (raw env) or the run it made (the rest)."""
+    (OMP_NUM_THREADS, which the scripts' default --torch-threads reads, where not set already), and
+    reached by the harness's stop signals through `runs`; record how it ended, then what it printed
+    (raw env) or the run it made (the rest)."""
     job.revision, start = git_revision(logs.parent), time.perf_counter()
     environment = {"OMP_NUM_THREADS": str(threads)} if threads else {}
     environment = {**environment, **os.environ}
-    process = subprocess.run(job.command, cwd=REPO, capture_output=True, text=True, env=environment)
+    process = (runs or PassedOn()).run(job.command, cwd=REPO, env=environment)
     job.wall_seconds, job.returncode = time.perf_counter() - start, process.returncode
     (logs / f"{job.id}.stdout").write_text(process.stdout)
     (logs / f"{job.id}.stderr").write_text(process.stderr)
@@ -441,18 +441,25 @@ def run_jobs(jobs: list[Job], workers: int, logs: Path, stores: Stores = Stores(
     """Run the jobs, `workers` processes at a time (every seed's first: a partial benchmark then
     covers every case), printing a line as each ends. Jobs start in that order, each once enough
     workers are free for its processes. A run that has a store in `stores` is stored there as it
-    ends."""
+    ends. A stop signal (Ctrl-C, SIGTERM, SIGUSR1, SIGHUP) reaches the running jobs, which stop
+    after their iteration with a checkpoint; no other job starts, and the harness then ends with
+    status 128 + the signal's number (`Interrupted`)."""
     waiting = sorted(jobs, key=lambda job: -1 if job.seed is None else job.seed)
     running: dict[Future[Job], int] = {}
     threads = max(1, available_cores() // workers)  # a process's share: no core runs two threads
-    done = 0
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        while waiting or running:
+    done, runs = 0, PassedOn()
+    with passing_stop_signals_on(runs), ThreadPoolExecutor(max_workers=workers) as pool:
+        while (waiting and runs.signum is None) or running:
             # In order, none skipping ahead: single processes started past a torchrun job could keep
             # it waiting.
-            while waiting and sum(running.values()) + workers_taken(waiting[0], workers) <= workers:
+            while (
+                waiting
+                and runs.signum is None
+                and sum(running.values()) + workers_taken(waiting[0], workers) <= workers
+            ):
                 job = waiting.pop(0)
-                running[pool.submit(run_job, job, logs, threads)] = workers_taken(job, workers)
+                future = pool.submit(run_job, job, logs, threads, runs)
+                running[future] = workers_taken(job, workers)
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 del running[future]

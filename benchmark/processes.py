@@ -8,8 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from common.interrupt import STOP_SIGNALS, Interrupted, stop_signals_raise
 
 STDERR_TAIL_LINES = 12
 STOP_GRACE_SECONDS = 10.0
@@ -73,3 +79,60 @@ def signal_group(process: subprocess.Popen, sent: signal.Signals) -> None:
         os.killpg(process.pid, sent)
     except ProcessLookupError:  # the whole group has ended
         pass
+
+
+class PassedOn:
+    """The harness's runs, which a stop signal to the harness reaches too (`passing_stop_signals_on`)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None  # the stop signal, once one came
+        self._processes: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def run(self, command: list[str], **popen: Any) -> subprocess.CompletedProcess:
+        """`subprocess.run(command, capture_output=True, text=True, **popen)`, its process reached by
+        a stop signal to the harness; one started after the signal is sent it at once."""
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+        )
+        with self._lock:
+            self._processes.add(process)
+            if self.signum is not None:
+                process.send_signal(self.signum)
+        try:
+            stdout, stderr = process.communicate()
+        finally:
+            with self._lock:
+                self._processes.discard(process)
+        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+    def pass_on(self, signum: int) -> None:
+        with self._lock:
+            self.signum = self.signum or signum
+            for process in self._processes:
+                process.send_signal(signum)
+
+
+@contextmanager
+def passing_stop_signals_on(runs: PassedOn) -> Iterator[None]:
+    """Inside it, a stop signal to the harness (Ctrl-C, SIGTERM, SIGUSR1, SIGHUP) reaches each of
+    `runs` (which stops after its iteration with a checkpoint, and ignores the same signal again
+    when it reached it directly too, as a terminal's Ctrl-C does), and no new run should start
+    (`runs.signum` is set). Leaving the block after one raises `Interrupted`: the harness's exit
+    status is 128 + the signal's number."""
+
+    def pass_on(signum: int, frame: Any) -> None:
+        if runs.signum is None:
+            name = signal.Signals(signum).name
+            print(f"\nbenchmark: {name}: stopping every running run", file=sys.stderr, flush=True)
+        runs.pass_on(signum)
+
+    with stop_signals_raise():
+        previous = {signum: signal.signal(signum, pass_on) for signum in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if runs.signum is not None:
+            raise Interrupted(runs.signum)

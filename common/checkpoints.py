@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,7 +35,7 @@ RUN_TIME_FLAGS = (
     "wandb_project_name",
     "wandb_entity",
 )
-RUN_TIME_FLAGS += ("numpy_rollout", "dist_backend")
+RUN_TIME_FLAGS += ("numpy_rollout", "dist_backend", "checkpoint_minutes", "run_name")
 EVALUATION_FLAGS = (
     "eval_checkpoint",
     "seed",
@@ -55,11 +56,13 @@ EVALUATION_FLAGS += ("track", "wandb_project_name", "wandb_entity")
 
 
 def save(
-    folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int, **state
-) -> Path:
+    folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int,
+    step_file: bool = True, **state,
+) -> Path:  # fmt: skip
     """Write `state` with the script's name, the format, `args` (a dataclass), `global_step` and the
-    generators' states to `step_{global_step}.pt` and `latest.pt` in `folder`, each atomically (a
-    temporary file in the same folder, then a rename). Returns the path of `latest.pt`.
+    generators' states to `step_{global_step}.pt` (with `step_file`) and `latest.pt` in `folder`,
+    each atomically (a temporary file in the same folder, then a rename). Returns the path of
+    `latest.pt`.
 
     Under torchrun every rank calls this: rank 0 writes, with every rank's generators,
     `state["episodes"]` (the envs' places) and `state["trajectories"]` (its recording) under
@@ -84,7 +87,7 @@ def save(
     folder.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     torch.save(state, buffer)  # once, for both files
-    for name in (f"step_{global_step}.pt", "latest.pt"):
+    for name in (f"step_{global_step}.pt",) * step_file + ("latest.pt",):
         write_atomically(folder / name, buffer.getbuffer())
     return folder / "latest.pt"
 
@@ -200,6 +203,22 @@ def saved_state(saved: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+def auto_resume(args: Config) -> Config:
+    """`args` with `--resume auto` made a path: the `latest.pt` of the run named `--run-name` in
+    `--run-dir`, if it has one (the same command goes on after a requeue or a restart), else None
+    (it starts that run). Rank 0 looks, under torchrun."""
+    if args.resume != "auto":
+        return args
+    name = args.run_name
+    if not name or Path(name).name != name or name in (".", ".."):
+        raise UsageError(
+            f"--resume auto needs --run-name, a folder name in --run-dir (got {name!r}): the run it continues or starts"
+        )
+    latest = Path(args.run_dir) / name / "checkpoints" / "latest.pt"
+    found = distributed.broadcast_object(latest.is_file() if distributed.is_main() else None)
+    return dataclasses.replace(args, resume=str(latest) if found else None)
+
+
 def resume_folder(path: str | Path) -> Path:
     """The run folder of a checkpoint that `--resume` continues; it must lie in that folder's
     `checkpoints/`."""
@@ -236,20 +255,38 @@ def restore_reward_normalizer(normalizer: Any, state: dict) -> None:
 
 class CheckpointSchedule:
     """When a run writes checkpoints: every `args.checkpoint_every` iterations (0: never on the
-    way), and once more when the run ends, with `args.save_model` or if it was stopped by Ctrl-C
-    with `args.checkpoint_every` set, unless that iteration is saved already. `write(iteration)`
-    writes one and returns its path."""
+    way); `latest.pt` alone once `args.checkpoint_minutes` of wall-clock time have passed since the
+    last one (0: never), so that a kill loses at most that much; and once more when the run ends,
+    with `args.save_model` or when it was stopped by a signal, unless that iteration is saved
+    already. `write(iteration)` writes one and returns its path; `step_file` says whether it keeps
+    a `step_{global_step}.pt` beside `latest.pt`."""
 
     def __init__(self, write: Callable[[int], Path], args: Any, iterations_done: int):
         self.write, self.every, self.at_end = write, args.checkpoint_every, args.save_model
+        self.seconds = 60.0 * args.checkpoint_minutes
         self.saved_iteration, self.path = iterations_done, None
+        self.step_file = True
+        self.last_time = time.monotonic()
 
-    def iteration_done(self, iteration: int) -> None:
+    def time_due(self) -> bool:
+        """Whether `checkpoint_minutes` have passed since the last checkpoint (or the start)."""
+        return bool(self.seconds) and time.monotonic() - self.last_time >= self.seconds
+
+    def iteration_done(self, iteration: int, time_due: bool) -> None:
+        """After `iteration`: its checkpoint if one is due by iterations, else by `time_due` (every
+        rank's decision under torchrun)."""
         if self.every and iteration % self.every == 0:
-            self.path, self.saved_iteration = self.write(iteration), iteration
+            self._write(iteration, step_file=True)
+        elif time_due:
+            self._write(iteration, step_file=False)
 
     def run_ended(self, iteration: int, interrupted: bool) -> Path | None:
         """The last checkpoint's path (None if none was written)."""
-        if (self.at_end or (interrupted and self.every)) and self.saved_iteration < iteration:
-            self.path, self.saved_iteration = self.write(iteration), iteration
+        if (self.at_end or interrupted) and self.saved_iteration < iteration:
+            self._write(iteration, step_file=True)
         return self.path
+
+    def _write(self, iteration: int, step_file: bool) -> None:
+        self.step_file = step_file
+        self.path, self.saved_iteration = self.write(iteration), iteration
+        self.last_time = time.monotonic()

@@ -15,6 +15,7 @@ import tyro
 
 from common import distributed
 from common.errors import RunStopped, UsageError
+from common.interrupt import stop_signals_raise
 
 Config = TypeVar("Config")
 
@@ -111,18 +112,21 @@ def notice(message: str, every_rank: bool = False) -> None:
 
 def exit_status(run: Callable[[], object]) -> int:
     """Call `run` and turn the project's errors into one `error:` line and an exit status: 2 for bad
-    input, 1 for a run stopped by a check, 130 for Ctrl-C, 0 otherwise."""
+    input, 1 for a run stopped by a check, 128 + the signal's number for a run stopped by Ctrl-C
+    (130), SIGTERM (143), SIGUSR1 (138) or SIGHUP (129), 0 otherwise."""
     try:
-        run()
+        with stop_signals_raise():
+            run()
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RunStopped as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        distributed.leave(130)  # under torchrun every rank stopped after the same iteration
-        return 130
+    except KeyboardInterrupt as exc:
+        status = getattr(exc, "exit_status", 130)
+        distributed.leave(status)  # under torchrun every rank stopped after the same iteration
+        return status
     except Exception as exc:
         if not distributed.collective_failed(exc):
             raise

@@ -183,11 +183,12 @@ def mean(values: Tensor) -> Tensor:
     return _timed_all_reduce(values.detach().clone()).div_(world_size())
 
 
-def any_rank(flag: bool) -> bool:
-    """Whether `flag` holds on any rank: a decision every rank then takes together."""
+def max_over_ranks(*values: float) -> list[float]:
+    """The largest of each of `values` over the ranks: decisions every rank then takes together
+    (one all-reduce)."""
     if world_size() == 1:
-        return flag
-    return bool(_timed_all_reduce(torch.tensor([float(flag)]), dist.ReduceOp.MAX).item())
+        return list(values)
+    return _timed_all_reduce(torch.tensor(values, dtype=torch.float64), dist.ReduceOp.MAX).tolist()
 
 
 def _sums(x: Tensor, dim: int) -> tuple[Tensor, Tensor, Tensor]:

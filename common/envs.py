@@ -4,6 +4,7 @@ the networks."""
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -21,7 +22,7 @@ from common.checkpoints import restore_reward_normalizer
 from common.cli import notice, one_line
 from common.env_state import EpisodeRecorder
 from common.errors import UsageError
-from common.interrupt import sigint_ignored_by_new_processes
+from common.interrupt import ignore_stop_signals, stop_signals_held_for_new_processes
 
 # The module whose import here registered each id: this process has the id now, a spawned worker
 # does not.
@@ -486,13 +487,15 @@ def training_envs(
 def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gym.vector.VectorEnv:
     """The envs of `env_fns`, stepped together and reset in the step where an episode ends
     (gymnasium's SAME_STEP autoreset; `final_obs` holds the last observation). With `async_envs`,
-    each in its own process, which ignores Ctrl-C: the training process decides when to stop and
-    finishes its iteration first. Each env records its episode so far (`common.env_state`), for
+    each in its own process, which ignores Ctrl-C and the schedulers' stop signals
+    (`common.interrupt`): the training process decides when to stop and finishes its iteration
+    first. Each env records its episode so far (`common.env_state`), for
     checkpoints that continue it."""
     env_fns = [partial(_recorded, env_fn) for env_fn in env_fns]
     if not async_envs:
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    with sigint_ignored_by_new_processes():
+    env_fns = [partial(_in_worker, env_fn, os.getpid()) for env_fn in env_fns]
+    with stop_signals_held_for_new_processes():
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
@@ -506,3 +509,9 @@ def episode_statistics(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:
 
 def _recorded(env_fn: Callable[[], gym.Env]) -> gym.Env:
     return EpisodeRecorder(env_fn())
+
+
+def _in_worker(env_fn: Callable[[], gym.Env], training_process: int) -> gym.Env:
+    if os.getpid() != training_process:  # AsyncVectorEnv makes one env in the training process too
+        ignore_stop_signals()  # first: the worker was started with them held
+    return env_fn()

@@ -1,58 +1,170 @@
-"""Graceful Ctrl-C: the first one lets the current iteration finish (so a checkpoint holds a
-consistent state), a second one stops at once. Env worker processes ignore it: only the training
-process decides when to stop."""
+"""Stopping a run cleanly: Ctrl-C, and the signals schedulers send before they end a job (SIGTERM
+from SLURM at a time limit or preemption, Kubernetes, `docker stop` and torchrun's agent; SIGUSR1
+from SLURM's `--signal`; SIGHUP from a closed terminal). The first one lets the current iteration
+finish (so that a checkpoint holds a consistent state), a second one stops at once. Env worker
+processes ignore them: only the training process decides when to stop."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+
+SAME_REQUEST_SECONDS = 2.0
+"""The same signal again within this many seconds of the first is the same request: under SLURM
+both slurmstepd and torchrun's agent send a worker SIGTERM, and a harness passes on what reached
+its runs already."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by the signal `signum`; its exit status is the shell's, 128 + signum (130 for
+    Ctrl-C, 143 for SIGTERM, 138 for SIGUSR1, 129 for SIGHUP)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+class _Request:
+    """The process's stop request: the first signal, and when it came."""
+
+    signum: int | None = None
+    time = 0.0
+
+    @classmethod
+    def make(cls, signum: int) -> bool:
+        """Record `signum`; whether it is a new request (False: the first one's signal again within
+        `SAME_REQUEST_SECONDS`). A second request raises `Interrupted`, with the first's status."""
+        now = time.monotonic()
+        if cls.signum is not None:
+            if signum == cls.signum and now - cls.time < SAME_REQUEST_SECONDS:
+                return False
+            raise Interrupted(cls.signum)
+        cls.signum, cls.time = signum, now
+        return True
+
+    @classmethod
+    def clear(cls) -> None:
+        cls.signum = None
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    if _Request.make(signum):
+        raise Interrupted(signum)
+
+
+def _after_the_request(signum: int, frame: object) -> None:
+    """While the process ends after a stop request: the same signal again at once is ignored, any
+    other ends it as if no handler were set."""
+    try:
+        _Request.make(signum)
+    except Interrupted:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+@contextlib.contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """Inside it, each of `STOP_SIGNALS` raises `Interrupted`, as Python's own Ctrl-C raises
+    KeyboardInterrupt: a run stopped outside its training loop (setting up, evaluating) still runs
+    its exit handlers (TensorBoard's writer, the rows waiting for wandb). After a stop request, its
+    duplicates are ignored until the process ends. Nothing outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _Request.clear()
+    previous = {signum: signal.signal(signum, _raise_interrupted) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        stopping = _Request.signum is not None
+        for signum, handler in previous.items():
+            signal.signal(signum, _after_the_request if stopping else handler)
 
 
 class GracefulInterrupt:
-    """A context manager: inside it, the first SIGINT sets `requested` and prints one line, and the
-    second raises KeyboardInterrupt at once. A block left normally after a first SIGINT raises
-    KeyboardInterrupt at its end, so the caller can finish its iteration and write a checkpoint
-    inside the block. Outside the main thread (where signals cannot be handled) it does nothing."""
+    """A context manager: inside it, the first of `STOP_SIGNALS` sets `requested` (and `signum`) and
+    prints one line, and a second raises `Interrupted` at once (the same signal within
+    `SAME_REQUEST_SECONDS` counts once). A block left normally after a first signal raises
+    `Interrupted` at its end, so the caller can finish its iteration and write a checkpoint inside
+    the block. Outside the main thread (where signals cannot be handled) it does nothing."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self.signum = 0  # the request's signal (under torchrun, maybe another rank's)
+        self._previous: dict[int, object] = {}
 
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+    def _handle(self, signum: int, frame: object) -> None:
+        if not _Request.make(signum):
+            return
+        self.requested, self.signum = True, signum
+        name = signal.Signals(signum).name
         print(
-            "\ninterrupt: stopping after this iteration (Ctrl-C again to stop now)", file=sys.stderr
+            f"\ninterrupt: {name}: stopping after this iteration, with a checkpoint (a second signal stops now)",
+            file=sys.stderr,
+            flush=True,
         )
 
     def __enter__(self) -> GracefulInterrupt:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            _Request.clear()
+            self._previous = {
+                signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS
+            }
         return self
 
     def __exit__(self, exc_type, exc_value, traceback) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
         if self.requested and exc_type is None:
-            print("interrupted: stopped after the iteration", file=sys.stderr)
-            raise KeyboardInterrupt
+            print("interrupted: stopped after the iteration", file=sys.stderr, flush=True)
+            raise Interrupted(self.signum)
 
 
 @contextlib.contextmanager
-def sigint_ignored_by_new_processes() -> Iterator[None]:
-    """Processes started inside this block ignore SIGINT. A terminal's Ctrl-C reaches its whole
-    process group, and AsyncVectorEnv's workers would die of it before the training process could
-    write its checkpoint. The ignored disposition is inherited through fork and kept across exec,
-    and python does not replace it at start-up."""
+def stop_signals_held_for_new_processes() -> Iterator[None]:
+    """Inside it, `STOP_SIGNALS` wait (blocked, none lost) and processes started here inherit that:
+    env workers, which call `ignore_stop_signals` first thing. A terminal's Ctrl-C or a scheduler's
+    SIGTERM reaches every process of the job, and AsyncVectorEnv's workers would die of it before
+    the training process could finish its iteration and write its checkpoint."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def ignore_stop_signals() -> None:
+    """In an env worker started in `stop_signals_held_for_new_processes`: ignore every stop signal,
+    but SIGTERM from the parent (gymnasium's `close(terminate=True)`, multiprocessing's clean-up at
+    exit), which ends the worker as before. A thread waits for SIGTERM to learn who sent it."""
+    for signum in STOP_SIGNALS:
+        if signum != signal.SIGTERM:
+            signal.signal(signum, signal.SIG_IGN)  # a blocked signal that is pending goes too
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # for the waiting thread alone
+    # Default, not ignored: an ignored signal is discarded on arrival, before the thread can see it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS) - {signal.SIGTERM})
+    parent = os.getppid()
+
+    def wait_for_the_parent_s_sigterm() -> None:
+        while True:
+            sender = signal.sigwaitinfo({signal.SIGTERM}).si_pid
+            if sender == parent or os.getppid() != parent:  # or the parent is gone
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait_for_the_parent_s_sigterm, daemon=True).start()

@@ -1,7 +1,7 @@
 """What every script's `train()` sets up around its algorithm: a `Run`, made first (checks,
 torchrun, the checkpoint --resume continues or --eval-checkpoint evaluates, seeds, device, the env's
 spaces), then started once the agent and optimizer are built (`Run.start`: run folder, writer, envs
-and their first observations, trajectory recorder, log, Ctrl-C). It also writes checkpoints, averages
+and their first observations, trajectory recorder, log, stop signals). It also writes checkpoints, averages
 over torchrun's processes, evaluates and ends the run."""
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def _setup(
     distributed.launched_size()  # a WORLD_SIZE that is not a number, before check_args reads it
     check_args(args)
     distributed.setup(getattr(args, "dist_backend", None), args.cuda)
+    args = checkpoints.auto_resume(args)
     kept = (*checkpoints.RUN_TIME_FLAGS, *kept)
     args, checkpoint = checkpoints.load_with_settings(
         args.resume, script, checkpoint_format, args, check_args, kept, strict=True,
@@ -110,10 +111,11 @@ class Run:
     generators are restored there; then the last `step`'s), the trajectory recorder, and the log with
     its progress bar. What a resumed run's loop carried from step to step is in `carried`.
 
-    A context manager for the training loop: Ctrl-C inside it asks the loop to stop after its
-    iteration (see `iteration_done`), and leaving it closes the envs and the progress bar; after a
-    Ctrl-C, leaving it raises KeyboardInterrupt (the run's exit status is 130), so that nothing
-    after the block runs: no evaluation of a half-trained agent."""
+    A context manager for the training loop: Ctrl-C or a scheduler's stop signal inside it asks the
+    loop to stop after its iteration (see `iteration_done`) with a checkpoint, and leaving it closes
+    the envs and the progress bar; after a signal, leaving it raises `common.interrupt.Interrupted`
+    (exit status 128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM), so that nothing after
+    the block runs: no evaluation of a half-trained agent."""
 
     path: Path
     writer: SummaryWriter | None
@@ -218,12 +220,22 @@ class Run:
             notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {rounded}")
         main = distributed.is_main()
         if checkpoint is None:
-            name = run_name(args.env_id, args.exp_name, args.seed)
+            self.global_step = self.iterations_done = 0
+            name = args.run_name or run_name(args.env_id, args.exp_name, args.seed)
+            if (
+                self.flags.resume == "auto"
+            ):  # its folder, made by an attempt killed before a checkpoint
+                self.path = Path(args.run_dir) / name
+                again = distributed.broadcast_object(self.path.is_dir() if main else None)
+                if main:
+                    self.path.mkdir(parents=True, exist_ok=True)
+                    # an earlier attempt's curves are dropped, its wandb run goes on (see WandbHistory)
+                    self.writer = start_tracking(self.path, args, purge_step=1 if again else None)
+                return self.path / "videos" / "from_step_0" if again else self.path / "videos"
             self.path = distributed.broadcast_object(
                 create_run_folder(args.run_dir, name) if main else None
             )
             self.writer = start_tracking(self.path, args) if main else None
-            self.global_step = self.iterations_done = 0
             return self.path / "videos"
         self.path = resume_folder(args.resume)
         self.global_step = int(checkpoint["global_step"])
@@ -272,23 +284,27 @@ class Run:
         self.log.flush(global_step)
         folder = self.path / "checkpoints"
         return checkpoints.save(
-            folder, self.script, self.checkpoint_format, self.args, global_step, **state
-        )
+            folder, self.script, self.checkpoint_format, self.args, global_step,
+            self.saving.step_file, **state,
+        )  # fmt: skip
 
     def iteration_done(self, iteration: int, global_step: int, **carried: np.ndarray) -> bool:
         """After each iteration, with where the loop stands (and the envs' `next_obs`): a checkpoint
-        of `saved` if one is due (--checkpoint-every; see `save`), then whether to stop: Ctrl-C on
-        any rank stops every rank after the same iteration. The next iteration's timing starts."""
+        of `saved` if one is due (--checkpoint-every, --checkpoint-minutes; see `save`), then
+        whether to stop: Ctrl-C or a stop signal (`common.interrupt`) on any rank stops every rank
+        after the same iteration. The next iteration's timing starts."""
         self._loop_state = (global_step, carried)
         self.global_step = global_step
-        self.saving.iteration_done(iteration)
-        self.stopped = distributed.any_rank(self.interrupt.requested)
-        self.interrupt.requested = self.stopped
+        # one decision for every rank, whether a signal reached one or all of them
+        signum, time_due = distributed.max_over_ranks(self.interrupt.signum, self.saving.time_due())
+        self.saving.iteration_done(iteration, bool(time_due))
+        self.stopped = self.interrupt.requested = bool(signum)
+        self.interrupt.signum = int(signum)
         self.log.iteration_started()  # the next one's
         return self.stopped
 
     def end(self, iteration: int) -> None:
-        """After the loop: the last checkpoint (--save-model, or Ctrl-C with --checkpoint-every),
+        """After the loop: the last checkpoint (--save-model, or a stop signal),
         and the trajectory recording's last steps. `global_step` is then the loop's last."""
         self.global_step = self._loop_state[0]
         self.saving.run_ended(iteration, self.stopped)

@@ -463,7 +463,7 @@ def test_workers_bound_the_processes_at_a_time_a_torchrun_job_counting_as_its_pr
 ):
     lock, running, started, peaks, shares = threading.Lock(), [], [], [], set()
 
-    def run_job(job, logs, threads):  # stands in for the process: who runs beside whom
+    def run_job(job, logs, threads, runs=None):  # stands in for the process: who runs beside whom
         with lock:
             shares.add(threads)
             running.append(job)

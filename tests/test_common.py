@@ -18,7 +18,6 @@ from common import checkpoints, env_state, seeding, tracking
 from common.cli import check_ranges, notice, one_line, parse_args
 from common.envs import vector_env
 from common.errors import PolicyMismatch, UsageError
-from common.interrupt import sigint_ignored_by_new_processes
 from common.run_folder import create_run_folder
 from common.running_norm import RunningNorm
 from common.stand_in import check_draws
@@ -217,19 +216,11 @@ def test_recordings_never_take_an_existing_path(tmp_path, capsys):
 # --- Ctrl-C and worker processes -----------------------------------------------------------------------------------
 
 
-def test_processes_started_in_the_block_ignore_sigint_and_the_handler_comes_back():
-    before = signal.getsignal(signal.SIGINT)
-    code = "import signal, sys; sys.exit(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"
-    with sigint_ignored_by_new_processes():
-        ignoring = subprocess.run([sys.executable, "-c", code]).returncode
-    default = subprocess.run([sys.executable, "-c", code]).returncode
-    assert (ignoring, default) == (1, 0)
-    assert signal.getsignal(signal.SIGINT) is before
-
-
-def test_async_env_workers_survive_a_ctrl_c_of_the_whole_process_group(tmp_path):
-    # What a terminal does: SIGINT to every process of the foreground group. The workers must not die of it, so the
-    # training process can step them to the end of its iteration.
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP])
+def test_async_env_workers_survive_a_stop_signal_of_the_whole_process_group(tmp_path, sent):
+    # What a terminal (SIGINT) or a scheduler does: the signal to every process of the job. The workers must not die
+    # of it, so the training process can step them to the end of its iteration. Their parent's SIGTERM still ends them
+    # (gymnasium's close(terminate=True)), else a run that fails before it closes its envs would hang at exit.
     script = textwrap.dedent(
         """
         import signal, sys, time
@@ -248,7 +239,9 @@ def test_async_env_workers_survive_a_ctrl_c_of_the_whole_process_group(tmp_path)
                     envs.step(envs.action_space.sample())
                 print("stepped after the interrupt", flush=True)
         except KeyboardInterrupt:  # raised when the block ends: the training process stops there
-            envs.close()
+            workers = list(envs.processes)
+            envs.close(terminate=True)
+            print("terminated", [worker.exitcode for worker in workers], flush=True)
             sys.exit(0)
         """
     )
@@ -261,10 +254,11 @@ def test_async_env_workers_survive_a_ctrl_c_of_the_whole_process_group(tmp_path)
         start_new_session=True,
     )
     assert process.stdout.readline().strip() == "ready"
-    os.killpg(process.pid, signal.SIGINT)
+    os.killpg(process.pid, sent)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     assert "stepped after the interrupt" in stdout
+    assert "terminated [-15, -15]" in stdout  # by their parent's SIGTERM
 
 
 # --- NumPy snapshots -----------------------------------------------------------------------------------------------
@@ -365,22 +359,39 @@ def test_env_state_of_envs_that_cannot_be_replayed_starts_new_episodes(capsys):
         (2, False, False, [2, 4]),  # on the way only
         (2, True, False, [2, 4, 5]),  # and at the end
         (0, True, False, [5]),  # at the end only
-        (2, False, True, [2, 4, 5]),  # Ctrl-C with --checkpoint-every: the last whole iteration too
-        (0, False, True, []),  # Ctrl-C with neither: nothing
+        (2, False, True, [2, 4, 5]),  # a stop signal: the last whole iteration too
+        (0, False, True, [5]),  # a stop signal with neither flag: a checkpoint still
+        (0, False, False, []),  # neither, and no signal: nothing
         (5, True, False, [5]),  # the end is saved once
     ],
 )
 def test_the_checkpoint_schedule(every, at_end, interrupted, written):
     iterations = []
-    args = Namespace(checkpoint_every=every, save_model=at_end)
+    args = Namespace(checkpoint_every=every, save_model=at_end, checkpoint_minutes=0)
     schedule = checkpoints.CheckpointSchedule(
         lambda i: iterations.append(i) or Path(f"{i}.pt"), args, 0
     )
     for iteration in range(1, 6):
-        schedule.iteration_done(iteration)
+        assert not schedule.time_due()  # --checkpoint-minutes 0: never
+        schedule.iteration_done(iteration, time_due=False)
     last = schedule.run_ended(5, interrupted)
     assert iterations == written
     assert last == (Path(f"{written[-1]}.pt") if written else None)
+
+
+def test_the_time_schedule_writes_latest_alone_and_counts_from_the_last_checkpoint(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(checkpoints.time, "monotonic", lambda: clock[0])
+    written = []
+    args = Namespace(checkpoint_every=4, save_model=False, checkpoint_minutes=1.5)
+    schedule = checkpoints.CheckpointSchedule(
+        lambda i: written.append((i, schedule.step_file)) or Path("latest.pt"), args, 0
+    )
+    for iteration, seconds in enumerate([30, 60, 95, 100, 188, 200, 250], start=1):
+        clock[0] = seconds
+        schedule.iteration_done(iteration, schedule.time_due())
+    # 95 s: due by time (latest.pt alone); 4 by iterations (a step file); each restarts the clock, so 188 s is not due
+    assert written == [(3, False), (4, True), (6, False)]
 
 
 @dataclass

@@ -1,0 +1,186 @@
+"""Runs that survive a cluster: the schedulers' stop signals, checkpoints by wall-clock time, and a
+requeued command that resumes itself (docs/outputs.md, "Preemption and faults")."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import REPO, read_scalars
+
+QUICK = ["--no-progress", "--eval-episodes", "0", "--checkpoint-minutes", "0"]
+SCRIPT_FLAGS = {
+    "ppo_fc.py": ["--async-envs"],
+    "ppo_lstm.py": ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "64"],
+    "ppo_transformer.py": ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "64"],
+    "ddpg.py": ["--save-buffer", "--learning-starts", "100", "--buffer-size", "5000"],
+}
+
+
+def start(script: str, runs: Path, *flags: str) -> subprocess.Popen:
+    """`script` with `flags`, for a long time, in a process group of its own (a job's processes)."""
+    command = [sys.executable, script, "--total-timesteps", "100000000", "--run-dir", str(runs)]
+    return subprocess.Popen(
+        [*command, *QUICK, *flags],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_until_training(process: subprocess.Popen, runs: Path, seconds: float = 2.0) -> None:
+    """Until the run has logged an iteration, then `seconds` more."""
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        events = list(runs.glob("*/events.*"))
+        if events and events[0].stat().st_size > 2000:  # past the hyperparameters table
+            time.sleep(seconds)
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the run did not start: {process.communicate()[1][-3000:]}")
+
+
+@pytest.mark.parametrize(
+    "script, sent",
+    [
+        ("ppo_fc.py", signal.SIGTERM),
+        ("ppo_fc.py", signal.SIGUSR1),
+        ("ppo_fc.py", signal.SIGHUP),
+        ("ppo_lstm.py", signal.SIGTERM),
+        ("ppo_transformer.py", signal.SIGTERM),
+        ("ddpg.py", signal.SIGTERM),
+    ],
+)
+def test_a_stop_signal_to_the_job_ends_the_iteration_with_a_checkpoint_and_its_status(
+    tmp_path, script, sent
+):
+    # Sent to every process of the job, env workers included, as SLURM does; no --save-model, no --checkpoint-every.
+    runs = tmp_path / "runs"
+    process = start(script, runs, "--no-save-model", *SCRIPT_FLAGS[script])
+    wait_until_training(process, runs)
+    os.killpg(process.pid, sent)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + sent, stderr[-3000:]
+    assert f"interrupt: {sent.name}: stopping after this iteration" in stderr
+    assert "interrupted: stopped after the iteration" in stderr and "Traceback" not in stderr
+    (run,) = runs.iterdir()
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert (run / "checkpoints" / f"step_{checkpoint['global_step']}.pt").is_file()
+    # TensorBoard holds every iteration up to the checkpoint, which is the state after the last one
+    logged = read_scalars(run)["charts/learning_rate"]
+    if script != "ddpg.py":
+        assert logged[-1][0] == checkpoint["global_step"] > 0
+    else:  # logged every 100 steps
+        assert checkpoint["global_step"] - 100 < logged[-1][0] <= checkpoint["global_step"]
+        assert checkpoint["buffer"] == f"buffer_step_{checkpoint['global_step']}.npz"
+        assert (run / "checkpoints" / checkpoint["buffer"]).is_file()
+
+
+def test_a_second_signal_stops_at_once_but_the_first_one_s_duplicate_does_not():
+    # In a process of its own: pytest-xdist's workers may run tests outside the main thread, where no handler runs.
+    script = """
+import os, signal, time
+from common import interrupt
+from common.interrupt import GracefulInterrupt, Interrupted
+
+def stopped(*signals, pause=0.0):
+    sent_all = False
+    try:
+        with GracefulInterrupt():
+            for sent in signals:
+                os.kill(os.getpid(), sent)  # its handler runs before the next line
+                time.sleep(pause)
+            sent_all = True
+    except Interrupted as exc:  # at once (not sent_all), or as the block ends (after the iteration)
+        return sent_all, exc.exit_status
+
+# SLURM's SIGTERM and torchrun's agent passing it on: one request, which ends the block with its status
+assert stopped(signal.SIGTERM, signal.SIGTERM) == (True, 143)
+assert stopped(signal.SIGTERM, signal.SIGTERM, signal.SIGINT) == (False, 143)  # then Ctrl-C: at once
+assert stopped(signal.SIGHUP) == (True, 129)
+interrupt.SAME_REQUEST_SECONDS = 0.1
+assert stopped(signal.SIGUSR1, signal.SIGUSR1, pause=0.2) == (False, 138)  # later: a second request
+print("ok")
+"""
+    completed = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True
+    )
+    assert completed.stdout.strip() == "ok", completed.stderr[-3000:]
+
+
+def test_a_stop_signal_while_evaluating_a_checkpoint_ends_it_with_its_status(tmp_path):
+    runs = tmp_path / "runs"
+    trained = subprocess.run(
+        [sys.executable, "ppo_fc.py", "--total-timesteps", "1024", "--run-dir", str(runs), *QUICK],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    (run,) = runs.iterdir()
+    command = [
+        sys.executable,
+        "ppo_fc.py",
+        "--eval-checkpoint",
+        str(run / "checkpoints" / "latest.pt"),
+    ]
+    command += ["--eval-episodes", "100000", "--no-progress"]
+    process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while len(list(runs.iterdir())) < 2 and time.time() < deadline:  # its run folder
+        time.sleep(0.2)
+    time.sleep(2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_a_stop_signal_to_the_benchmark_harness_reaches_its_runs(tmp_path):
+    # To the harness alone (`kill PID`, `docker stop`): it passes the signal on, starts nothing more, and ends with
+    # the signal's status once its runs have written their checkpoints.
+    out = tmp_path / "out"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmark",
+        "run",
+        "--scripts",
+        "ppo_fc",
+        "--envs",
+        "CartPole-v1",
+    ]
+    command += [
+        "--seeds",
+        "1",
+        "2",
+        "--total-timesteps",
+        "100000000",
+        "--no-baselines",
+        "--workers",
+        "1",
+    ]
+    command += ["--out", str(out)]
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 180
+    while not list(out.rglob("events.*")) and time.time() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    assert "benchmark: SIGTERM: stopping every running run" in stderr and "Traceback" not in stderr
+    runs = {path.parent.parent for path in out.rglob("checkpoints/latest.pt")}
+    (run,) = runs  # seed 2 never started
+    assert "__1__" in run.name
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert read_scalars(run)["charts/learning_rate"][-1][0] == checkpoint["global_step"] > 0
+    assert "FAILED: interrupted: stopped after the iteration" in stdout
