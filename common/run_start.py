@@ -25,7 +25,7 @@ from common.errors import UsageError, check_finite
 from common.interrupt import GracefulInterrupt
 from common.run_folder import create_run_folder, run_name
 from common.seeding import seed_and_pick_device, threads_for
-from common.tracking import TrainingLog, start_tracking
+from common.tracking import TrainingLog, start_tracking, wandb_history
 from common.train_result import TrainResult
 from common.trajectories import RolloutRecorder, check_destination
 
@@ -33,7 +33,7 @@ __all__ = ["Run", "TrainResult"]
 
 Config = TypeVar("Config")
 
-RUN_KEYS = ("iteration", "reward_rms", "episodes", "trajectories")
+RUN_KEYS = ("iteration", "reward_rms", "episodes", "trajectories", "wandb")
 """What `Run.save` adds to a checkpoint beside the script's `saved`: keys `saved` may not use"""
 
 
@@ -251,8 +251,8 @@ class Run:
             raise UsageError(
                 f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)"
             )
-        purge_step = self.global_step + 1
-        self.writer = start_tracking(self.path, args, purge_step=purge_step) if main else None
+        purge_step, tail = self.global_step + 1, checkpoint.get("wandb")
+        self.writer = start_tracking(self.path, args, purge_step, tail) if main else None
         return self.path / "videos" / f"from_step_{self.global_step}"
 
     def step(self, action, next_obs, reward, terminated, truncated, infos, global_step) -> None:
@@ -282,6 +282,8 @@ class Run:
         state["episodes"] = env_state.capture(self.envs, self.next_obs, **carried)
         state["trajectories"] = self.recorder.checkpoint_state()
         self.log.flush(global_step)
+        history = wandb_history(self.writer)  # the rows its transaction log may lack (after flush)
+        state["wandb"] = history.checkpoint_state() if history is not None else None
         folder = self.path / "checkpoints"
         return checkpoints.save(
             folder, self.script, self.checkpoint_format, self.args, global_step,

@@ -7,6 +7,7 @@ import atexit
 import dataclasses
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,16 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from common import distributed
+from common.cli import notice
 from common.resident_memory import rss_mb
 from common.run_folder import write_atomically
+from common.wandb_file import TransactionLog
 
 WANDB_RUN_FILE = "wandb_run.json"
-"""In a tracked run's folder: its wandb id and the last global step sent to wandb (`WandbHistory`).
-"""
+"""In a tracked run's folder: its wandb id, which a resumed run continues (`WandbHistory`)."""
+
+WANDB_PLAIN = (int, float, str, bool)
+"""The values of a row a checkpoint can hold (not a video's)"""
 
 
 class RunWriter(SummaryWriter):
@@ -34,50 +39,106 @@ class RunWriter(SummaryWriter):
         self.wandb_history = wandb_history
 
 
+def _row_kind(step: int, values: dict[str, Any]) -> tuple[int, tuple[str, ...]]:
+    return step, tuple(sorted(values))
+
+
 class WandbHistory:
     """A tracked run's wandb history, logged directly (TensorBoard's sync would copy the event
     files, nested, and keep one value per tag of each event): one row per episode, per iteration,
-    per evaluation episode and per video, each with its `global_step`, the x-axis of every key. Rows
-    wait for `send`, once per iteration, which first writes the last step it sends to
-    `wandb_run.json` in the run folder, with the run's wandb id. A resumed run continues that wandb
-    run and sends no row up to that step: what a killed run sent after its last checkpoint is not
-    sent twice."""
+    per evaluation episode and per video, each with its `global_step`, the x-axis of every key, in
+    the order of their steps. Rows wait for `send`, once per iteration and at each checkpoint.
 
-    def __init__(self, run_path: Path, args: Any, resumed: bool):
+    After a kill, nothing is lost and nothing is sent twice. wandb-core writes what it was sent to
+    the run's transaction log (`common.wandb_file`) some time later, so what a killed run sent last
+    may never have reached it. A checkpoint therefore holds the rows not yet seen in the file (with
+    the other rows of their steps), from `checkpoint_state`. A resumed run (`resumed_from`: its
+    first step, `tail`: the checkpoint's rows) continues the wandb run of `wandb_run.json`, counts
+    the rows of each step and keys that the earlier parts' files hold from its first step on, and
+    sends the checkpoint's rows and then its own, but for as many of each step and keys as those
+    files hold already (the killed run may have written rows past its checkpoint)."""
+
+    def __init__(
+        self, run_path: Path, args: Any, resumed_from: int | None = None, tail: str | None = None
+    ):
         import wandb
 
         self.state_file = run_path / WANDB_RUN_FILE
-        state = (
-            json.loads(self.state_file.read_text()) if resumed and self.state_file.is_file() else {}
-        )
-        self.sent_before: int = state.get("last_step", -1)  # by the run this one resumes
-        self.rows: list[dict[str, Any]] = []
+        resumed = resumed_from is not None and self.state_file.is_file()
+        run_id = json.loads(self.state_file.read_text()).get("id") if resumed else None
+        self.rows: list[dict[str, Any]] = []  # waiting for `send`
         self.last_step = 0  # of the last row added
+        # the earlier parts' rows, by step and keys, from this part's first step on
+        self.written: Counter = Counter()
+        from_step = min([resumed_from or 0, *self._steps(tail)])
+        for path in self._parts(run_path, run_id):
+            for row in self._readable_rows(path):
+                if row.get("global_step", -1) >= from_step:
+                    self.written[_row_kind(row["global_step"], self._values(row))] += 1
+        self.added: Counter = Counter()  # of those kinds, rows this part added
+        # Rows added (sent or found written) from the first step whose rows the file may lack, and
+        # how many of the rows sent are not yet in it.
+        self.unconfirmed: list[dict[str, Any]] = []
+        self.sent_unconfirmed: list[int] = []  # their steps, in order
         run = wandb.init(
             project=args.wandb_project_name,
             entity=args.wandb_entity,
             name=run_path.name,
-            id=state.get("id"),  # None: a new run, whose id wandb draws
+            id=run_id,  # None: a new run, whose id wandb draws
             resume="allow",
             dir=str(run_path),
             save_code=True,
         )
         self.run_id: str = run.id
+        self.log = TransactionLog(Path(run.settings.sync_file))
         # A resumed run's flags that the command line decides (--resume, --track) differ from the
         # first part's.
         run.config.update(dataclasses.asdict(args), allow_val_change=True)
         wandb.define_metric("global_step")
         wandb.define_metric("*", step_metric="global_step")
-        self._write_state(self.sent_before)
+        write_atomically(self.state_file, json.dumps({"id": self.run_id}).encode())
+        for row in json.loads(tail) if tail else ():
+            self.add(row["global_step"], self._values(row))
         # an error that ends the run sends what waits (before wandb's own exit handler)
         atexit.register(self.send)
 
+    @staticmethod
+    def _parts(run_path: Path, run_id: str | None) -> list[Path]:
+        """The transaction logs of the earlier parts of the wandb run `run_id` (in `wandb/`, whose
+        `latest-run` links to one of them)."""
+        if run_id is None:
+            return []
+        paths = run_path.glob(f"wandb/*/run-{run_id}.wandb")
+        return [path for path in paths if not path.parent.is_symlink()]
+
+    @staticmethod
+    def _steps(tail: str | None) -> list[int]:
+        return [row["global_step"] for row in json.loads(tail)] if tail else []
+
+    @staticmethod
+    def _values(row: dict[str, Any]) -> dict[str, Any]:
+        """A row's own values: without its step, and without wandb's `_step`, `_runtime`..."""
+        return {key: value for key, value in row.items() if key != "global_step" and key[0] != "_"}
+
+    @staticmethod
+    def _readable_rows(path: Path) -> list[dict[str, Any]]:
+        try:
+            return TransactionLog(path).new_rows()
+        except ValueError as exc:
+            notice(f"{path} cannot be read ({exc}): its rows may be sent again")
+            return []
+
     def add(self, step: int, values: dict[str, Any]) -> None:
-        """One row at `step` (a global step), unless the run this one resumes sent that step
-        already."""
+        """One row at `step` (a global step), unless an earlier part of the run wrote it already."""
         self.last_step = step
-        if step > self.sent_before:
-            self.rows.append({**values, "global_step": step})
+        row = {**values, "global_step": step}
+        kind = _row_kind(step, values)
+        on_file = self.written[kind] > self.added[kind] if kind in self.written else False
+        self.added[kind] += kind in self.written
+        if all(isinstance(value, WANDB_PLAIN) for value in values.values()):
+            self.unconfirmed.append(row)
+        if not on_file:
+            self.rows.append(row)
 
     def send(self) -> None:
         """Log the waiting rows to wandb, in the order they came (never with wandb's `step=`: rows
@@ -86,16 +147,25 @@ class WandbHistory:
 
         if not self.rows or wandb.run is None:
             return
-        # first: a kill between never sends twice
-        self._write_state(max(row["global_step"] for row in self.rows))
         for row in self.rows:
             wandb.log(row)
+            self.sent_unconfirmed.append(row["global_step"])
         self.rows = []
+        self._confirm()
 
-    def _write_state(self, last_step: int) -> None:
-        write_atomically(
-            self.state_file, json.dumps({"id": self.run_id, "last_step": last_step}).encode()
-        )
+    def _confirm(self) -> None:
+        """Forget the rows the transaction log holds now, but for the rows of the steps of those it
+        does not hold yet."""
+        written = len(self.log.new_rows())
+        del self.sent_unconfirmed[:written]
+        first = self.sent_unconfirmed[0] if self.sent_unconfirmed else self.last_step + 1
+        self.unconfirmed = [row for row in self.unconfirmed if row["global_step"] >= first]
+
+    def checkpoint_state(self) -> str:
+        """After `send`: the rows a checkpoint holds, as JSON text: those sent but not yet in the
+        transaction log, with every row of their steps (the file holds the rows before them)."""
+        self._confirm()
+        return json.dumps(self.unconfirmed)
 
 
 def wandb_history(writer: SummaryWriter | None) -> WandbHistory | None:
@@ -103,16 +173,19 @@ def wandb_history(writer: SummaryWriter | None) -> WandbHistory | None:
     return getattr(writer, "wandb_history", None)
 
 
-def start_tracking(run_path: Path, args: Any, purge_step: int | None = None) -> RunWriter:
+def start_tracking(
+    run_path: Path, args: Any, purge_step: int | None = None, wandb_tail: str | None = None
+) -> RunWriter:
     """The run's writer, with the `hyperparameters` table CleanRL writes; `args` is the script's
     dataclass, and with `args.track` the run's wandb history (its args are the wandb config; wandb
     does not take TensorBoard's text).
 
     A resumed run passes `purge_step`, the first step it logs: TensorBoard's readers then drop what
-    the interrupted run logged from that step on, and wandb's run goes on (see `WandbHistory`). The
+    the interrupted run logged from that step on, and wandb's run goes on, sending the checkpoint's
+    `wandb_tail` first (see `WandbHistory`). The
     writer is also closed at exit, so a crash keeps the last records."""
     config = dataclasses.asdict(args)
-    history = WandbHistory(run_path, args, resumed=purge_step is not None) if args.track else None
+    history = WandbHistory(run_path, args, purge_step, wandb_tail) if args.track else None
     writer = RunWriter(run_path, purge_step, history)
     atexit.register(writer.close)  # a second close does nothing
     if purge_step is None:

@@ -4,11 +4,8 @@ probe walks."""
 import json
 import os
 import random
-import struct
 import subprocess
 import sys
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from common.wandb_file import history_row, item_key, records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,48 +45,13 @@ class WandbRun:
     files: list[str] = field(default_factory=list)
 
 
-def _wandb_records(path: Path) -> Iterator[bytes]:
-    """The records of a `.wandb` file, in LevelDB's log framing as wandb-core writes it.
-
-    A 7-byte file header (b":W&B", the magic 0xBEE1 as a little-endian uint16, version 0), then 32 KiB blocks counted
-    from the file's start (the header sits in the first). A record is one or more chunks, each behind a 7-byte header:
-    checksum (uint32, the plain zlib CRC-32 of the type byte and the data, not LevelDB's masked CRC-32C), length
-    (uint16), type (FULL=1, or FIRST=2, MIDDLE=3..., LAST=4 when split across blocks); all little-endian. A block's
-    tail shorter than a chunk header is padding. A record cut short at the end of the file (a killed writer) ends it.
-    """
-    data = path.read_bytes()
-    if data[:7] != b":W&B\xe1\xbe\x00":
-        raise ValueError(f"{path}: not a wandb file (header {data[:7]!r})")
-    position, parts = 7, []
-    while position + 7 <= len(data):
-        if (room := 32768 - position % 32768) < 7:
-            position += room
-            continue
-        checksum, length, kind = struct.unpack_from("<IHB", data, position)
-        chunk = data[position + 7 : position + 7 + length]
-        if len(chunk) < length <= room - 7:
-            return  # the last chunk, cut short
-        # FULL or FIRST, then MIDDLE*, LAST
-        bad_kind = kind not in (1, 2, 3, 4) or (kind < 3) == bool(parts)
-        if len(chunk) < length or zlib.crc32(bytes([kind]) + chunk) != checksum or bad_kind:
-            raise ValueError(
-                f"{path}: corrupt chunk at byte {position} (type {kind}, length {length})"
-            )
-        position += 7 + length
-        parts.append(chunk)
-        if kind in (1, 4):
-            yield b"".join(parts)
-            parts = []
-
-
 def read_wandb_runs(folder: Path) -> list[WandbRun]:
     """Every offline run under `folder` (its `offline-run-*/run-*.wandb` files, oldest first), decoded with wandb's own
     protobuf classes: one history dict per `wandb.log` row (wandb adds `_step`, `_runtime`, `_timestamp`), config and
     summary updates merged in order, nested keys joined by '/'."""
     from wandb.proto.wandb_internal_pb2 import Record
 
-    def key(item: Any) -> str:
-        return item.key or "/".join(item.nested_key)
+    key = item_key
 
     def update(values: dict[str, Any], record: Any) -> None:
         values.update({key(item): json.loads(item.value_json) for item in record.update})
@@ -99,7 +63,7 @@ def read_wandb_runs(folder: Path) -> list[WandbRun]:
         Path(folder).rglob("offline-run-*/run-*.wandb"), key=lambda path: path.parent.name
     ):
         run = WandbRun(id="", name="", project="", path=path)
-        for data in _wandb_records(path):
+        for data, _ in records(path.read_bytes()):
             record = Record.FromString(data)
             kind = record.WhichOneof("record_type")
             if kind == "run":
@@ -113,9 +77,7 @@ def read_wandb_runs(folder: Path) -> list[WandbRun]:
             elif kind == "config":
                 update(run.config, record.config)
             elif kind == "history":
-                run.history.append(
-                    {key(item): json.loads(item.value_json) for item in record.history.item}
-                )
+                run.history.append(history_row(record))
             elif kind == "summary":
                 update(run.summary, record.summary)
             elif kind == "files":

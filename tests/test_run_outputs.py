@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from common.trajectories import load_trajectories, split_episodes
+from common.wandb_file import TransactionLog
 from tests.helpers import REPO, read_scalars, read_wandb_runs, run_script
 
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "SDL_VIDEODRIVER": "dummy"}
@@ -114,11 +116,12 @@ def test_wandb_history_holds_what_tensorboard_holds_once_each(tmp_path):
     assert len(videos) == len(set(videos)) == len(list(run.glob("videos/*.mp4"))) >= 2
 
 
-def stop_when(process: subprocess.Popen, ready, timeout: float = 240) -> None:
-    """SIGKILL `process` at the first moment `ready()` holds, checked while the process is stopped (SIGSTOP)."""
+def stop_when(process: subprocess.Popen, ready, timeout: float = 240, every: float = 0.05) -> None:
+    """SIGKILL `process` at the first moment `ready()` holds, checked every `every` seconds while the process is
+    stopped (SIGSTOP)."""
     deadline = time.time() + timeout
     while time.time() < deadline and process.poll() is None:
-        time.sleep(0.05)
+        time.sleep(every)
         os.kill(process.pid, signal.SIGSTOP)
         if ready():
             os.kill(process.pid, signal.SIGKILL)
@@ -175,42 +178,27 @@ def test_a_run_killed_between_checkpoints_and_resumed_logs_each_step_once_and_re
         )
 
     def past_the_checkpoint() -> bool:
-        sent = [json.loads(p.read_text())["last_step"] for p in runs.glob("*/wandb_run.json")]
+        killed = read_wandb_runs(runs)
+        written = [row["global_step"] for run in killed for row in run.history]
         files = [int(p.stem.removeprefix("steps_")) for p in recording.glob("steps_*.npz")]
         step = checkpoint_step()
         return (
             step > 0
-            and max(sent, default=0) >= step + 4 * 512
+            and max(written, default=0) >= step + 4 * 512
             and max(files, default=0) * 4 >= step
         )
 
-    stop_when(process, past_the_checkpoint)
+    stop_when(process, past_the_checkpoint, every=0.3)
     (run,) = runs.iterdir()
-    killed_at, sent_before = (
-        checkpoint_step(),
-        json.loads((run / "wandb_run.json").read_text())["last_step"],
-    )
-    (killed,) = read_wandb_runs(run)
-    # else the test shows nothing
-    assert max(row["global_step"] for row in killed.history) > killed_at
-
     resumed = run_script("ppo_fc.py", "--resume", str(run / "checkpoints" / "latest.pt"), "--track", "--no-progress",
                          env=wandb_env(tmp_path))  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     first, second = read_wandb_runs(run)
     assert first.id == second.id and first.name == second.name == run.name
-    # what TensorBoard shows: each step once (the resumed writer's purge_step)
+    # what TensorBoard shows: each step once (the resumed writer's purge_step); wandb's two parts: the same, once
     scalars = read_scalars(run)
-    for key, shown in tensorboard_steps(
-        scalars, (*EPISODE_KEYS, "charts/SPS", "losses/value_loss")
-    ).items():
-        # The killed run sent up to `sent_before` (wandb lost what it had not written); the resumed run the rest.
-        assert steps_by_key(second.history, [key])[key] == Counter(
-            {s: n for s, n in shown.items() if s > sent_before}
-        )
-        assert steps_by_key(first.history, [key])[key] <= Counter(
-            {s: n for s, n in shown.items() if s <= sent_before}
-        )
+    keys = (*EPISODE_KEYS, "charts/SPS", "losses/value_loss")
+    assert steps_by_key(first.history + second.history, keys) == tensorboard_steps(scalars, keys)
     assert len(scalars["charts/episodic_return"]) == 48 * 512  # the whole run, every episode once
 
     # The recording: every step once, in order, each env's steps the whole run's.
@@ -385,8 +373,15 @@ def test_a_checkpoint_writes_the_logs_up_to_it(tmp_path):
         int(path.stem.removeprefix("step_")) for path in run.glob("checkpoints/step_*.pt")
     )
     assert checkpoint < 693, "killed after the next logged iteration: the test shows nothing"
-    assert json.loads((run / "wandb_run.json").read_text())["last_step"] == 600
     assert [step for step, _ in read_scalars(run)["charts/episodic_return"]] == [600, 600, 600]
+    # wandb: in its file by then, or else in the checkpoint, which a resumed run sends them from
+    saved = torch.load(run / "checkpoints" / f"step_{checkpoint}.pt", weights_only=True)
+    (killed,) = read_wandb_runs(run)
+    episodes = [
+        [row["global_step"] for row in rows if "charts/episodic_return" in row]
+        for rows in (json.loads(saved["wandb"]), killed.history)
+    ]
+    assert [600, 600, 600] in episodes
 
 
 def assert_whole_in_minari(recording: Path, dataset_id: str) -> None:
@@ -499,3 +494,103 @@ def test_an_atari_checkpoint_evaluates_whole_games_in_a_fresh_process(tmp_path):
     # raw scores of whole games
     assert len(returns) == 2 and all(value == int(value) >= 0 for value in returns)
     assert min(lengths) > 100  # five lives of a random-ish Breakout agent: a single life is shorter
+
+
+KILLED_RUNS = {  # one-step episodes: many wandb rows, so that wandb-core writes rows past a checkpoint before a kill
+    "ppo_fc.py": (
+        ["--env-id", "Probe1-v0", "--num-steps", "128", "--total-timesteps", str(40 * 512)],
+        512,
+    ),
+    "ppo_lstm.py": (
+        ["--env-id", "Probe1-v0", "--num-steps", "128", "--total-timesteps", str(40 * 512)],
+        512,
+    ),
+    "ppo_transformer.py": (
+        ["--env-id", "Probe1-v0", "--num-steps", "128", "--total-timesteps", str(40 * 512)],
+        512,
+    ),
+    "ddpg.py": (
+        [
+            *("--env-id", "ContinuousProbe1-v0", "--num-envs", "4", "--total-timesteps", "6000"),
+            *("--learning-starts", "2000", "--buffer-size", "8000", "--save-buffer"),
+            *("--torch-threads", "1"),
+        ],
+        100,  # 25 vector steps, and an iteration's row every 25
+    ),
+}
+
+
+@pytest.mark.parametrize("script", list(KILLED_RUNS))
+def test_wandb_holds_every_row_once_after_kills_long_after_and_just_after_a_checkpoint(
+    tmp_path, script
+):
+    # Three parts: killed once rows well past its checkpoint are in wandb's file (the resumed run must not send them
+    # again), resumed and killed the moment its next checkpoint is written (rows before it may not have reached the
+    # file: the checkpoint holds them), resumed to the end. The parts' offline files then hold what TensorBoard holds.
+    flags, steps_between = KILLED_RUNS[script]
+    runs = tmp_path / "runs"
+    flags = [
+        *flags,
+        "--checkpoint-every",
+        "8" if script != "ddpg.py" else "250",
+        "--run-dir",
+        str(runs),
+    ]
+    flags += ["--no-progress", "--eval-episodes", "0", "--track"]
+    env = {**os.environ, **wandb_env(tmp_path)}
+
+    def checkpoint_step() -> int:
+        steps = [int(p.stem.removeprefix("step_")) for p in runs.glob("*/checkpoints/step_*.pt")]
+        return max(steps, default=0)
+
+    logs: dict[Path, TransactionLog] = {}  # read as they grow
+    last_written = [0]
+
+    def written_past(step: int) -> bool:
+        for path in runs.glob("*/wandb/offline-run-*/run-*.wandb"):
+            rows = logs.setdefault(path, TransactionLog(path)).new_rows()
+            last_written[0] = max([last_written[0], *(row["global_step"] for row in rows)])
+        return last_written[0] > step
+
+    first = subprocess.Popen(
+        [sys.executable, script, *flags], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
+    )
+    stop_when(
+        first,
+        lambda: (step := checkpoint_step()) > 0 and written_past(step + 3 * steps_between),
+        every=0.3,
+    )
+    killed_at = checkpoint_step()
+    (run,) = runs.iterdir()
+    resume = [
+        sys.executable,
+        script,
+        "--resume",
+        str(run / "checkpoints" / "latest.pt"),
+        "--track",
+        "--no-progress",
+    ]
+    second = subprocess.Popen(resume, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    stop_when(second, lambda: checkpoint_step() > killed_at)
+    last = subprocess.run(resume, cwd=REPO, env=env, capture_output=True, text=True)
+    assert last.returncode == 0, last.stderr[-3000:]
+
+    parts = read_wandb_runs(run)
+    # a part killed before wandb-core wrote its run's record wrote no row either
+    assert len(parts) == 3 and len({part.id for part in parts if part.history}) == 1
+    rows = [row for part in parts for row in part.history]
+    scalars = read_scalars(run)
+    episodes = Counter(
+        (row["global_step"], row["charts/episodic_return"], row["charts/episodic_length"])
+        for row in rows
+        if "charts/episodic_return" in row
+    )
+    shown = Counter(
+        (step, value, length)
+        for (step, value), (_, length) in zip(
+            scalars["charts/episodic_return"], scalars["charts/episodic_length"], strict=True
+        )
+    )
+    assert episodes == shown and sum(shown.values()) > 0
+    for key in ("charts/learning_rate", "charts/SPS"):
+        assert steps_by_key(rows, [key]) == tensorboard_steps(scalars, [key])
