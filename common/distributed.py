@@ -94,7 +94,14 @@ def setup(backend: str | None, cuda: bool) -> None:
     if on_gpu:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     device_id = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
-    dist.init_process_group(backend, timeout=TIMEOUT, device_id=device_id)
+    # torchrun's restarts (--max-restarts) reuse its store: each attempt's keys apart, else a
+    # restarted rank can read the address a killed one published and fail to connect to it
+    store, rank, size = next(dist.rendezvous("env://", timeout=TIMEOUT))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"onefile_rl_attempt_{attempt}/", store)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=size, timeout=TIMEOUT, device_id=device_id
+    )
 
 
 def leave(status: int) -> None:

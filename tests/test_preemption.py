@@ -184,3 +184,84 @@ def test_a_stop_signal_to_the_benchmark_harness_reaches_its_runs(tmp_path):
     checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert read_scalars(run)["charts/learning_rate"][-1][0] == checkpoint["global_step"] > 0
     assert "FAILED: interrupted: stopped after the iteration" in stdout
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+TWO_RANKS = [
+    "ppo_fc.py",
+    "--num-steps",
+    "64",
+    "--total-timesteps",
+    str(30 * 512),
+    "--checkpoint-every",
+    "4",
+]
+TWO_RANKS += ["--checkpoint-minutes", "0", "--no-progress", "--eval-episodes", "0"]
+
+
+def worker_of_rank(torchrun: subprocess.Popen, rank: int) -> int:
+    """The pid of torchrun's worker process of `rank`."""
+    for child in Path(f"/proc/{torchrun.pid}/task/{torchrun.pid}/children").read_text().split():
+        if f"RANK={rank}".encode() in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
+            return int(child)
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+def episodes_and_parameters(run: Path) -> tuple[list, dict]:
+    scalars = read_scalars(run)
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    return scalars["charts/episodic_return"], checkpoint["model"]
+
+
+def test_a_killed_worker_restarted_by_torchrun_goes_on_from_the_checkpoint_in_the_same_run(
+    tmp_path,
+):
+    # `--max-restarts 1` starts every worker again, with the same command: `--resume auto` finds the run's latest.pt.
+    whole = subprocess.run([*TORCHRUN, *TWO_RANKS, "--run-dir", str(tmp_path / "whole")], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    runs = tmp_path / "runs"
+    command = [*TORCHRUN, "--max-restarts", "1", *TWO_RANKS, "--run-dir", str(runs)]
+    command += ["--run-name", "restarted", "--resume", "auto"]
+    process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    latest = runs / "restarted" / "checkpoints" / "latest.pt"
+    deadline = time.time() + 120
+    while (
+        time.time() < deadline
+        and not (runs / "restarted" / "checkpoints" / "step_4096.pt").is_file()
+    ):
+        time.sleep(0.1)
+    time.sleep(1)  # past the checkpoint
+    os.kill(worker_of_rank(process, 1), signal.SIGKILL)
+    killed_at = time.time()
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    # the restarted workers went on from a checkpoint: they did not write the first one again
+    assert (runs / "restarted" / "checkpoints" / "step_4096.pt").stat().st_mtime < killed_at
+    assert len(list((runs / "restarted").glob("events.*"))) == 2
+    assert stderr.count("interrupt:") <= 1 and list(runs.iterdir()) == [runs / "restarted"]
+    assert torch.load(latest, weights_only=True)["global_step"] == 30 * 512
+    (whole_run,) = (tmp_path / "whole").iterdir()
+    episodes, parameters = episodes_and_parameters(runs / "restarted")
+    whole_episodes, whole_parameters = episodes_and_parameters(whole_run)
+    assert episodes == whole_episodes
+    for name, value in whole_parameters.items():
+        torch.testing.assert_close(parameters[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_a_stop_signal_to_one_rank_stops_both_after_the_same_iteration(tmp_path):
+    runs = tmp_path / "runs"
+    flags = ["ppo_fc.py", "--total-timesteps", "100000000", "--run-dir", str(runs), *QUICK]
+    process = subprocess.Popen([*TORCHRUN, *flags], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    wait_until_training(process, runs)
+    os.kill(worker_of_rank(process, 1), signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert stderr.count("interrupted: stopped after the iteration") == 2, stderr[-3000:]
+    assert "exitcode  : 143" in stderr or "exitcode: 143" in stderr.replace(" ", "")
+    (run,) = runs.iterdir()
+    checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert (
+        checkpoint["global_step"] == checkpoint["iteration"] * 1024
+        and len(checkpoint["ranks"]) == 2
+    )
+    assert read_scalars(run)["charts/learning_rate"][-1][0] == checkpoint["global_step"]
