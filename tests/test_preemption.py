@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common import checkpoints
 from tests.helpers import REPO, read_scalars
 
 QUICK = ["--no-progress", "--eval-episodes", "0", "--checkpoint-minutes", "0"]
@@ -265,3 +266,89 @@ def test_a_stop_signal_to_one_rank_stops_both_after_the_same_iteration(tmp_path)
         and len(checkpoint["ranks"]) == 2
     )
     assert read_scalars(run)["charts/learning_rate"][-1][0] == checkpoint["global_step"]
+
+
+def test_the_same_command_starts_a_run_then_continues_it_after_a_kill(tmp_path):
+    # A requeued job: the same command each time. Killed before its first checkpoint, it starts the run again in its
+    # folder; killed after one, it goes on from there; the run ends with what an uninterrupted run logs.
+    runs = tmp_path / "runs"
+    flags = ["--env-id", "Probe1-v0", "--num-steps", "128", "--total-timesteps", str(24 * 512)]
+    flags += [
+        "--checkpoint-every",
+        "6",
+        "--checkpoint-minutes",
+        "0",
+        "--no-progress",
+        "--eval-episodes",
+        "0",
+    ]
+    command = [
+        sys.executable,
+        "ppo_fc.py",
+        *flags,
+        "--run-dir",
+        str(runs),
+        "--run-name",
+        "job",
+        "--resume",
+        "auto",
+    ]
+    folder = runs / "job"
+    for ready in (
+        lambda: any(folder.glob("events.*")),  # before any checkpoint
+        lambda: (folder / "checkpoints" / "step_6144.pt").is_file(),
+    ):
+        process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while not ready() and time.time() < deadline:
+            time.sleep(0.02)
+        process.kill()
+        process.wait()
+    assert not (folder / "checkpoints" / "step_12288.pt").exists()
+    started = time.time()
+    last = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert (folder / "checkpoints" / "step_6144.pt").stat().st_mtime < started  # went on from it
+    assert list(runs.iterdir()) == [folder]
+    whole = subprocess.run([sys.executable, "ppo_fc.py", *flags, "--run-dir", str(tmp_path / "whole")], cwd=REPO,
+                           capture_output=True, text=True)  # fmt: skip
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (whole_run,) = (tmp_path / "whole").iterdir()
+    episodes, parameters = episodes_and_parameters(folder)
+    whole_episodes, whole_parameters = episodes_and_parameters(whole_run)
+    assert episodes == whole_episodes  # TensorBoard: each step once, over three writers
+    for name, value in whole_parameters.items():
+        torch.testing.assert_close(parameters[name], value, rtol=0, atol=0, msg=name)
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)  # the run has ended
+    assert again.returncode == 2 and "is the end of its run" in again.stderr
+
+
+@pytest.mark.parametrize("name", [None, "a/b", ".."])
+def test_resume_auto_needs_a_run_name(tmp_path, name):
+    flags = ["--resume", "auto", "--run-dir", str(tmp_path)] + (
+        ["--run-name", name] if name else []
+    )
+    completed = subprocess.run(
+        [sys.executable, "ppo_fc.py", *flags], cwd=REPO, capture_output=True, text=True
+    )
+    assert completed.returncode == 2 and completed.stderr.startswith(
+        "error: --resume auto needs --run-name"
+    )
+    assert len(completed.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def test_checkpoints_by_wall_clock_keep_latest_alone(tmp_path, monkeypatch):
+    import ppo_fc
+
+    # due after every iteration
+    args = ppo_fc.Args(env_id="Probe1-v0", num_steps=128, total_timesteps=8 * 512, checkpoint_minutes=1e-6,
+                       save_model=False, run_dir=str(tmp_path), progress=False, eval_episodes=0)  # fmt: skip
+    written = []
+    save = checkpoints.save
+    monkeypatch.setattr(
+        checkpoints, "save", lambda *a, **k: written.append((a[4], a[5])) or save(*a, **k)
+    )
+    result = ppo_fc.train(args)
+    assert written == [(512 * i, False) for i in range(1, 9)]
+    assert [p.name for p in (result.run_dir / "checkpoints").iterdir()] == ["latest.pt"]
+    assert torch.load(result.checkpoint, weights_only=True)["global_step"] == 8 * 512
