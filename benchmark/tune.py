@@ -544,8 +544,8 @@ def fail(study: Any, trial: Any, reason: str) -> None:
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""Ctrl-C, a scheduler's stop, a closed terminal: each stops every running trial and fails it"""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+"""Ctrl-C, a scheduler's stop (or SLURM's warning), a closed terminal: each stops every running trial and fails it"""
 
 
 @contextmanager
@@ -555,6 +555,7 @@ def stop_signals_set(stopping: threading.Event) -> Iterator[None]:
 
     def stop(signum: int, frame: Any) -> None:
         if not stopping.is_set():
+            stopping.signum = signum
             print(
                 f"\ntune: {signal.Signals(signum).name}: stopping every running trial",
                 file=sys.stderr,
@@ -661,7 +662,7 @@ def tune(args: Tune) -> int:
     for worker in workers:
         worker.result()  # a harness bug: its traceback
     report(study, plan.out / "report")
-    return 130 if stopping.is_set() else 0
+    return 128 + getattr(stopping, "signum", 2) if stopping.is_set() else 0
 
 
 def trial_table(trials: list[Any], params: list[str]) -> list[str]:
