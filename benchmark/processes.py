@@ -127,6 +127,9 @@ def passing_stop_signals_on(runs: PassedOn) -> Iterator[None]:
             print(f"\nbenchmark: {name}: stopping every running run", file=sys.stderr, flush=True)
         runs.pass_on(signum)
 
+    if threading.current_thread() is not threading.main_thread():  # no handler runs there
+        yield
+        return
     with stop_signals_raise():
         previous = {signum: signal.signal(signum, pass_on) for signum in STOP_SIGNALS}
         try:

@@ -157,18 +157,19 @@ print((int(open("/proc/self/statm").read().split()[1]) * 4096 - start) / 2**20)
 
 
 def test_seed_and_pick_device_bounds_the_memory_of_onednn_kernels_for_new_shapes():
-    # A process's memory grew by about 145 MB over these 256 shapes with oneDNN's default cache, and by about 30 with
-    # the bound; each process is fresh, since oneDNN reads the bound when it makes its first kernel.
+    # A process's memory grew by about 145 MB over these 256 shapes with oneDNN's default cache (some processes only
+    # 69), and by 21 to 42 with the bound (2026-11-28); each process is fresh, since oneDNN reads the bound when it
+    # makes its first kernel. Three of each: every bounded one below every default one.
     names = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
     environment = {key: value for key, value in os.environ.items() if key not in names}
     grown = {
-        case: float(subprocess.run(
+        case: [float(subprocess.run(
             [sys.executable, "-c", LSTM_ON_MANY_SHAPES, case], capture_output=True, text=True, check=True,
             cwd=REPO, env=environment,
-        ).stdout.split()[-1])
+        ).stdout.split()[-1]) for _ in range(3)]
         for case in ("bounded", "default")
     }  # fmt: skip
-    assert grown["bounded"] < 70 < grown["default"], grown
+    assert max(grown["bounded"]) < min(grown["default"]), grown
 
 
 def test_rng_state_carries_the_cuda_generators_when_cuda_is_used(monkeypatch):
