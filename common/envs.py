@@ -22,7 +22,7 @@ from common.checkpoints import restore_reward_normalizer
 from common.cli import notice, one_line
 from common.env_state import EpisodeRecorder
 from common.errors import UsageError
-from common.interrupt import ignore_stop_signals, stop_signals_held_for_new_processes
+from common.interrupt import ignore_stop_signals, stop_signals_held
 
 # The module whose import here registered each id: this process has the id now, a spawned worker
 # does not.
@@ -495,7 +495,7 @@ def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gy
     if not async_envs:
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     env_fns = [partial(_in_worker, env_fn, os.getpid()) for env_fn in env_fns]
-    with stop_signals_held_for_new_processes():
+    with stop_signals_held():
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 

@@ -132,11 +132,13 @@ class GracefulInterrupt:
 
 
 @contextlib.contextmanager
-def stop_signals_held_for_new_processes() -> Iterator[None]:
-    """Inside it, `STOP_SIGNALS` wait (blocked, none lost) and processes started here inherit that:
-    env workers, which call `ignore_stop_signals` first thing. A terminal's Ctrl-C or a scheduler's
-    SIGTERM reaches every process of the job, and AsyncVectorEnv's workers would die of it before
-    the training process could finish its iteration and write its checkpoint."""
+def stop_signals_held() -> Iterator[None]:
+    """Inside it, `STOP_SIGNALS` wait (blocked, none lost), and the threads and processes started
+    here inherit that. Env workers, which call `ignore_stop_signals` first thing: a terminal's
+    Ctrl-C or a scheduler's SIGTERM reaches every process of the job, and AsyncVectorEnv's workers
+    would die of it before the training process could finish its iteration and write its
+    checkpoint. A torchrun process group's network threads, which keep them blocked: the main
+    thread takes the signal."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -148,7 +150,7 @@ def stop_signals_held_for_new_processes() -> Iterator[None]:
 
 
 def ignore_stop_signals() -> None:
-    """In an env worker started in `stop_signals_held_for_new_processes`: ignore every stop signal,
+    """In an env worker started in `stop_signals_held`: ignore every stop signal,
     but SIGTERM from the parent (gymnasium's `close(terminate=True)`, multiprocessing's clean-up at
     exit), which ends the worker as before. A thread waits for SIGTERM to learn who sent it."""
     for signum in STOP_SIGNALS:

@@ -253,10 +253,22 @@ def test_a_killed_worker_restarted_by_torchrun_goes_on_from_the_checkpoint_in_th
 def test_a_stop_signal_to_one_rank_stops_both_after_the_same_iteration(tmp_path):
     runs = tmp_path / "runs"
     flags = ["ppo_fc.py", "--total-timesteps", "100000000", "--run-dir", str(runs), *QUICK]
-    process = subprocess.Popen([*TORCHRUN, *flags], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    # PYTHONFAULTHANDLER: a worker sent SIGABRT prints where each of its threads is (once, this hung under load)
+    environment = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    process = subprocess.Popen(
+        [*TORCHRUN, *flags], cwd=REPO, stderr=subprocess.PIPE, text=True, env=environment
+    )
     wait_until_training(process, runs)
-    os.kill(worker_of_rank(process, 1), signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    workers = [worker_of_rank(process, rank) for rank in (0, 1)]
+    os.kill(workers[1], signal.SIGTERM)
+    try:
+        _, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        for worker in workers:
+            os.kill(worker, signal.SIGABRT)
+        raise AssertionError(
+            f"the ranks did not stop: {process.communicate(timeout=60)[1][-6000:]}"
+        ) from None
     assert stderr.count("interrupted: stopped after the iteration") == 2, stderr[-3000:]
     assert "exitcode  : 143" in stderr or "exitcode: 143" in stderr.replace(" ", "")
     (run,) = runs.iterdir()
