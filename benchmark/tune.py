@@ -41,6 +41,7 @@ from benchmark.registry import HARNESS_SET, REPO, SCRIPTS, resolve_args
 from benchmark.tune_space import Param, build_space, space_lines
 from common.envs import resolve_env_id
 from common.errors import UsageError
+from common.interrupt import STOP_SIGNALS  # each stops every running trial and fails it
 from common.seeding import available_cores
 
 REPORTS = 10
@@ -542,10 +543,6 @@ def fail(study: Any, trial: Any, reason: str) -> None:
         trial.set_user_attr("error", reason)
     finally:
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
-"""Ctrl-C, a scheduler's stop (or SLURM's warning), a closed terminal: each stops every running trial and fails it"""
 
 
 @contextmanager
