@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from common.errors import UsageError
-from common.interrupt import stop_signals_held
 
 TIMEOUT = timedelta(minutes=10)
 """How long a collective waits for the other ranks before failing (a rank stuck in a long checkpoint
@@ -100,12 +99,9 @@ def setup(backend: str | None, cuda: bool) -> None:
     store, rank, size = next(dist.rendezvous("env://", timeout=TIMEOUT))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"onefile_rl_attempt_{attempt}/", store)
-    # The threads the process group starts (gloo's network loop) inherit the stop signals blocked:
-    # a signal reaches the main thread, whose handler decides, never a network thread's system call.
-    with stop_signals_held():
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=size, timeout=TIMEOUT, device_id=device_id
-        )
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=size, timeout=TIMEOUT, device_id=device_id
+    )
 
 
 def leave(status: int) -> None:

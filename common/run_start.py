@@ -300,8 +300,11 @@ class Run:
         # one decision for every rank, whether a signal reached one or all of them
         signum, time_due = distributed.max_over_ranks(self.interrupt.signum, self.saving.time_due())
         self.saving.iteration_done(iteration, bool(time_due))
-        self.stopped = self.interrupt.requested = bool(signum)
-        self.interrupt.signum = int(signum)
+        # only ever set here: a signal handled as the all-reduce returns (most land while a rank
+        # waits in it) is not in this decision, and stays asked for the next one
+        if signum:
+            self.interrupt.requested, self.interrupt.signum = True, int(signum)
+        self.stopped = bool(signum)
         self.log.iteration_started()  # the next one's
         return self.stopped
 

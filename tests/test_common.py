@@ -395,6 +395,31 @@ def test_the_time_schedule_writes_latest_alone_and_counts_from_the_last_checkpoi
     assert written == [(3, False), (4, True), (6, False)]
 
 
+def test_a_signal_handled_as_the_stop_decision_returns_stops_after_the_next_iteration(monkeypatch):
+    """Under torchrun a rank spends much of its time waiting in the all-reduce that decides whether
+    to stop, so a signal's handler often runs just as it returns: that request must not be lost."""
+    from types import SimpleNamespace
+
+    from common import distributed
+    from common.interrupt import GracefulInterrupt, _Request
+    from common.run_start import Run
+
+    run = Run.__new__(Run)
+    run.interrupt = GracefulInterrupt()
+    run.saving = SimpleNamespace(time_due=lambda: False, iteration_done=lambda *_: None)
+    run.log = SimpleNamespace(iteration_started=lambda: None)
+
+    def signal_as_the_reduction_returns(*values: float) -> list[float]:
+        run.interrupt._handle(signal.SIGTERM, None)  # the handler runs after the values were sent
+        return list(values)
+
+    monkeypatch.setattr(distributed, "max_over_ranks", signal_as_the_reduction_returns)
+    _Request.clear()
+    assert not run.iteration_done(1, 1024)
+    assert run.iteration_done(2, 2048) and run.interrupt.signum == signal.SIGTERM
+    _Request.clear()
+
+
 @dataclass
 class Recorded:
     save_trajectories: Path | None

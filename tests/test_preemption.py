@@ -253,7 +253,7 @@ def test_a_killed_worker_restarted_by_torchrun_goes_on_from_the_checkpoint_in_th
 def test_a_stop_signal_to_one_rank_stops_both_after_the_same_iteration(tmp_path):
     runs = tmp_path / "runs"
     flags = ["ppo_fc.py", "--total-timesteps", "100000000", "--run-dir", str(runs), *QUICK]
-    # PYTHONFAULTHANDLER: a worker sent SIGABRT prints where each of its threads is (once, this hung under load)
+    # PYTHONFAULTHANDLER: if the ranks do not stop, SIGABRT makes each print where its threads are
     environment = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     process = subprocess.Popen(
         [*TORCHRUN, *flags], cwd=REPO, stderr=subprocess.PIPE, text=True, env=environment
