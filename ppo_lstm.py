@@ -143,6 +143,8 @@ class Args:
     """record the training rollouts (--eval-checkpoint: its episodes) to this new folder"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
+    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
+    """how Atari games are stepped: gymnasium's wrappers, or EnvPool's C++ threads ([envpool] extra)"""
     numpy_rollout: bool = True
     """if toggled, the rollout acts through a NumPy copy of the policy, checked against it"""
     torch_threads: int | None = None

@@ -145,6 +145,8 @@ class Args:
     """record the training rollouts (--eval-checkpoint: its episodes) to this new folder"""
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
+    env_backend: Literal["gymnasium", "envpool"] = "gymnasium"
+    """how Atari games are stepped: gymnasium's wrappers, or EnvPool's C++ threads ([envpool] extra)"""
     torch_threads: int | None = None
     """CPU threads for torch (default: all for a CNN or 256-unit layers, else 1; 0: torch's)"""
     progress: bool = True

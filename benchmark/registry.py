@@ -124,6 +124,7 @@ PPO_UNMATCHED = {
     **dict.fromkeys(("sampling_method", "temperature", "sampling_k"), RUN_PLUMBING),
     "numpy_rollout": "how the rollout computes the same policy (checked against torch every iteration), not what",
     "dist_backend": "the process group's backend under torchrun: how ranks exchange values, not what is computed",
+    "env_backend": "how the script steps Atari games (gymnasium's wrappers or EnvPool); SB3 steps its own AtariWrapper",
     "bootstrap_truncation": "SB3's PPO always bootstraps truncated episodes from their last observation's value, as "
     "the script's default does (a case with --no-bootstrap-truncation has no SB3 equivalent)",
     "encoder": "the default's: SB3's CnnPolicy for an Atari game (its Nature CNN), its MlpPolicy for vectors (a case "

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 from gymnasium.spaces import Box, Dict, Discrete, Space, Text, Tuple
 
-from common import distributed
+from common import distributed, envpool_atari
 from common.atari import GameStatistics, make_kwargs, preprocessed
 from common.checkpoints import restore_reward_normalizer
 from common.cli import notice, one_line
 from common.env_state import EpisodeRecorder
+from common.envpool_atari import EnvPoolEnvs, EnvPoolGames, uses_envpool
 from common.errors import UsageError
 from common.interrupt import ignore_stop_signals, stop_signals_held
 
@@ -391,7 +392,9 @@ def make(
     """One env as the PPO scripts' networks take it: `gym.make(env_id)` (an Atari game with
     `common.atari.make_kwargs`: it skips no frames itself), recorded by gymnasium's RecordVideo
     into `video_folder`, every `video_every`-th episode, where that is given; then `prepared` with
-    `frame_stack`."""
+    `frame_stack`. While `envpool_envs` makes its envs, one of EnvPool's games in its place."""
+    if _pool_games is not None:
+        return _pool_games.slot(frame_stack)
     if video_folder is None:
         return prepared(gym.make(env_id, **make_kwargs(env_id)), frame_stack)
     env = gym.make(env_id, render_mode="rgb_array", **make_kwargs(env_id))
@@ -439,9 +442,12 @@ def checked_spaces(
     checking them against the script and the flags of `args`: an action space of the `actions`
     types, frames for --capture-video, discrete actions for the topk and bottomk sampling methods.
     """
-    observation_space, action_space, render_modes = env_spaces(
-        make_env(resolve_env_id(args.env_id))
-    )
+    env_id = resolve_env_id(args.env_id)
+    # --env-backend envpool: EnvPool's games stand in for this env, checked against it
+    if uses_envpool(args):  # refused here, before the run has a folder
+        envpool_atari.check(env_id, args)
+        envpool_envs([make_env(env_id)], env_id).close()
+    observation_space, action_space, render_modes = env_spaces(make_env(env_id))
     if args.capture_video and "rgb_array" not in render_modes:
         raise UsageError(f"--capture-video: {args.env_id!r} cannot render to rgb_array frames")
     if not isinstance(action_space, actions):
@@ -473,7 +479,10 @@ def training_envs(
         make_env(env_id, int(i), args.capture_video, video_folder, args.video_every)
         for i in indices
     ]
-    envs = episode_statistics(vector_env(env_fns, args.async_envs))
+    if uses_envpool(args):
+        envs = envpool_envs(env_fns, env_id)
+    else:
+        envs = episode_statistics(vector_env(env_fns, args.async_envs))
     if not getattr(args, "norm_reward", False):  # a script without the flag has no normalisation
         return envs, None
     reward_normalizer = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
@@ -497,6 +506,41 @@ def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gy
     env_fns = [partial(_in_worker, env_fn, os.getpid()) for env_fn in env_fns]
     with stop_signals_held():
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def evaluation_env(env_fn: Callable[[], gym.Env], args: Any) -> gym.vector.VectorEnv:
+    """One env to play evaluation episodes in, as the training envs are stepped (SAME_STEP, with
+    episode statistics): the script's `env_fn`, or under --env-backend envpool one EnvPool game in
+    its place."""
+    if uses_envpool(args):
+        return envpool_envs([env_fn], resolve_env_id(args.env_id))
+    return episode_statistics(
+        gym.vector.SyncVectorEnv([env_fn], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    )
+
+
+_pool_games: EnvPoolGames | None = None
+"""While `envpool_envs` makes its envs: the games whose slots `make` hands out."""
+
+
+def envpool_envs(env_fns: list[Callable[[], gym.Env]], env_id: str) -> gym.vector.VectorEnv:
+    """The envs of `env_fns` (the script's `make_env`) with EnvPool's games of `env_id` in place of
+    what `make` builds (`common.envpool_atari`), checked to have the spaces of `env_fns[0]`'s env
+    as gymnasium makes it."""
+    global _pool_games
+    spaces = env_spaces(env_fns[0])[:2]
+    _pool_games = EnvPoolGames(env_id, len(env_fns))
+    try:
+        envs = EnvPoolEnvs(env_fns, _pool_games)
+    finally:
+        _pool_games = None
+    if (envs.single_observation_space, envs.single_action_space) != spaces:
+        raise UsageError(
+            f"--env-backend envpool: EnvPool's envs observe {envs.single_observation_space} and "
+            f"act in {envs.single_action_space}, make_env's {spaces[0]} and {spaces[1]}: use "
+            "--env-backend gymnasium"
+        )
+    return episode_statistics(envs)
 
 
 def episode_statistics(envs: gym.vector.VectorEnv) -> gym.vector.VectorEnv:

@@ -15,7 +15,7 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 from common import distributed
-from common.envs import episode_statistics, resolve_env_id
+from common.envs import evaluation_env, resolve_env_id
 from common.errors import UsageError
 from common.run_folder import create_run_folder, run_name
 from common.tracking import finish_tracking, log_episodes, start_tracking, wandb_history
@@ -27,23 +27,20 @@ Act = Callable[
 
 
 def play_episodes(
-    env_fn: Callable[[], gym.Env],
+    env: gym.vector.VectorEnv,
     act: Act,
     episodes: int,
     seed: int,
     trajectory_path: Path | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> tuple[list[float], list[int]]:
-    """Play `episodes` episodes in one env made by `env_fn`, reset with `seed`, and return their
-    returns and lengths.
+    """Play `episodes` episodes in `env`, one env (`common.envs.evaluation_env`), reset with
+    `seed`, and return their returns and lengths; `env` is closed after them.
 
     `act(observations, episode_starts)` gets a batch of one observation and whether it is the first
     of its episode (for agents with memory), and returns the action as the env takes it, or the
     action and the agent's fields to record for the step (`{name: {field: array}}`, e.g. a hidden
     state). With `trajectory_path`, the episodes are recorded there."""
-    env = episode_statistics(
-        gym.vector.SyncVectorEnv([env_fn], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    )
     recorder = (
         TrajectoryRecording(trajectory_path, 1, meta or {}) if trajectory_path is not None else None
     )
@@ -70,7 +67,8 @@ def play_episodes(
             returns.append(float(infos["episode"]["r"][0]))
             lengths.append(int(infos["episode"]["l"][0]))
         observations, episode_starts = next_observations, terminations | truncations
-    _drop_unplayed_video(env.unwrapped.envs[0])
+    if isinstance(env.unwrapped, gym.vector.SyncVectorEnv):
+        _drop_unplayed_video(env.unwrapped.envs[0])
     env.close()
     if recorder is not None:
         recorder.flush()
@@ -103,7 +101,8 @@ def evaluate(
     # --eval-checkpoint --capture-video records the evaluation episodes; a training run's videos are of training.
     videos = args.capture_video and args.eval_checkpoint is not None
     env_fn = make_env(env_id, 0, videos, str(Path(writer.log_dir) / "videos"), args.video_every)
-    returns, lengths = play_episodes(env_fn, act, args.eval_episodes, args.seed, record_to, meta)
+    env = evaluation_env(env_fn, args)
+    returns, lengths = play_episodes(env, act, args.eval_episodes, args.seed, record_to, meta)
     log_episodes(writer, returns, lengths, step, prefix="eval")
     history = wandb_history(writer)
     if history is not None:  # now: rows of a step whose iteration was sent would wait for the next

@@ -4,12 +4,13 @@ the final observation gymnasium reported, the agent's fields in the infos, lossl
 import os
 import subprocess
 import sys
+from argparse import Namespace
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from common.envs import flat_observations, joint_actions, resolve_env_id
+from common.envs import evaluation_env, flat_observations, joint_actions, resolve_env_id
 from common.errors import UsageError
 from common.evaluation import play_episodes
 from common.minari_export import export_to_minari
@@ -200,9 +201,8 @@ def test_evaluation_hidden_states_come_back_in_the_infos(tmp_path):
 
     path = tmp_path / "eval.npz"
     meta = {"args": {"env_id": "CartPole-v1", "exp_name": "ppo_lstm"}}
-    _, lengths = play_episodes(
-        lambda: flat_observations(gym.make("CartPole-v1")), act, 3, 1, path, meta
-    )
+    env = evaluation_env(lambda: flat_observations(gym.make("CartPole-v1")), Namespace())
+    _, lengths = play_episodes(env, act, 3, 1, path, meta)
     data = load_trajectories(path)
 
     export_to_minari(data, "cartpole/eval-v0")
