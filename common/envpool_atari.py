@@ -11,8 +11,9 @@ EnvPool step of every game: a wrapper that changes the actions on their way in c
 and is refused at its first step.
 
 EnvPool does CleanRL's Atari preprocessing itself: no-op reset up to 30, frame skip 4 with a max
-over the last two frames, episodic life, fire on reset, rewards clipped to their sign, 84x84
-greyscale and the frame stack, with the id's own sticky actions and episode limit. A lost life ends
+over the last two frames, episodic life, rewards clipped to their sign, 84x84
+greyscale and the frame stack, with the id's own sticky actions and episode limit; FIRE after a
+game's start or a lost life is taken here (see `EnvPoolGames.step`). A lost life ends
 an episode (terminated) and the game goes on from the same frame; a game's end (or its step limit)
 resets that game by id in the same step. docs/ppo_fc.md "EnvPool" says where this differs from the
 gymnasium path, with numbers. An EnvPool game cannot be saved: a resumed run starts new games, with
@@ -26,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from common.atari import FRAME_SKIP, NOOP_MAX, SCREEN_SIZE, _spec, is_atari_id
+from common.atari import FRAME_SKIP, NOOP_MAX, SCREEN_SIZE, _spec, is_atari_id, make_kwargs
 from common.errors import UsageError
 
 
@@ -79,7 +80,7 @@ class EnvPoolGames:
         self.settings = dict(
             episodic_life=True,
             reward_clip=True,
-            use_fire_reset=True,
+            use_fire_reset=False,  # FIRE and UP below, as common.atari.FireReset presses them
             noop_max=NOOP_MAX,
             frame_skip=FRAME_SKIP,
             img_height=SCREEN_SIZE,
@@ -89,6 +90,13 @@ class EnvPoolGames:
             max_episode_steps=spec.kwargs.get("max_num_frames_per_episode", 108_000) // FRAME_SKIP,
         )
         self.actions = int(envpool.make_spec(self.task, **self.settings).action_space.n)
+        game = gym.make(env_id, **make_kwargs(env_id))
+        # the steps common.atari's FireReset takes after a reset, and EpisodicLife's no-op before
+        # them after a lost life
+        fire = "FIRE" in game.unwrapped.get_action_meanings()
+        self.after_a_new_game, self.after_a_lost_life = ((1, 2), (0, 1, 2)) if fire else ((), (0,))
+        game.close()
+        self.taken_for_the_agent: list[list[int]] = [[] for _ in range(num_envs)]
         self.slots: list[PoolSlot] = []
         self.frame_stack = 0
         self.pool = None
@@ -116,16 +124,29 @@ class EnvPoolGames:
             stack_num=self.frame_stack, **self.settings,
         )  # fmt: skip
         frames, info = self.pool.reset()
+        self.taken_for_the_agent = [list(self.after_a_new_game) for _ in range(self.num_envs)]
         for game, frame in zip(info["env_id"].tolist(), frames, strict=True):
             self.slots[game].started(frame)
 
     def step(self, actions: np.ndarray) -> None:
-        """Step every game with `actions`; a game that ended starts again in this step."""
-        frames, rewards, terminations, truncations, info = self.pool.step(actions)
+        """Step every game with `actions`; a game that ended starts again in this step. The steps
+        the gymnasium path takes inside its resets (FIRE and UP after a game's start, a no-op, FIRE
+        and UP after a lost life, in the games that have FIRE) are taken here in place of the
+        agent's next actions: a game that waits for FIRE (Breakout) goes on. (EnvPool's own fire
+        reset presses FIRE for one frame, which a sticky action can swallow.)"""
+        executed = actions.copy()
+        for game, taken in enumerate(self.taken_for_the_agent):
+            if taken:
+                executed[game] = taken.pop(0)
+        frames, rewards, terminations, truncations, info = self.pool.step(executed)
         game_over = info["terminated"].astype(bool) | truncations  # not a lost life
+        for game in info["env_id"][terminations & ~game_over].tolist():
+            self.taken_for_the_agent[game] = list(self.after_a_lost_life)
         new_frames = {}
         if game_over.any():
             games = info["env_id"][game_over].astype(np.int32)
+            for game in games.tolist():
+                self.taken_for_the_agent[game] = list(self.after_a_new_game)
             frames_of_games, started = self.pool.reset(games)
             new_frames = dict(zip(started["env_id"].tolist(), frames_of_games, strict=True))
         for i, game in enumerate(info["env_id"].tolist()):
@@ -185,7 +206,12 @@ class PoolSlot(gym.Env):
         return self._observation(self._frame), {}
 
     def step(self, action):
-        sent, result = self._step
+        if self._step is None:
+            raise UsageError(
+                "--env-backend envpool: a wrapper of make_env steps the env more than once in one "
+                "of the agent's steps, which EnvPool steps once: use --env-backend gymnasium"
+            )
+        (sent, result), self._step = self._step, None
         if not np.array_equal(sent, action):
             raise UsageError(
                 "--env-backend envpool: a wrapper of make_env changed the actions, which EnvPool "
@@ -206,18 +232,35 @@ class EnvPoolEnvs(gym.vector.SyncVectorEnv):
         self.games = games
         super().__init__(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         if len(games.slots) != len(env_fns):
-            raise UsageError(
+            self.refuse(
                 "--env-backend envpool stands in for common.envs.make, which make_env did not call "
                 "once for each env: use --env-backend gymnasium"
             )
         for env in self.envs:
             while isinstance(env, gym.Wrapper):
                 if isinstance(env, gym.ActionWrapper):
-                    raise UsageError(
+                    self.refuse(
                         f"--env-backend envpool: make_env's {type(env).__name__} changes the "
                         "actions, which EnvPool takes before it: use --env-backend gymnasium"
                     )
                 env = env.env
+
+    def refuse(self, message: str) -> None:
+        """Close the envs, and raise UsageError(`message`)."""
+        self.close()
+        raise UsageError(message)
+
+    def try_each_action(self) -> None:
+        """Step one game with each action once: a wrapper of make_env that changes actions, or
+        steps more than once, is refused here, before the run has a folder, rather than at the
+        step where it first does."""
+        self.reset(seed=0)
+        try:
+            for action in range(self.single_action_space.n):
+                self.step(np.full(self.num_envs, action))
+        except UsageError:
+            self.close()
+            raise
 
     def step(self, actions):
         self.games.step(np.asarray(actions))

@@ -446,7 +446,7 @@ def checked_spaces(
     # --env-backend envpool: EnvPool's games stand in for this env, checked against it
     if uses_envpool(args):  # refused here, before the run has a folder
         envpool_atari.check(env_id, args)
-        envpool_envs([make_env(env_id)], env_id).close()
+        envpool_envs([make_env(env_id)], env_id).unwrapped.try_each_action()
     observation_space, action_space, render_modes = env_spaces(make_env(env_id))
     if args.capture_video and "rgb_array" not in render_modes:
         raise UsageError(f"--capture-video: {args.env_id!r} cannot render to rgb_array frames")
@@ -535,7 +535,7 @@ def envpool_envs(env_fns: list[Callable[[], gym.Env]], env_id: str) -> gym.vecto
     finally:
         _pool_games = None
     if (envs.single_observation_space, envs.single_action_space) != spaces:
-        raise UsageError(
+        envs.refuse(
             f"--env-backend envpool: EnvPool's envs observe {envs.single_observation_space} and "
             f"act in {envs.single_action_space}, make_env's {spaces[0]} and {spaces[1]}: use "
             "--env-backend gymnasium"

@@ -56,6 +56,21 @@ def test_a_lost_life_ends_an_episode_and_the_game_goes_on_a_game_over_starts_the
     pool.close()
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_policy_that_never_presses_fire_still_plays_breakout_to_its_end(seed):
+    # EnvPool presses FIRE only for one frame at a game's start, and not after a lost life: the
+    # gymnasium path's FIRE and UP are taken for the agent, or Breakout waits for its ball forever
+    pool = envs.envpool_envs([lambda: envs.make(ENV_ID, frame_stack=4)], ENV_ID)
+    pool.reset(seed=seed)
+    lengths = []
+    for _ in range(1500):
+        *_, infos = pool.step(np.zeros(1, dtype=int))
+        if infos.get("_episode", [False])[0]:
+            lengths.append(int(infos["episode"]["l"][0]))
+    pool.close()
+    assert len(lengths) >= 3 and max(lengths) < 400, lengths
+
+
 def test_the_script_s_own_wrappers_wrap_envpool_s_games_and_what_it_cannot_serve_is_refused():
     def scaled():
         return gym.wrappers.TransformReward(envs.make(ENV_ID, frame_stack=1), lambda r: 10 * r)
@@ -82,6 +97,23 @@ def test_the_script_s_own_wrappers_wrap_envpool_s_games_and_what_it_cannot_serve
     ]:
         with pytest.raises(UsageError, match=refused):
             envs.envpool_envs([make_env], ENV_ID)
+
+    class FireForNoop(gym.Wrapper):  # not an ActionWrapper: found by trying each action
+        def step(self, action):
+            return self.env.step(1 if action == 0 else action)
+
+    class RepeatsEachStep(gym.Wrapper):  # EnvPool has stepped once: a second step has no result
+        def step(self, action):
+            self.env.step(action)
+            return self.env.step(action)
+
+    for wrapper, refused in [
+        (FireForNoop, "changed the actions"),
+        (RepeatsEachStep, "more than once"),
+    ]:
+        pool = envs.envpool_envs([lambda w=wrapper: w(envs.make(ENV_ID))], ENV_ID)
+        with pytest.raises(UsageError, match=refused):
+            pool.unwrapped.try_each_action()
 
 
 @pytest.mark.parametrize("script", ["ppo_fc.py", "ppo_lstm.py", "ppo_transformer.py"])
