@@ -6,6 +6,7 @@ processes ignore them: only the training process decides when to stop."""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
@@ -20,6 +21,12 @@ SAME_REQUEST_SECONDS = 2.0
 """The same signal again within this many seconds of the first is the same request: under SLURM
 both slurmstepd and torchrun's agent send a worker SIGTERM, and a harness passes on what reached
 its runs already."""
+
+LOST_REQUEST_SECONDS = 5.0
+"""Outside the training loop, a stop signal raises `Interrupted`; if the run has not left
+`stop_signals_raise` this many seconds later, the exception was lost (a handler that runs inside a
+finalizer, a `__del__` or a generator's clean-up, has its exception printed and dropped), and the
+signal is delivered again: a second request. More than `SAME_REQUEST_SECONDS`."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -40,6 +47,7 @@ class _Request:
 
     signum: int | None = None
     time = 0.0
+    left = threading.Event()  # set when the run has left `stop_signals_raise`
 
     @classmethod
     def make(cls, signum: int) -> bool:
@@ -60,7 +68,18 @@ class _Request:
 
 def _raise_interrupted(signum: int, frame: object) -> None:
     if _Request.make(signum):
+        _Request.left.clear()
+        threading.Thread(
+            target=_until_the_request_ends_the_run, args=(signum,), daemon=True
+        ).start()
         raise Interrupted(signum)
+
+
+def _until_the_request_ends_the_run(signum: int) -> None:
+    """Deliver `signum` to the main thread again each `LOST_REQUEST_SECONDS` until the run leaves
+    `stop_signals_raise` (see LOST_REQUEST_SECONDS)."""
+    while not _Request.left.wait(LOST_REQUEST_SECONDS):
+        _thread.interrupt_main(signum)
 
 
 def _after_the_request(signum: int, frame: object) -> None:
@@ -87,6 +106,7 @@ def stop_signals_raise() -> Iterator[None]:
     try:
         yield
     finally:
+        _Request.left.set()
         stopping = _Request.signum is not None
         for signum, handler in previous.items():
             signal.signal(signum, _after_the_request if stopping else handler)

@@ -149,6 +149,39 @@ def test_a_stop_signal_while_evaluating_a_checkpoint_ends_it_with_its_status(tmp
     assert process.returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
 
 
+LOST_IN_A_FINALIZER = """
+import os, signal, sys
+from common.cli import exit_status
+
+class Finalised:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, and Python drops its exception
+        for _ in range(1000):
+            pass
+
+def run():
+    Finalised()
+    print("the signal's exception was lost", file=sys.stderr, flush=True)
+    while True:
+        pass
+
+sys.exit(exit_status(run))
+"""
+
+
+def test_a_stop_request_whose_exception_is_lost_still_ends_the_run_with_its_status():
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-c", LOST_IN_A_FINALIZER],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Exception ignored" in completed.stderr and "was lost" in completed.stderr
+    assert completed.returncode == 143 and time.monotonic() - started < 30, completed.stderr[-2000:]
+
+
 def test_a_stop_signal_to_the_benchmark_harness_reaches_its_runs(tmp_path):
     # To the harness alone (`kill PID`, `docker stop`): it passes the signal on, starts nothing more, and ends with
     # the signal's status once its runs have written their checkpoints.
