@@ -23,7 +23,11 @@ from common.cli import notice, one_line
 from common.env_state import EpisodeRecorder
 from common.envpool_atari import EnvPoolEnvs, EnvPoolGames, uses_envpool
 from common.errors import UsageError
-from common.interrupt import ignore_stop_signals, stop_signals_held
+from common.interrupt import (
+    end_as_terminated_if_the_pipe_broke,
+    ignore_stop_signals,
+    stop_signals_held,
+)
 
 # The module whose import here registered each id: this process has the id now, a spawned worker
 # does not.
@@ -556,6 +560,18 @@ def _recorded(env_fn: Callable[[], gym.Env]) -> gym.Env:
 
 
 def _in_worker(env_fn: Callable[[], gym.Env], training_process: int) -> gym.Env:
-    if os.getpid() != training_process:  # AsyncVectorEnv makes one env in the training process too
-        ignore_stop_signals()  # first: the worker was started with them held
-    return env_fn()
+    if os.getpid() == training_process:  # AsyncVectorEnv makes one env in the training process too
+        return env_fn()
+    ignore_stop_signals()  # first: the worker was started with them held
+    return _WorkerEnv(env_fn())
+
+
+class _WorkerEnv(gym.Wrapper):
+    """An env in an AsyncVectorEnv worker process, which ends by SIGTERM when the training process
+    closes its pipe (`end_as_terminated_if_the_pipe_broke`)."""
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            end_as_terminated_if_the_pipe_broke()

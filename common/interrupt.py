@@ -190,3 +190,13 @@ def ignore_stop_signals() -> None:
                 os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=wait_for_the_parent_s_sigterm, daemon=True).start()
+
+
+def end_as_terminated_if_the_pipe_broke() -> None:
+    """In an env worker (`ignore_stop_signals`), while its env closes: if the training process
+    closed its end of the pipe (the exception being handled says so), end now by SIGTERM. gymnasium's
+    `close(terminate=True)` sends SIGTERM and closes the pipes at once, and a worker whose waiting
+    thread had not yet run saw the closed pipe first and died of a BrokenPipeError traceback."""
+    if isinstance(sys.exc_info()[1], (EOFError, BrokenPipeError, ConnectionResetError)):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        os.kill(os.getpid(), signal.SIGTERM)

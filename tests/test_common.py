@@ -262,6 +262,38 @@ def test_async_env_workers_survive_a_stop_signal_of_the_whole_process_group(tmp_
     assert "terminated [-15, -15]" in stdout  # by their parent's SIGTERM
 
 
+def test_async_env_workers_that_take_their_parent_s_sigterm_late_end_by_it_without_a_traceback():
+    # gymnasium's close(terminate=True), also AsyncVectorEnv.__del__'s, sends SIGTERM and closes the pipes at once. A
+    # worker's thread that tells its parent's SIGTERM from a scheduler's can run late under load (here made late),
+    # and the worker saw the closed pipe first: a BrokenPipeError traceback for each worker, exit status 1.
+    script = textwrap.dedent(
+        """
+        import signal, time
+        import gymnasium as gym
+
+        def late(signals, wait=signal.sigwaitinfo):
+            info = wait(signals)
+            time.sleep(1)
+            return info
+
+        signal.sigwaitinfo = late
+        from common.envs import vector_env
+
+        envs = vector_env([lambda: gym.make("CartPole-v1")] * 2, async_envs=True)
+        envs.reset(seed=0)
+        workers = list(envs.processes)
+        envs.close(terminate=True)
+        print("terminated", [worker.exitcode for worker in workers], flush=True)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "terminated [-15, -15]" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
 # --- NumPy snapshots -----------------------------------------------------------------------------------------------
 
 
