@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.distributions import Categorical, Normal
 
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import cli, envs, stand_in
+from common import capture, cli, envs, stand_in
 from common.envs import cnn_layout, observation_tensor, observation_zeros
 from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
@@ -136,6 +136,10 @@ class Args:
     """how Atari games are stepped: gymnasium's wrappers, or EnvPool's C++ threads ([envpool] extra)"""
     numpy_rollout: bool = True
     """if toggled, the rollout acts through a NumPy copy of the policy, checked against it"""
+    compile: bool = False
+    """if toggled, torch.compile the action step and the minibatch step (no NumPy copy then)"""
+    cuda_graphs: bool = False
+    """if toggled, replay the action step and the minibatch step as CUDA graphs (one GPU)"""
     torch_threads: int | None = None
     """CPU threads for torch (default: all for a CNN or 256-unit layers, else 1; 0: torch's)"""
     progress: bool = True
@@ -358,6 +362,10 @@ def train(args: Args) -> TrainResult:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     # what a checkpoint carries, by key: restored on --resume; rank 0's on every rank under torchrun
     next_obs = run.start({"model": agent, "optimizer": optimizer}, global_batch_size)
+    # --compile, --cuda-graphs: the action step and the minibatch step below, made faster
+    # (common.capture); the rollout's actions are checked against the torch policy all the same
+    fast_policy = capture.StandIn(args.compile, args.cuda_graphs)
+    fast_update = capture.StandIn(args.compile, args.cuda_graphs, keep=(agent, optimizer))
     global_step = run.global_step
 
     # Rollout storage in NumPy, filled without conversions; images stay uint8 until the network.
@@ -377,6 +385,39 @@ def train(args: Args) -> TrainResult:
         agent, lambda net, obs: net(observation_tensor(obs, device)), next_obs
     )
 
+    def minibatch_step(
+        mb_obs: Tensor, mb_actions: Tensor, mb_logprobs: Tensor, mb_advantages: Tensor,
+        mb_returns: Tensor, mb_values: Tensor,
+    ) -> tuple[Tensor, ...]:  # fmt: skip
+        """One gradient step on a minibatch; the log-ratio, ratio and losses, for the logs."""
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
+        logratio = newlogprob - mb_logprobs
+        ratio = logratio.exp()
+
+        pg_loss1 = -mb_advantages * ratio
+        pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - mb_returns) ** 2
+            v_clipped = mb_values + torch.clamp(
+                newvalue - mb_values, -args.clip_coef, args.clip_coef
+            )
+            v_loss_clipped = (v_clipped - mb_returns) ** 2
+            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        run.average_gradients(agent.parameters())  # the global minibatch's
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+        optimizer.step()
+        return tuple(x.detach() for x in (logratio, ratio, pg_loss, v_loss, entropy_loss))
+
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -388,7 +429,9 @@ def train(args: Args) -> TrainResult:
             agent.eval()
             sampling_noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise = sampling_noise.cpu().numpy()
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, next_obs, noise[0])
+            act, numpy_copy = rollout_policy(
+                agent, args.numpy_rollout, next_obs, noise[0], fast_policy
+            )
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
@@ -437,41 +480,14 @@ def train(args: Args) -> TrainResult:
                 if norm_adv:  # every global minibatch's mean and std: the epoch's in one all-reduce
                     adv_means, adv_stds = run.mean_std_over_ranks(b_advantages[minibatches])
                 for i, mb_inds in enumerate(minibatches):
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(
-                        b_obs[mb_inds], b_actions[mb_inds]
-                    )
-                    logratio = newlogprob - b_logprobs[mb_inds]
-                    ratio = logratio.exp()
-                    ratios.append(ratio.detach())
-
                     mb_advantages = b_advantages[mb_inds]
                     if norm_adv:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
-
-                    pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(
-                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
-                    )
-                    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                    if args.clip_vloss:
-                        v_loss_unclipped = (newvalue - b_returns[mb_inds]) ** 2
-                        v_clipped = b_values[mb_inds] + torch.clamp(
-                            newvalue - b_values[mb_inds], -args.clip_coef, args.clip_coef
-                        )
-                        v_loss_clipped = (v_clipped - b_returns[mb_inds]) ** 2
-                        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb_inds]) ** 2).mean()
-
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    run.average_gradients(agent.parameters())  # the global minibatch's
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
-                    optimizer.step()
+                    logratio, ratio, pg_loss, v_loss, entropy_loss = fast_update(
+                        minibatch_step, b_obs[mb_inds], b_actions[mb_inds], b_logprobs[mb_inds],
+                        mb_advantages, b_returns[mb_inds], b_values[mb_inds],
+                    )  # fmt: skip
+                    ratios.append(ratio)
 
                 with torch.no_grad():  # of the epoch's last minibatch, as CleanRL logs them
                     old_approx_kl = (-logratio).mean()  # http://joschu.net/blog/kl-approx.html
@@ -540,6 +556,7 @@ def check_args(args: Args) -> None:
     cli.check_ranges(
         args, (*positive, "target_kl", "norm_reward_clip"), non_negative, ("gamma", "gae_lambda")
     )
+    capture.check(args.cuda_graphs, args.cuda)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         raise ValueError(
@@ -565,11 +582,11 @@ PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def rollout_policy(
-    agent: Agent, numpy_rollout: bool, obs: np.ndarray, noise: np.ndarray
+    agent: Agent, numpy_rollout: bool, obs: np.ndarray, noise: np.ndarray, fast: capture.StandIn
 ) -> tuple[PolicyFunction, bool]:
     """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a
     NumPy copy (with `numpy_rollout`: recorded from the torch policy and checked against it on the
-    rollout's first `obs` and `noise`)."""
+    rollout's first `obs` and `noise`). With --compile or --cuda-graphs, `fast` calls the policy."""
     device = next(agent.parameters()).device
 
     @torch.no_grad()
@@ -577,14 +594,14 @@ def rollout_policy(
         return agent.sample(agent.distribution(agent(obs)[0]), noise)
 
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-    if numpy_rollout and not agent.cnn and not agent.parts:
+    if numpy_rollout and not agent.cnn and not agent.parts and not fast.enabled:
         copy = stand_in.numpy_copy(policy, (obs, noise), agent)
         if copy is not None:
             return copy, True
 
     def torch_act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
         x = observation_tensor(obs, device)
-        return policy(x, torch.as_tensor(noise, device=device)).cpu().numpy()
+        return fast(policy, x, torch.as_tensor(noise, device=device)).cpu().numpy()
 
     return torch_act, False
 

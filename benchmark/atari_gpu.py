@@ -12,6 +12,14 @@
    CudaGraphModule does, with a capturable fused or foreach Adam), and the compiled step in a CUDA graph; each variant
    in a process of its own (``--variant``), the action step first.
 
+5. EnvPool (``--sections envpool``): ppo_fc.py with ``--env-backend envpool --cuda``, eager, with ``--cuda-graphs``
+   and with ``--compile --cuda-graphs``, beside LeanRL's ppo_atari_envpool.py (CleanRL's PPO on EnvPool) and
+   ppo_atari_envpool_torchcompile.py with ``--compile --cudagraphs`` from ``--leanrl DIR``, the runs alternating;
+   LeanRL's SPS is the median of the speeds its progress bar shows (every 10 iterations, after 3 of burn-in), the
+   first left out.
+   Then a check of the CUDA graphs: the same seed eager and with ``--cuda-graphs``, their games' returns and their
+   checkpoints' weights set side by side, and the graph run's checkpoint evaluated in a process that sees no GPU.
+
 Each section's results are printed as it ends and appended to OUT/atari_gpu.jsonl, so a run stopped early keeps what
 it measured. CleanRL runs under ``--cleanrl-python`` with ``--cleanrl-pythonpath`` first on its path (gymnasium 0.29,
 ale-py 0.9.1 and stable-baselines3 2.3.2, as CleanRL pins them)."""
@@ -21,12 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +44,19 @@ import torch
 import torch.nn as nn
 
 from benchmark.atari_speed import ENV_ID, OURS, cleanrl_sps, median_after_first, script_sessions
-from benchmark.events import steps_per_second
+from benchmark.events import load_sessions, merged_scalars, steps_per_second
 from benchmark.recurrent_floor import floor_agent, median_seconds
 from benchmark.registry import REPO
 
+ENVPOOL_VARIANTS = {
+    "eager": (),
+    "cuda_graphs": ("--cuda-graphs",),
+    "compile_cuda_graphs": ("--compile", "--cuda-graphs"),
+}
+LEANRL = {
+    "leanrl_eager": ("ppo_atari_envpool.py",),
+    "leanrl_compile_cudagraphs": ("ppo_atari_envpool_torchcompile.py", "--compile", "--cudagraphs"),
+}
 TRANSFORMER = ("ppo_transformer.py", *OURS["ppo_lstm"][1:], "--norm-adv", "--target-kl", "None")
 QUIET = ("--no-progress", "--eval-episodes", "0")
 
@@ -121,6 +140,80 @@ def checkpoints_on_cpu(options: argparse.Namespace) -> None:
                 status=evaluated.returncode,
                 output=said,
             )
+
+
+def leanrl_sps(options: argparse.Namespace, command: tuple[str, ...]) -> float:
+    """SPS of one run of LeanRL's script `command` (its file and flags) on the GPU: the median of the
+    speeds its progress bar shows, the first left out."""
+    script, *flags = command
+    done = subprocess.run(
+        [options.leanrl_python, str(options.leanrl / script), "--env-id", "Breakout-v5",
+         "--total-timesteps", str(options.steps), "--num-envs", "8", "--cuda", *flags],
+        cwd=options.leanrl, check=True, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": options.leanrl_pythonpath, "WANDB_MODE": "disabled"},
+    )  # fmt: skip
+    speeds = [float(value) for value in re.findall(r"speed:\s*([0-9.]+) sps", done.stderr)]
+    # the bar shows each speed until the next: keep each value once
+    speeds = [value for i, value in enumerate(speeds) if i == 0 or value != speeds[i - 1]]
+    return statistics.median(speeds[1:] or speeds)
+
+
+def envpool_speed(options: argparse.Namespace) -> None:
+    """Section 5: ppo_fc on EnvPool, eager and captured, beside LeanRL's scripts; then the check of
+    the CUDA graphs."""
+    envpool = ("--env-backend", "envpool")
+    runs = {
+        name: partial(our_run, OURS["ppo_fc"], options.steps, *envpool, *flags)
+        for name, flags in ENVPOOL_VARIANTS.items()
+    }
+    if options.leanrl:
+        runs.update(
+            {
+                name: lambda command=command: {"sps": leanrl_sps(options, command)}
+                for name, command in LEANRL.items()
+            }
+        )
+    for _ in range(options.repeats):
+        for name, measure in runs.items():
+            try:  # a run that fails is reported, and the others run
+                report(options.out, "envpool", run=name, **measure())
+            except Exception as error:
+                stderr = str(getattr(error, "stderr", ""))[-1500:]
+                report(options.out, "envpool", run=name, error=str(error)[:300], stderr=stderr)
+    runs = {}
+    for name, flags in (("eager", ()), ("cuda_graphs", ("--cuda-graphs",))):
+        run_dir = Path(tempfile.mkdtemp())
+        subprocess.run(
+            [sys.executable, "ppo_fc.py", "--env-id", ENV_ID, "--total-timesteps", "8192", *OURS["ppo_fc"][1:],
+             *envpool, "--cuda", "--run-dir", str(run_dir), *QUIET, *flags],
+            cwd=REPO, check=True, capture_output=True,
+        )  # fmt: skip
+        (checkpoint,) = run_dir.glob("*/checkpoints/latest.pt")
+        returns = [
+            event.value
+            for event in merged_scalars(load_sessions(checkpoint.parents[1]))[
+                "charts/episodic_return"
+            ]
+        ]
+        runs[name] = (checkpoint, returns, torch.load(checkpoint, weights_only=True)["model"])
+    (_, eager_returns, eager_model), (graph_checkpoint, graph_returns, graph_model) = runs.values()
+    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    evaluated = subprocess.run(
+        [sys.executable, "ppo_fc.py", "--eval-checkpoint", str(graph_checkpoint), "--eval-episodes", "1",
+         "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, env=no_gpu,
+    )  # fmt: skip
+    report(
+        options.out, "cuda_graphs_check",
+        same_returns=eager_returns == graph_returns, games=len(eager_returns),
+        largest_weight_difference=max(
+            (eager_model[key].float() - graph_model[key].float()).abs().max().item() for key in eager_model
+        ),
+        evaluated_on_cpu=evaluated.returncode,
+        evaluation=[
+            line for line in (evaluated.stdout + evaluated.stderr).splitlines() if "return" in line or "error" in line
+        ],
+    )  # fmt: skip
 
 
 def seconds_per_call(step: Callable[[], object], device: torch.device) -> float:
@@ -260,6 +353,7 @@ SECTIONS = {
     "transformer": transformer,
     "checkpoints": checkpoints_on_cpu,
     "update": update_and_act,
+    "envpool": envpool_speed,
 }
 
 
@@ -271,6 +365,11 @@ def main() -> None:
         "--cleanrl", type=Path, default=None, help="a folder with run.py and CleanRL's two scripts"
     )
     parser.add_argument("--cleanrl-python", default=sys.executable)
+    parser.add_argument(
+        "--leanrl", type=Path, default=None, help="a folder with LeanRL's two scripts"
+    )
+    parser.add_argument("--leanrl-python", default=sys.executable)
+    parser.add_argument("--leanrl-pythonpath", default="")
     parser.add_argument("--cleanrl-pythonpath", default="")
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument(
@@ -286,6 +385,7 @@ def main() -> None:
         return time_variant(options)
     # its runs start in folders of their own
     options.cleanrl = options.cleanrl and options.cleanrl.resolve()
+    options.leanrl = options.leanrl and options.leanrl.resolve()
     print(
         f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}"
     )

@@ -4,6 +4,12 @@ beside CleanRL's own ppo_atari.py and ppo_atari_lstm.py where a folder with them
 (``--cleanrl DIR``: DIR/run.py SCRIPT FLAGS in DIR/.venv, gymnasium 0.29 as CleanRL pins it; see the
 docs page).
 
+``--envpool``: our scripts with ``--env-backend envpool``, beside CleanRL's ppo_atari_envpool.py and,
+for ppo_lstm, DIR/ppo_atari_lstm_envpool.py (CleanRL's ppo_atari_lstm.py with EnvPool's envs in place
+of its gymnasium ones: CleanRL has no EnvPool LSTM script), both in DIR/.venv-envpool (envpool 0.8.4
+and gym 0.23.1, whose old step API the scripts use) on EnvPool's Breakout-v5. SB3 stays on its
+AtariWrapper.
+
 Run: ``python -m benchmark.atari_speed [--steps N] [--repeats R]``, alone on the machine. Each run
 is a process of its own, the runs alternate (ABC ABC ...), and the SPS leaves out each run's first
 iteration (start-up)."""
@@ -42,6 +48,8 @@ OURS = {
 }  # fmt: skip
 SB3_OF = {"ppo_fc": "ppo", "ppo_lstm": "recurrent_ppo"}
 CLEANRL_OF = {"ppo_fc": "ppo_atari.py", "ppo_lstm": "ppo_atari_lstm.py"}
+CLEANRL_ENVPOOL_OF = {"ppo_fc": "ppo_atari_envpool.py", "ppo_lstm": "ppo_atari_lstm_envpool.py"}
+ENVPOOL_ID = "Breakout-v5"  # EnvPool's id of ENV_ID: no sticky actions, 27,000 steps a game
 
 SB3_RUN = """
 import json, sys, time
@@ -94,6 +102,7 @@ def median_after_first(sessions: list[Session], tag: str) -> float:
 
 
 def our_sps(script: str, steps: int, *flags: str) -> float:
+    """SPS of one run of our `script` with CleanRL's Atari settings and `flags`."""
     command, *settings = OURS[script]
     return steps_per_second(
         script_sessions(
@@ -119,17 +128,20 @@ def cleanrl_sps(
     python: str | None = None,
     pythonpath: str = "",
     cuda: bool = False,
+    envpool: bool = False,
 ) -> float:
     """SPS of CleanRL's `script` in `folder` (its run.py launcher), under `python` (default: the
-    folder's .venv) with `pythonpath` first on its path."""
+    folder's .venv, or .venv-envpool with `envpool`) with `pythonpath` first on its path."""
     with tempfile.TemporaryDirectory() as run_dir:
+        venv = ".venv-envpool" if envpool else ".venv"
         launcher = [
-            python or str(folder / ".venv/bin/python"),
+            python or str(folder / venv / "bin/python"),
             str(folder / "run.py"),
-            str(folder / CLEANRL_OF[script]),
+            str(folder / (CLEANRL_ENVPOOL_OF if envpool else CLEANRL_OF)[script]),
         ]
         cuda_flag = "--cuda" if cuda else "--no-cuda"
-        flags = ["--env-id", ENV_ID, "--total-timesteps", str(steps), "--num-envs", "8", cuda_flag]
+        env_id = ENVPOOL_ID if envpool else ENV_ID
+        flags = ["--env-id", env_id, "--total-timesteps", str(steps), "--num-envs", "8", cuda_flag]
         environment = {**os.environ, "PYTHONPATH": pythonpath}
         subprocess.run(
             [*launcher, *flags], cwd=run_dir, check=True, capture_output=True, env=environment
@@ -144,7 +156,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--scripts", nargs="+", default=list(OURS), choices=list(OURS))
     parser.add_argument("--cleanrl", type=Path, default=None)
+    parser.add_argument("--envpool", action="store_true")
     options = parser.parse_args()
+    backend = ("--env-backend", "envpool") if options.envpool else ()
     print(
         f"| script | SPS | SB3 SPS | ratio |{' CleanRL SPS | ratio |' if options.cleanrl else ''}"
     )
@@ -152,10 +166,12 @@ def main() -> None:
     for script in options.scripts:
         ours, sb3, cleanrl = [], [], []
         for _ in range(options.repeats):
-            ours.append(our_sps(script, options.steps))
+            ours.append(our_sps(script, options.steps, *backend))
             sb3.append(sb3_sps(script, options.steps))
             if options.cleanrl:
-                cleanrl.append(cleanrl_sps(options.cleanrl, script, options.steps))
+                cleanrl.append(
+                    cleanrl_sps(options.cleanrl, script, options.steps, envpool=options.envpool)
+                )
         shown = lambda values: " ".join(f"{value:,.0f}" for value in values)  # noqa: E731
         row = f"| {script} | {shown(ours)} | {shown(sb3)} | {statistics.median(ours) / statistics.median(sb3):.2f}x |"
         if options.cleanrl:

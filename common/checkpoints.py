@@ -36,6 +36,7 @@ RUN_TIME_FLAGS = (
     "wandb_entity",
 )
 RUN_TIME_FLAGS += ("numpy_rollout", "dist_backend", "checkpoint_minutes", "run_name")
+RUN_TIME_FLAGS += ("compile", "cuda_graphs")  # how the same steps run: --cuda-graphs needs a GPU
 EVALUATION_FLAGS = (
     "eval_checkpoint",
     "seed",
@@ -52,7 +53,7 @@ EVALUATION_FLAGS += (
     "capture_video",
     "video_every",
 )
-EVALUATION_FLAGS += ("track", "wandb_project_name", "wandb_entity")
+EVALUATION_FLAGS += ("track", "wandb_project_name", "wandb_entity", "compile", "cuda_graphs")
 
 
 def save(

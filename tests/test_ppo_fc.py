@@ -855,6 +855,7 @@ def test_capture_video_writes_an_mp4(tmp_path):
         (["--norm-reward-clip", "0"], "--norm-reward-clip must be positive"),
         (["--seed", "-1"], "--seed must be zero or more"),
         (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
+        (["--cuda-graphs"], "--cuda-graphs needs a CUDA GPU"),  # CI has none
     ],
 )
 def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, message):
@@ -1249,3 +1250,50 @@ def test_an_atari_episode_is_a_game_with_its_raw_score(tmp_path):
         sorted(result.episode_returns) == sorted(score for _, score in games)
         and sum(result.episode_returns) > 0
     )
+
+
+def test_compile_trains_the_policy_the_script_trains_without_it(tmp_path):
+    # The compiled action step acts (no NumPy copy) and the compiled minibatch step updates; float rounding may differ.
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    runs = {
+        flag: ppo_fc.train(
+            quick_args(
+                tmp_path / str(flag), env_id="CartPole-v1", total_timesteps=1024, compile=flag
+            )
+        )
+        for flag in (False, True)
+    }
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # the policy and the update
+    assert runs[True].episode_returns == runs[False].episode_returns
+    for kept, compiled in zip(
+        runs[False].agent.parameters(), runs[True].agent.parameters(), strict=True
+    ):
+        torch.testing.assert_close(compiled, kept, rtol=1e-4, atol=1e-5)
+    eager, compiled = (read_scalars(runs[flag].run_dir) for flag in (False, True))
+    for tag in ("losses/value_loss", "losses/policy_loss", "losses/approx_kl"):
+        np.testing.assert_allclose(
+            [value for _, value in compiled[tag]],
+            [value for _, value in eager[tag]],
+            rtol=1e-3,
+            atol=1e-6,
+        )
+
+
+def test_a_checkpoint_of_a_gpu_run_with_cuda_graphs_evaluates_and_resumes_on_a_cpu(tmp_path):
+    # --compile and --cuda-graphs say how the same steps run: the command line decides them. A --cuda-graphs run's
+    # checkpoint (made here by editing one: CI has no GPU) was refused on a CPU, as if the CPU had been asked for them.
+    settings = dict(
+        env_id="Probe1-v0", total_timesteps=2 * 512, checkpoint_every=1, save_model=True
+    )
+    run = ppo_fc.train(quick_args(tmp_path, **settings)).run_dir / "checkpoints"
+    for name in ("step_512.pt", "latest.pt"):
+        checkpoint = torch.load(run / name, weights_only=True)
+        checkpoint["args"].update(compile=True, cuda_graphs=True)
+        torch.save(checkpoint, run / name)
+    evaluation = ppo_fc.Args(
+        eval_checkpoint=str(run / "latest.pt"), eval_episodes=1, progress=False
+    )
+    assert len(ppo_fc.evaluate_checkpoint(evaluation)) == 1
+    resumed = ppo_fc.train(ppo_fc.Args(resume=str(run / "step_512.pt"), progress=False))
+    assert resumed.global_step == 1024
