@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 
 from benchmark.atari_speed import ENV_ID, OURS, cleanrl_sps, median_after_first, script_sessions
+from benchmark.cnn_floor import rollout_floor_seconds
 from benchmark.events import load_sessions, merged_scalars, steps_per_second
 from benchmark.recurrent_floor import floor_agent, median_seconds
 from benchmark.registry import REPO
@@ -173,6 +174,7 @@ def envpool_speed(options: argparse.Namespace) -> None:
                 for name, command in LEANRL.items()
             }
         )
+    runs = {name: runs[name] for name in options.envpool_runs or runs if name in runs}
     for _ in range(options.repeats):
         for name, measure in runs.items():
             try:  # a run that fails is reported, and the others run
@@ -214,6 +216,16 @@ def envpool_speed(options: argparse.Namespace) -> None:
             line for line in (evaluated.stdout + evaluated.stderr).splitlines() if "return" in line or "error" in line
         ],
     )  # fmt: skip
+
+
+def envpool_floor(options: argparse.Namespace) -> None:
+    """Section 6: what ppo_fc's EnvPool rollout cannot go below on this machine: EnvPool's games
+    alone on random actions, and with the agent's forward on the GPU for each step
+    (`benchmark.cnn_floor`), seconds per iteration of 1,024 steps."""
+    flags = ["--env-id", ENV_ID, *OURS["ppo_fc"][1:], "--env-backend", "envpool"]
+    games = rollout_floor_seconds("ppo_fc", flags, agent_acts=False)
+    with_agent = rollout_floor_seconds("ppo_fc", flags, device="cuda")
+    report(options.out, "envpool_floor", games_s=games, games_and_agent_s=with_agent)
 
 
 def seconds_per_call(step: Callable[[], object], device: torch.device) -> float:
@@ -354,6 +366,7 @@ SECTIONS = {
     "checkpoints": checkpoints_on_cpu,
     "update": update_and_act,
     "envpool": envpool_speed,
+    "envpool_floor": envpool_floor,
 }
 
 
@@ -370,6 +383,9 @@ def main() -> None:
     )
     parser.add_argument("--leanrl-python", default=sys.executable)
     parser.add_argument("--leanrl-pythonpath", default="")
+    parser.add_argument(
+        "--envpool-runs", nargs="+", choices=[*ENVPOOL_VARIANTS, *LEANRL], help="section 5's runs"
+    )
     parser.add_argument("--cleanrl-pythonpath", default="")
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument(

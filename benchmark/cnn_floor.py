@@ -66,9 +66,16 @@ def update_floor_seconds(
     return seconds, torch.get_num_threads()
 
 
-def rollout_floor_seconds(script_name: str, flags: list[str], repeats: int = 5) -> float:
-    """Seconds of an iteration's rollout that EnvPool's games and the agent's forward take alone
-    (the median of `repeats` rollouts)."""
+def rollout_floor_seconds(
+    script_name: str,
+    flags: list[str],
+    repeats: int = 5,
+    device: str = "cpu",
+    agent_acts: bool = True,
+) -> float:
+    """Seconds of an iteration's rollout that EnvPool's games and the agent's forward (on `device`)
+    take alone (the median of `repeats` rollouts); without `agent_acts`, the games alone, on random
+    actions."""
     import envpool
 
     script, args, agent = floor_agent(script_name, flags)
@@ -84,19 +91,27 @@ def rollout_floor_seconds(script_name: str, flags: list[str], repeats: int = 5) 
     recurrent = script_name == "ppo_lstm"
     state = agent.initial_state(args.num_envs) if recurrent else None
     no_starts = torch.zeros((1, args.num_envs), dtype=torch.bool)
-    agent.eval()
+    agent.eval().to(device)
+    state = None if state is None else state.to(device)
+    no_starts = no_starts.to(device)
+    random_actions = np.random.default_rng(0).integers(
+        0, agent.action_size, (args.num_steps, args.num_envs)
+    )
 
     @torch.no_grad()
     def rollout() -> None:
         nonlocal frames, state
-        for _ in range(args.num_steps):
-            x = observation_tensor(frames.reshape(args.num_envs, *observation_space.shape))
+        for step in range(args.num_steps):
+            if not agent_acts:
+                frames = pool.step(random_actions[step].astype(np.int32))[0]
+                continue
+            x = observation_tensor(frames.reshape(args.num_envs, *observation_space.shape), device)
             if recurrent:
                 actor_out, _, state = agent(x[None], state, no_starts)
                 actor_out = actor_out[0]
             else:
                 actor_out, _ = agent(x)
-            frames = pool.step(actor_out.argmax(-1).numpy().astype(np.int32))[0]
+            frames = pool.step(actor_out.argmax(-1).cpu().numpy().astype(np.int32))[0]
 
     seconds = median_seconds(rollout, repeats)
     pool.close()
