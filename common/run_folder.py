@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+from common.errors import UsageError
+
 
 def run_name(env_id: str, exp_name: str, seed: int) -> str:
     """CleanRL's run name, `{env_id}__{exp_name}__{seed}__{unix time}`, with `/` and `:` of the env id made safe.
@@ -21,7 +23,12 @@ def create_run_folder(run_dir: str | Path, name: str, ending: str = "") -> Path:
     """Create `run_dir/{name}{ending}` and return it; if it exists (two runs started in the same
     second), `{name}_2{ending}`, `{name}_3{ending}`, ... instead. Creation is atomic: two processes
     never share a folder."""
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(
+            f"--run-dir {str(run_dir)!r} is a file, or inside one: give a folder"
+        ) from None
     for suffix in ("", *(f"_{n}" for n in range(2, 10_000))):
         folder = Path(run_dir) / f"{name}{suffix}{ending}"
         try:

@@ -206,6 +206,13 @@ def test_run_folders_started_in_the_same_second_get_a_suffix(tmp_path):
     assert create_run_folder(tmp_path, "x", "__eval").name == "x_2__eval"  # still ends in __eval
 
 
+def test_a_run_dir_that_is_a_file_is_refused_in_one_line(tmp_path):
+    (tmp_path / "runs").write_text("a file")
+    for run_dir in (tmp_path / "runs", tmp_path / "runs" / "below"):
+        with pytest.raises(UsageError, match="is a file, or inside one"):
+            create_run_folder(run_dir, "x")
+
+
 def test_recordings_never_take_an_existing_path(tmp_path, capsys):
     assert new_recording_folder(tmp_path / "a.npz") == tmp_path / "a.npz"  # created
     assert new_recording_folder(tmp_path / "a.npz") == tmp_path / "a_2.npz"  # a folder there
