@@ -116,7 +116,7 @@ class Args:
     async_envs: bool = False
     """if toggled, run the environments in subprocesses (gymnasium's AsyncVectorEnv)"""
     torch_threads: int | None = None
-    """CPU threads for torch (default: all for a CNN or 256-unit layers, else 1; 0: torch's)"""
+    """CPU threads for torch (default: all for layers of 256 units or more, else 1; 0: torch's)"""
     progress: bool = True
     """if toggled, show a progress bar with the step count, SPS and the recent mean return"""
 

@@ -8,6 +8,7 @@ characters than before)."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import sys
@@ -227,8 +228,14 @@ def action_path(script: str) -> list[str]:
     return list(seen)
 
 
-if __name__ == "__main__":
-    names = sys.argv[1:] or list(SCRIPTS)
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description="How each script reads, in the numbers issue 40 sets goals for."
+    )
+    parser.add_argument("scripts", nargs="*", help=f"any of {', '.join(SCRIPTS)} (default: all)")
+    names = parser.parse_args().scripts or list(SCRIPTS)
+    if unknown := sorted(set(names) - set(SCRIPTS)):
+        parser.error(f"no such script: {', '.join(unknown)}")
     print("\n".join(table([read(REPO / f"{name}.py") for name in names])))
     print()
     for name in names:
@@ -243,3 +250,7 @@ if __name__ == "__main__":
             f"{name}: {len(imported)} names imported from common/, {len(used)} of its names used:"
         )
         print("    " + " ".join(name.removeprefix("common.") for name in used))
+
+
+if __name__ == "__main__":
+    main()

@@ -205,3 +205,36 @@ def test_ci_runs_the_readme_test_command():
     assert command in readme
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert "python -m pytest -n 2" in ci
+
+
+def documented_modules() -> list[str]:
+    """Every module of this repository that a page runs with `python -m` (its first part is a folder here)."""
+    modules = set()
+    for path in COMMAND_FILES:
+        for line in command_lines(path.read_text(encoding="utf-8"), inline=True):
+            words = tokens(line)
+            for i, word in enumerate(words[:-2]):
+                if Path(word).name in ("python", "python3") and words[i + 1] == "-m":
+                    if (REPO / words[i + 2].split(".")[0]).is_dir():
+                        modules.add(words[i + 2])
+    return sorted(modules)
+
+
+def test_the_documented_modules_are_found():
+    assert {"benchmark", "benchmark.readability", "common.trajectories"} <= set(
+        documented_modules()
+    )
+
+
+@pytest.mark.parametrize("module", documented_modules())
+def test_every_documented_module_answers_help(module):
+    # `python -m benchmark.readability --help` once read "--help" as a script's name and ended in a traceback.
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage" in (done.stdout + done.stderr).lower()
