@@ -582,12 +582,17 @@ PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 def rollout_policy(
-    agent: Agent, numpy_rollout: bool, obs: np.ndarray, noise: np.ndarray, fast: capture.StandIn
+    agent: Agent,
+    numpy_rollout: bool,
+    obs: np.ndarray,
+    noise: np.ndarray,
+    fast: capture.StandIn | None = None,
 ) -> tuple[PolicyFunction, bool]:
     """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a
     NumPy copy (with `numpy_rollout`: recorded from the torch policy and checked against it on the
     rollout's first `obs` and `noise`). With --compile or --cuda-graphs, `fast` calls the policy."""
     device = next(agent.parameters()).device
+    fast = fast or capture.StandIn(compile=False, cuda_graph=False)
 
     @torch.no_grad()
     def policy(obs: Tensor, noise: Tensor) -> Tensor:

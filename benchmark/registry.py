@@ -123,6 +123,10 @@ PPO_UNMATCHED = {
     **SHARED_UNMATCHED,
     **dict.fromkeys(("sampling_method", "temperature", "sampling_k"), RUN_PLUMBING),
     "numpy_rollout": "how the rollout computes the same policy (checked against torch every iteration), not what",
+    **dict.fromkeys(
+        ("compile", "cuda_graphs"),
+        "how the script runs its action and minibatch steps (compiled, or replayed as CUDA graphs), not what they are",
+    ),
     "dist_backend": "the process group's backend under torchrun: how ranks exchange values, not what is computed",
     "env_backend": "how the script steps Atari games (gymnasium's wrappers or EnvPool); SB3 steps its own AtariWrapper",
     "bootstrap_truncation": "SB3's PPO always bootstraps truncated episodes from their last observation's value, as "
@@ -173,7 +177,11 @@ def transformer_ppo_sb3_settings(args: Any) -> dict[str, Any]:
 
 
 TRANSFORMER_PPO_UNMATCHED = {
-    **{name: reason for name, reason in PPO_UNMATCHED.items() if name != "numpy_rollout"},
+    **{
+        name: reason
+        for name, reason in PPO_UNMATCHED.items()
+        if name not in ("numpy_rollout", "compile", "cuda_graphs")
+    },
     **dict.fromkeys(
         ("d_model", "n_heads", "n_layers", "context_len"),
         "RecurrentPPO has an LSTM, not a transformer: the counterpart's memory is the memory suite reference's LSTM",

@@ -41,9 +41,10 @@ def check(cuda_graphs: bool, cuda: bool) -> None:
 class StandIn:
     """One function of a script, compiled (`compile`), replayed as a CUDA graph (`cuda_graph`), or
     both: made from `function` at the first call (`__call__(function, *args)`), then called in its
-    place. `keep`: the modules and optimizers the function changes (an update), which the warm-up
-    calls before a graph's capture leave as they were. Returns tensors of its own (a graph's output
-    buffers are cloned)."""
+    place (the `function` of later calls is not looked at: it must compute the same; without either
+    flag, each call is `function(*args)`). `keep`: the modules and optimizers the function changes
+    (an update), which the warm-up calls before a graph's capture leave as they were. Returns
+    tensors of its own (a graph's output buffers are cloned)."""
 
     def __init__(
         self,
@@ -60,6 +61,8 @@ class StandIn:
         return self.compile or self.cuda_graph
 
     def __call__(self, function: Callable[..., Any], *args: Any) -> Any:
+        if not self.enabled:
+            return function(*args)
         if self._call is None:
             self._call = self._make(function, args)
         for group, learning_rate in self._learning_rates:
