@@ -50,7 +50,7 @@ QUICK = [
     "tests/test_minari_export.py",
     "tests/test_capture.py",
     "tests/test_envpool.py::test_without_the_extra_the_error_says_how_to_install_it",
-    "tests/test_docs.py::test_ci_runs_the_readme_test_command",
+    "tests/test_docs.py::test_ci_runs_the_readme_test_commands",
     "tests/test_packaging.py",
 ]
 
