@@ -12,6 +12,7 @@ names the flag."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -71,6 +72,8 @@ class StandIn:
 
     def _make(self, function: Callable[..., Any], args: tuple) -> Callable[..., Any]:
         if self.compile:
+            # the optimizer's step is compiled too: its profiler range is dropped, which Dynamo says on stderr
+            logging.getLogger(_PROFILER_NOTICE_LOGGER).addFilter(_no_profiler_notice)
             function = torch.compile(function)
         if not self.cuda_graph:
             return function
@@ -87,6 +90,13 @@ class StandIn:
                 f"--cuda-graphs: {getattr(function, '__name__', 'a step')} could not be captured as a CUDA graph "
                 f"({first_line}): run without --cuda-graphs"
             ) from error
+
+
+_PROFILER_NOTICE_LOGGER = "torch._dynamo.variables.ctx_manager"
+
+
+def _no_profiler_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Profiler record function")
 
 
 def _graphed(

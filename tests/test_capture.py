@@ -2,11 +2,12 @@
 needs of them is checked on a GPU (docs/ppo_fc.md, "On a GPU")."""
 
 import copy
+import logging
 
 import torch
 import torch.nn as nn
 
-from common.capture import StandIn, _state_kept
+from common.capture import _PROFILER_NOTICE_LOGGER, StandIn, _state_kept
 
 
 def _step(network: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -64,3 +65,19 @@ def test_a_stand_in_without_its_flags_is_the_function_itself_and_with_compile_a_
     torch.testing.assert_close(compiled(function, x), function(x))
     torch.testing.assert_close(compiled(function, x + 1), function(x + 1))
     assert counters["stats"]["unique_graphs"] == 1  # compiled once, for both calls
+
+
+def test_with_compile_dynamo_s_line_about_the_optimizer_s_profiler_range_is_not_shown():
+    # A compiled update step printed "Profiler record function ... will be ignored" beside the script's own lines.
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger(_PROFILER_NOTICE_LOGGER)
+    logger.addHandler(handler)
+    try:
+        StandIn(True, False)(torch.sin, torch.zeros(2))
+        logger.warning("Profiler record function %s will be ignored", "record_function")
+        logger.warning("another warning")
+    finally:
+        logger.removeHandler(handler)
+    assert [record.getMessage() for record in records] == ["another warning"]
