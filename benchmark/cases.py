@@ -475,8 +475,8 @@ SUITES: dict[str, Suite] = {
     # a cue beyond ppo_transformer.py's receptive field, with and without --prev-action-reward,
     # beside ppo_lstm.py
     "memory-length": Suite(MEMORY_LENGTH_CASES, (1, 2), eval_episodes=20),
-    # ppo_lstm.py on CartPole-v1 at 500k with and without --norm-adv, 8 seeds (docs/ppo_lstm.md)
-    "lstm-norm-adv": Suite(LSTM_CARTPOLE_NORM_ADV, tuple(range(1, 9)), eval_episodes=10),
+    # ppo_lstm.py on CartPole-v1 at 500k with and without --norm-adv, 10 seeds (docs/ppo_lstm.md)
+    "lstm-norm-adv": Suite(LSTM_CARTPOLE_NORM_ADV, tuple(range(1, 11)), eval_episodes=10),
     # ppo_lstm.py without --norm-adv on the memory suite and on the breadth suite's ppo_lstm cases
     "memory-lstm-no-norm-adv": Suite(LSTM_MEMORY_WITHOUT_NORM_ADV, (1, 2, 3), eval_episodes=20),
     "popgym-easy-lstm-no-norm-adv": Suite(LSTM_BREADTH_WITHOUT_NORM_ADV, (1, 2), eval_episodes=20),
