@@ -1292,7 +1292,10 @@ def test_a_checkpoint_of_a_gpu_run_with_cuda_graphs_evaluates_and_resumes_on_a_c
         checkpoint["args"].update(compile=True, cuda_graphs=True)
         torch.save(checkpoint, run / name)
     evaluation = ppo_fc.Args(
-        eval_checkpoint=str(run / "latest.pt"), eval_episodes=1, progress=False
+        eval_checkpoint=str(run / "latest.pt"),
+        eval_episodes=1,
+        progress=False,
+        run_dir=str(tmp_path / "eval"),
     )
     assert len(ppo_fc.evaluate_checkpoint(evaluation)) == 1
     resumed = ppo_fc.train(ppo_fc.Args(resume=str(run / "step_512.pt"), progress=False))

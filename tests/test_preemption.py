@@ -132,7 +132,7 @@ def test_a_stop_signal_while_evaluating_a_checkpoint_ends_it_with_its_status(tmp
         "--eval-checkpoint",
         str(run / "checkpoints" / "latest.pt"),
     ]
-    command += ["--eval-episodes", "100000", "--no-progress"]
+    command += ["--eval-episodes", "100000", "--no-progress", "--run-dir", str(runs)]
     process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while len(list(runs.iterdir())) < 2 and time.time() < deadline:  # its run folder
