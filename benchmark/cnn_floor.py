@@ -95,7 +95,7 @@ def rollout_floor_seconds(
     state = None if state is None else state.to(device)
     no_starts = no_starts.to(device)
     random_actions = np.random.default_rng(0).integers(
-        0, agent.action_size, (args.num_steps, args.num_envs)
+        0, agent.action_size, (args.num_steps, args.num_envs), dtype=np.int32
     )
 
     @torch.no_grad()
@@ -103,7 +103,7 @@ def rollout_floor_seconds(
         nonlocal frames, state
         for step in range(args.num_steps):
             if not agent_acts:
-                frames = pool.step(random_actions[step].astype(np.int32))[0]
+                frames = pool.step(random_actions[step])[0]
                 continue
             x = observation_tensor(frames.reshape(args.num_envs, *observation_space.shape), device)
             if recurrent:

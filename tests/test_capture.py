@@ -55,9 +55,8 @@ def test_a_stand_in_without_its_flags_is_the_function_itself_and_with_compile_a_
     x = torch.linspace(0, 1, 5)
     plain = StandIn(False, False)
     assert torch.equal(plain(function, x), function(x))
-    assert torch.equal(
-        plain(torch.cos, x), torch.cos(x)
-    )  # each call's own function: an edit is never ignored
+    # each call's own function: an edit is never ignored
+    assert torch.equal(plain(torch.cos, x), torch.cos(x))
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
