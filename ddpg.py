@@ -98,7 +98,7 @@ class Args:
     checkpoint_every: int = 0
     """write a checkpoint every this many vector steps (0: only at the end, with --save-model)"""
     save_buffer: bool = False
-    """if toggled, write the replay buffer by each checkpoint (.npz): --resume goes on exactly"""
+    """if toggled, every checkpoint keeps the replay buffer (.npz), as a stop signal's does: exact --resume"""
     checkpoint_minutes: float = 10.0
     """also write latest.pt every this many minutes of training (0: never): what a kill can lose"""
     run_name: str | None = None
@@ -297,7 +297,10 @@ def train(args: Args) -> TrainResult:
 
     def write_checkpoint(iteration: int) -> Path:  # with the replay buffer in a file beside it
         folder = run.path / "checkpoints"
-        buffer_name = write_buffer(rb, folder, global_step) if args.save_buffer else None
+        # A stop's checkpoint is the one a requeued job resumes, and a run resumed with another
+        # buffer is another run; periodic ones cost a full buffer's write each (docs/ddpg.md).
+        keep_buffer = args.save_buffer or run.stopped
+        buffer_name = write_buffer(rb, folder, global_step) if keep_buffer else None
         state = {**saved, "buffer": buffer_name}
         path = run.save(iteration, global_step, state, **carried)
         remove_older_buffers(folder, global_step)  # once a checkpoint names the new one
@@ -448,28 +451,28 @@ def write_buffer(rb: ReplayBuffer, folder: Path, global_step: int) -> str:
 
 
 def remove_older_buffers(folder: Path, global_step: int) -> None:
-    """One buffer on disk (a full MuJoCo one is 168 MB): the ones of earlier steps go. A later one
-    stays: it belongs to the run this one was resumed from an earlier checkpoint of."""
+    """One buffer on disk (a full MuJoCo one is 168 MB): once `latest.pt` of `global_step` is
+    written (it names this step's buffer or none), the ones of earlier steps go. A later one stays:
+    it belongs to the run this one was resumed from an earlier checkpoint of."""
     for older in folder.glob("buffer_step_*.npz"):
         if int(older.stem.removeprefix("buffer_step_")) < global_step:
             older.unlink()
 
 
 def restore_buffer(rb: ReplayBuffer, run: Run) -> None:
-    """The replay buffer of the checkpoint --resume continues, if it was written (--save-buffer) and
-    is still there; else a notice, and the run goes on with an empty one."""
+    """The replay buffer of the checkpoint --resume continues, if it was written (a stop signal's
+    checkpoint, or any with --save-buffer) and is still there; else a notice, and the run goes on
+    with an empty one."""
     name = run.checkpoint.get("buffer")
     buffer_path = run.path / "checkpoints" / str(name or "")
     if name and buffer_path.is_file():
         with np.load(buffer_path, allow_pickle=False) as stored:
             rb.restore(dict(stored))
         return
-    why = "has none"
+    why = "holds no replay buffer (a stop signal's checkpoint does; the others with --save-buffer)"
     if name:
-        why = "is gone (only the newest checkpoint's buffer is kept)"
-    cli.notice(
-        f"{run.args.resume}'s replay buffer {why} (see --save-buffer): the resumed run starts with an empty one"
-    )
+        why = f"names {name}, which is gone (each checkpoint removes the buffers of earlier steps)"
+    cli.notice(f"{run.args.resume} {why}: the resumed run starts with an empty buffer")
 
 
 def evaluate(

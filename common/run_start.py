@@ -291,26 +291,32 @@ class Run:
         )  # fmt: skip
 
     def iteration_done(self, iteration: int, global_step: int, **carried: np.ndarray) -> bool:
-        """After each iteration, with where the loop stands (and the envs' `next_obs`): a checkpoint
-        of `saved` if one is due (--checkpoint-every, --checkpoint-minutes; see `save`), then
-        whether to stop: Ctrl-C or a stop signal (`common.interrupt`) on any rank stops every rank
-        after the same iteration. The next iteration's timing starts."""
+        """After each iteration, with where the loop stands (and the envs' `next_obs`): whether to
+        stop (`stopped`): Ctrl-C or a stop signal (`common.interrupt`) on any rank stops every rank
+        after the same iteration, and `end` writes its checkpoint; else a checkpoint of `saved` if
+        one is due (--checkpoint-every, --checkpoint-minutes; see `save`). The next iteration's
+        timing starts."""
         self._loop_state = (global_step, carried)
         self.global_step = global_step
         # one decision for every rank, whether a signal reached one or all of them
         signum, time_due = distributed.max_over_ranks(self.interrupt.signum, self.saving.time_due())
-        self.saving.iteration_done(iteration, bool(time_due))
         # only ever set here: a signal handled as the all-reduce returns (most land while a rank
         # waits in it) is not in this decision, and stays asked for the next one
         if signum:
             self.interrupt.requested, self.interrupt.signum = True, int(signum)
         self.stopped = bool(signum)
+        # A stopped run's checkpoint is the stop's, written by `end`, in place of one due now: it
+        # is the one resumed from, so it keeps what only a stop's holds (ddpg's replay buffer)
+        # and its step_N.pt, which a checkpoint due by time alone would not write.
+        if not self.stopped:
+            self.saving.iteration_done(iteration, bool(time_due))
         self.log.iteration_started()  # the next one's
         return self.stopped
 
     def end(self, iteration: int) -> None:
-        """After the loop: the last checkpoint (--save-model, or a stop signal),
-        and the trajectory recording's last steps. `global_step` is then the loop's last."""
+        """After the loop: the last checkpoint (--save-model, or a stop signal: `stopped` is then
+        True as it is written), and the trajectory recording's last steps. `global_step` is then
+        the loop's last."""
         self.global_step = self._loop_state[0]
         self.saving.run_ended(iteration, self.stopped)
         self.recorder.save()

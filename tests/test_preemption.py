@@ -403,3 +403,62 @@ def test_checkpoints_by_wall_clock_keep_latest_alone(tmp_path, monkeypatch):
     assert written == [(512 * i, False) for i in range(1, 9)]
     assert [p.name for p in (result.run_dir / "checkpoints").iterdir()] == ["latest.pt"]
     assert torch.load(result.checkpoint, weights_only=True)["global_step"] == 8 * 512
+
+
+DDPG_JOB = dict(
+    learning_starts=100, buffer_size=500, batch_size=64, hidden_size=32, eval_episodes=0
+)
+
+
+@pytest.mark.parametrize(
+    "steps, checkpoints_due",
+    [
+        (800, ["--checkpoint-minutes", "0"]),  # the stop's checkpoint alone
+        # a checkpoint due after every iteration, the stop's too: latest.pt alone by time, step_N.pt by iterations
+        (400, ["--checkpoint-minutes", "1e-6"]),
+        (400, ["--checkpoint-minutes", "0", "--checkpoint-every", "1"]),
+    ],
+    ids=["stop-only", "due-by-time", "due-by-iterations"],
+)  # fmt: skip
+def test_ddpg_stopped_without_save_buffer_resumes_as_the_uninterrupted_run(
+    tmp_path, steps, checkpoints_due
+):
+    # A requeued job: SIGTERM part-way, then the same command. Without --save-buffer periodic checkpoints hold no
+    # buffer, but the stop's, even where one was due anyway, must: a run resumed with an empty buffer is another run.
+    import ddpg
+
+    settings = {**DDPG_JOB, "total_timesteps": steps}
+    runs, flags = tmp_path / "runs", []
+    for name, value in settings.items():
+        flags += ["--" + name.replace("_", "-"), str(value)]
+    command = [sys.executable, "ddpg.py", *flags, *checkpoints_due, "--no-progress"]
+    command += ["--run-dir", str(runs), "--run-name", "job", "--resume", "auto"]
+    process = subprocess.Popen(
+        command, cwd=REPO, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        events = list((runs / "job").glob("events.*"))
+        if (
+            events and events[0].stat().st_size > 1950
+        ):  # step 200 logged: learning, the buffer wrapped
+            break
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    folder = runs / "job" / "checkpoints"
+    stopped = torch.load(folder / "latest.pt", weights_only=True)
+    step = stopped["global_step"]
+    assert 100 < step < steps and (folder / f"step_{step}.pt").is_file()
+    assert stopped["buffer"] == f"buffer_step_{step}.npz"
+    assert [path.name for path in folder.glob("*.npz")] == [stopped["buffer"]]  # one on disk
+    resumed = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert resumed.returncode == 0 and "empty buffer" not in resumed.stderr, resumed.stderr[-3000:]
+    assert not list(folder.glob("*.npz"))  # the end's checkpoint, without --save-buffer, has none
+    whole = ddpg.train(ddpg.Args(**settings, run_dir=str(tmp_path / "whole"), progress=False))
+    episodes, parameters = episodes_and_parameters(runs / "job")
+    whole_episodes, whole_parameters = episodes_and_parameters(whole.run_dir)
+    assert len(episodes) == steps // 200 and episodes == whole_episodes
+    for name, value in whole_parameters.items():
+        torch.testing.assert_close(parameters[name], value, rtol=0, atol=0, msg=name)
