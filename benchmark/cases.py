@@ -27,6 +27,33 @@ class Published:
 
 
 @dataclass(frozen=True)
+class CleanRLPublished:
+    """CleanRL's published result for its own script on a task (its Open RL Benchmark tables,
+    docs/benchmark/*.md of CleanRL's repository): the mean ± std over seeds of its training episodic
+    return at the end of `steps`, and the minutes a run took. A case judged against it ("published")
+    passes where its mean last-100 training return over seeds reaches `mean - std`."""
+
+    script: str
+    """CleanRL's script, e.g. ppo_continuous_action.py"""
+    env_id: str
+    """the id CleanRL ran (MuJoCo v4 where the case runs v5)"""
+    mean: float
+    std: float
+    minutes: float | None = None
+    """its published run time per run (None: not published)"""
+    tag: str = "pr-424"
+    """the Open RL Benchmark tag of the runs"""
+
+    @property
+    def bound(self) -> float:
+        return self.mean - self.std
+
+    @property
+    def source(self) -> str:
+        return f"CleanRL's {self.script} on {self.env_id} ({self.tag})"
+
+
+@dataclass(frozen=True)
 class ReferenceRuns:
     """Runs of a fixed-settings baseline (`benchmark.registry.REFERENCES`) on the case's env and
     steps."""
@@ -78,24 +105,27 @@ class Case:
     """PASS when every seed's return (see `judged_on`) reaches this (None: no verdict)"""
     flags: tuple[str, ...] = ()
     """command-line flags that differ from the script's defaults"""
-    judged_on: Literal["training", "reached", "eval", "reference"] = "training"
+    judged_on: Literal["training", "reached", "eval", "reference", "published"] = "training"
     """what the threshold applies to: the mean of the last 100 training episodes at the end ("training"), that mean
     at any point within the budget ("reached": the steps-to-threshold column), or the mean of the deterministic
     evaluation after training ("eval"); "reference": the mean over seeds of that evaluation, against a threshold the
-    harness derives from `reference` (`REFERENCE_MARGIN`)"""
+    harness derives from `reference` (`REFERENCE_MARGIN`); "published": the mean over seeds of the training return,
+    against a `CleanRLPublished` reference's mean less its std"""
     compare_with: str | None = None
     """another script, run in the same benchmark on the same env and steps with every setting the two share (see
     `benchmark.registry.same_settings_flags`), whose SPS this case's is divided by"""
 
-    reference: Published | ReferenceRuns | Learned | SameRun | None = None
-    """with judged_on "reference": what the case is judged against; runs of a reference are also timed against the
-    case in the speed table"""
+    reference: Published | ReferenceRuns | Learned | SameRun | CleanRLPublished | None = None
+    """with judged_on "reference" or "published": what the case is judged against; runs of a reference are also
+    timed against the case in the speed table"""
     task_max: float | None = None
     """the highest return the task can give: with the random policy's return (measured by the harness), its range"""
     window: int = LAST_EPISODES
     """the training return is the mean of the last this many episodes (fewer where a run holds few episodes)"""
     nproc: int = 1
     """processes under torchrun for the script's runs (1: plain python)"""
+    seeds: tuple[int, ...] | None = None
+    """the case's own seeds, in place of its suite's (--seeds replaces both)"""
 
     @property
     def key(self) -> str:
@@ -406,6 +436,71 @@ TRANSFORMER_ATARI = Case(
     compare_with="ppo_lstm",
 )  # fmt: skip
 
+# The published suites (docs/benchmark.md, "The MuJoCo and dm_control suite"): CleanRL's Open RL
+# Benchmark at 1M steps, tag pr-424, on MuJoCo v4 (CleanRL's docs/benchmark/ppo_continuous_action.md,
+# ppo_continuous_action_runtimes.md and ddpg.md); the cases run v5, the MuJoCo version gymnasium 1.x
+# ships. ppo_fc runs with the README's continuous line, CleanRL's ppo_continuous_action.py settings.
+PPO_CONTINUOUS_FLAGS: tuple[str, ...] = (
+    "--num-envs", "1", "--num-steps", "2048", "--num-minibatches", "32", "--update-epochs", "10",
+    "--learning-rate", "3e-4", "--ent-coef", "0", "--norm-obs", "--norm-reward",
+)  # fmt: skip
+CLEANRL_PPO_CONTINUOUS: dict[str, tuple[float, float, float]] = {
+    "HalfCheetah-v4": (1442.64, 46.03, 25.3589),
+    "Walker2d-v4": (2287.95, 571.78, 24.3157),
+    "Hopper-v4": (2382.86, 271.74, 25.7066),
+    "InvertedPendulum-v4": (963.09, 22.20, 23.7672),
+    "Humanoid-v4": (716.11, 49.08, 49.5592),
+    "Pusher-v4": (-40.38, 7.15, 28.8162),
+    "dm_control/acrobot-swingup-v0": (25.60, 6.30, 26.5793),
+    "dm_control/acrobot-swingup_sparse-v0": (1.35, 0.27, 25.1265),
+    "dm_control/ball_in_cup-catch-v0": (619.26, 278.67, 26.1947),
+}
+"""CleanRL's ppo_continuous_action.py at 1M steps: mean, std, minutes per run"""
+CLEANRL_DDPG: dict[str, tuple[float, float]] = {
+    "HalfCheetah-v4": (10374.07, 157.37),
+    "Walker2d-v4": (1240.16, 390.10),
+    "Hopper-v4": (1576.78, 818.98),
+    "InvertedPendulum-v4": (642.68, 69.56),
+    "Humanoid-v4": (1699.56, 694.22),
+    "Pusher-v4": (-77.30, 38.78),
+}
+"""CleanRL's ddpg_continuous_action.py at 1M steps: mean, std (no run times published)"""
+
+
+def v5(env_id: str) -> str:
+    """The id a case runs for CleanRL's: MuJoCo's v5 in place of v4; dm_control ids as they are."""
+    return env_id.removesuffix("-v4") + "-v5" if env_id.endswith("-v4") else env_id
+
+
+def published_case(script: str, env_id: str, published: CleanRLPublished, **kwargs) -> Case:
+    return Case(script, v5(env_id), 1_000_000, judged_on="published", reference=published, **kwargs)
+
+
+MUJOCO_PPO_CASES: tuple[Case, ...] = tuple(
+    published_case(
+        "ppo_fc",
+        env_id,
+        CleanRLPublished("ppo_continuous_action.py", env_id, mean, std, minutes),
+        flags=PPO_CONTINUOUS_FLAGS,
+        seeds=(1, 2, 3),
+    )
+    for env_id, (mean, std, minutes) in CLEANRL_PPO_CONTINUOUS.items()
+)
+DDPG_TASKS_AT_1M = ("HalfCheetah-v4", "Hopper-v4", "Walker2d-v4", "InvertedPendulum-v4")
+MUJOCO_DDPG_CASES: tuple[Case, ...] = (
+    *(
+        published_case(
+            "ddpg",
+            env_id,
+            CleanRLPublished("ddpg_continuous_action.py", env_id, *CLEANRL_DDPG[env_id]),
+            seeds=(1, 2),
+        )
+        for env_id in DDPG_TASKS_AT_1M
+    ),
+    # the spread of seeds, in a third of the budget: no published figure to judge against
+    *(Case("ddpg", v5(env_id), 300_000, seeds=(1, 2, 3)) for env_id in DDPG_TASKS_AT_1M[:2]),
+)
+
 REFERENCE_MARGIN = 0.05
 """a "reference" case passes when its mean evaluation reaches the reference's less this share of the
 task's range (maximum less the random policy's return)"""
@@ -486,6 +581,10 @@ SUITES: dict[str, Suite] = {
     # for their SPS.
     "distributed": Suite(DISTRIBUTED_CASES, (1, 2, 3)),
     "distributed-speed": Suite(DISTRIBUTED_SPEED_CASES, (1,), eval_episodes=0),
+    # ppo_fc.py and ddpg.py against CleanRL's published MuJoCo and dm_control table at 1M steps (the
+    # [mujoco] and [dmc] extras); each case has its seeds. Days on a CPU: give it --out and run the
+    # same command again after a stop (docs/benchmark.md).
+    "mujoco": Suite((*MUJOCO_PPO_CASES, *MUJOCO_DDPG_CASES), (1,)),
 }
 
 # Steps of a (script, env) pair that has no row in CASES.

@@ -147,12 +147,13 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(found)
 
 
-RUN_NAME = re.compile(r"^(?P<env>.+?)__(?P<exp>.+)__(?P<seed>-?\d+)__(?P<time>\d+)$")
+RUN_NAME = re.compile(r"^(?P<env>.+?)__(?P<exp>.+?)__(?P<seed>-?\d+)(__(?P<time>\d+))?$")
 
 
 def parse_run_name(name: str) -> tuple[str, str, int | None]:
     """(env id as written in the name, exp name, seed) from `{env_id}__{exp_name}__{seed}__{unix
-    time}`; a folder named otherwise is its own exp name, with env "?" and no seed."""
+    time}`, or the harness's `{env_id}__{exp_name}__{seed}` (`benchmark.jobs.RESUMABLE`); a folder
+    named otherwise is its own exp name, with env "?" and no seed."""
     match = RUN_NAME.match(name)
     if match is None:
         return "?", name, None
@@ -190,6 +191,9 @@ class RunSummary:
     """the largest system/rss_mb record"""
     sessions: int = 0
     """how many writers the run had: more than one when it was resumed"""
+    wall_seconds: float | None = None
+    """the run's wall-clock: from each session's first event to its last record (its evaluation included), summed
+    over sessions; start-up before the writer and the time between sessions left out"""
     window: int = LAST_EPISODES
     """the training return is the mean of the last this many episodes, and thresholds are reached by it"""
 
@@ -260,6 +264,7 @@ def summarise_run(
     if scalars.get(RSS_TAG):
         summary.peak_rss_mb = max(event.value for event in scalars[RSS_TAG])
     summary.sessions = len(sessions)
+    summary.wall_seconds = sum(session.last_record_time - session.start for session in sessions)
     return summary
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -79,6 +80,7 @@ class Run:
             "ddpg-envs",
             "ddpg-time",
             "ddpg-mujoco",
+            "mujoco",
             "distributed",
             "distributed-speed",
             "atari",
@@ -103,11 +105,12 @@ class Run:
     """a folder of stored reference runs (benchmark/registry.py REFERENCES): those stored there are reused, not run
     again (the table gives their date and commit); those missing are run and stored there as each finishes"""
     reuse_runs: str | None = None
-    """the same for the scripts' runs: a killed benchmark resumes, a comparison reuses its yardstick's runs"""
+    """the same for the scripts' runs (default <out>/finished): a comparison reuses its yardstick's runs"""
     only_baselines: bool = False
     """run the references, baselines and random-policy measurements only, not the scripts (to fill --reuse-baselines)"""
     out: str | None = None
-    """output folder (default benchmark/results/<date>_<time>); runs go to <out>/runs, their output to <out>/logs"""
+    """output folder (default benchmark/results/<date>_<time>): the same command with the same --out after a stop
+    runs only what is missing and continues the runs it cut"""
 
 
 @dataclass
@@ -193,6 +196,20 @@ def with_script_flags(cases: list[Case], script_flags: tuple[str, ...]) -> list[
         return replace(case, flags=(*case.flags, *added.get(case.script, ())), reference=reference)
 
     return [with_flags(case) for case in cases] if added else cases
+
+
+FINISHED = "finished"
+"""the folder in a benchmark's --out that keeps its finished runs (benchmark/stored.py), unless
+--reuse-runs names another"""
+RESUMABLE = ("--resume", "auto", "--run-name")
+"""how a script's job starts: its run folder's name follows, a name of its own in the job's
+--run-dir, so that the same job in the same --out goes on from the run's latest checkpoint"""
+
+
+def case_seeds(args: Run, case: Case, seeds: tuple[int, ...]) -> tuple[int, ...]:
+    """The seeds of a case's runs: the command line's --seeds, else the case's own, else `seeds`
+    (the suite's or the default)."""
+    return seeds if args.seeds is not None or case.seeds is None else case.seeds
 
 
 def eval_episodes(args: Run) -> int:
@@ -319,7 +336,7 @@ def make_jobs(
             add("random-policy", plan.random_policy_job, "random policy", case, None, command)
         for script_case in [] if args.only_baselines else scripts:
             script_launcher = launcher(script_case.nproc)
-            for seed in seeds:
+            for seed in case_seeds(args, case, seeds):
                 command = [
                     *script_launcher,
                     str(REPO / f"{script_case.script}.py"),
@@ -327,7 +344,9 @@ def make_jobs(
                     "--seed",
                     str(seed),
                 ]
-                command += ["--no-progress", *script_case.flags]
+                # the same command continues the run where an earlier benchmark's stop cut it
+                name = f"{env_name}__{script_case.script}__{seed}"
+                command += ["--no-progress", *RESUMABLE, name, *script_case.flags]
                 add("script", script_case.key, script_case.script, script_case, seed, command)
         if args.baselines:
             script = SCRIPTS[case.script]
@@ -354,6 +373,8 @@ def run_job(job: Job, logs: Path, threads: int | None = None, runs: PassedOn | N
     (OMP_NUM_THREADS, which the scripts' default --torch-threads reads, where not set already), and
     reached by the harness's stop signals through `runs`; record how it ended, then what it printed
     (raw env) or the run it made (the rest)."""
+    if job.kind == "sb3" and job.run_dir.exists():  # a baseline cut by a stop starts again
+        shutil.rmtree(job.run_dir)
     job.revision, start = git_revision(logs.parent), time.perf_counter()
     environment = {"OMP_NUM_THREADS": str(threads)} if threads else {}
     environment = {**environment, **os.environ}
@@ -384,12 +405,14 @@ def run_job(job: Job, logs: Path, threads: int | None = None, runs: PassedOn | N
 
 def portable(command: list[str]) -> list[str]:
     """A job's command less the interpreter, the run folder and the checkout's folder of a script,
-    which differ between machines and benchmarks."""
-    at = command.index("--run-dir") if "--run-dir" in command else len(command)
-    return [
-        Path(part).name if part.endswith(".py") else part
-        for part in command[1:at] + command[at + 2 :]
-    ]
+    which differ between machines and benchmarks, and less how the harness names and resumes its
+    run (`RESUMABLE`: runs stored before it had them match)."""
+    parts = command[1:]
+    for option, values in (("--run-dir", 1), (RESUMABLE[0], 1), (RESUMABLE[2], 1)):
+        if option in parts:
+            at = parts.index(option)
+            parts = parts[:at] + parts[at + 1 + values :]
+    return [Path(part).name if part.endswith(".py") else part for part in parts]
 
 
 @dataclass(frozen=True)

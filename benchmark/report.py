@@ -19,7 +19,7 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from benchmark.cases import REFERENCE_MARGIN, SPEED_THRESHOLD
+from benchmark.cases import REFERENCE_MARGIN, SPEED_THRESHOLD, CleanRLPublished
 from benchmark.events import (
     LAST_EPISODES,
     RunSummary,
@@ -109,6 +109,8 @@ class RowNumbers:
     """per seed: the seconds of training at `steps_to_threshold` (None: never)"""
     median_seconds_to_threshold: float | None = None
     """the median over seeds of those seconds (None when the median seed never reached it)"""
+    wall_minutes_mean: float | None = None
+    """mean over seeds of a run's wall-clock in minutes (`RunSummary.wall_seconds`)"""
 
 
 def row_numbers(row: Row) -> RowNumbers:
@@ -116,6 +118,7 @@ def row_numbers(row: Row) -> RowNumbers:
     last_returns = [run.last_return for run in runs if run.last_return is not None]
     evals = [run.eval_return for run in runs if run.eval_return is not None]
     sps = [run.sps for run in runs if run.sps is not None]
+    wall_minutes = [run.wall_seconds / 60 for run in runs if run.wall_seconds is not None]
     iqm_value = low = high = None
     if len(last_returns) >= MIN_SEEDS_FOR_IQM:
         iqm_value = iqm(last_returns)
@@ -136,12 +139,14 @@ def row_numbers(row: Row) -> RowNumbers:
                 row.threshold if steps is not None else -math.inf for steps in to_threshold
             ]
         else:
-            judged_returns = last_returns if row.judged_on == "training" else evals
+            on_training_return = row.judged_on in ("training", "published")
+            judged_returns = last_returns if on_training_return else evals
         passed = runs and not row.failed_seeds and len(judged_returns) == len(runs)
-        # Against a reference the mean over seeds is judged; otherwise every seed.
+        # Against a reference or a published figure the mean over seeds is judged; otherwise every
+        # seed.
         judged = (
             np.mean(judged_returns)
-            if row.judged_on == "reference" and passed
+            if row.judged_on in ("reference", "published") and passed
             else min(judged_returns, default=0)
         )
         verdict = "PASS" if passed and judged >= row.threshold else "FAIL"
@@ -180,6 +185,7 @@ def row_numbers(row: Row) -> RowNumbers:
         ),
         verdict=verdict,
         window=runs[0].window if runs else LAST_EPISODES,
+        wall_minutes_mean=float(np.mean(wall_minutes)) if wall_minutes else None,
     )
 
 
@@ -283,6 +289,8 @@ def threshold_text(numbers: RowNumbers) -> str:
         return (
             f"- (judged on the mean eval return ≥ {numbers.threshold:.4g}: see the reference table)"
         )
+    if numbers.judged_on == "published":
+        return f"- (judged on the mean training return ≥ {numbers.threshold:.6g}: see the published table)"
     reached = sum(steps is not None for steps in numbers.steps_to_threshold)
     budget = f"> {numbers.total_timesteps:,}" if numbers.total_timesteps else "beyond the budget"
     median = budget if numbers.median_beyond_budget else fmt(numbers.median_steps_to_threshold, 0)
@@ -303,6 +311,7 @@ def results_table(rows: Sequence[RowNumbers]) -> list[str]:
         "eval return (deterministic)",
         "median steps to threshold (and seconds of training)",
         "SPS",
+        "wall-clock per run (min)",
         "peak RSS (MB)",
         "result",
     ]
@@ -329,11 +338,103 @@ def results_table(rows: Sequence[RowNumbers]) -> list[str]:
                 spread(numbers.eval_return_mean, numbers.eval_return_std),
                 threshold_text(numbers),
                 spread(numbers.sps_mean, numbers.sps_std, 0),
+                fmt(numbers.wall_minutes_mean),
                 fmt(numbers.peak_rss_mb, 0),
                 numbers.verdict,
             ]
         )
     return markdown_table(header, lines)
+
+
+@dataclass
+class AgainstPublished:
+    """A case judged against a published result (`benchmark.cases.CleanRLPublished`): its figure
+    and run time beside the case's training and evaluation returns, wall-clock, SPS and memory."""
+
+    env_id: str
+    script: str
+    source: str
+    """the published script, the id it ran and its tag"""
+    published_mean: float
+    published_std: float
+    published_minutes: float | None
+    seeds: list[int | None]
+    last_return_mean: float | None
+    last_return_std: float | None
+    eval_return_mean: float | None
+    eval_return_std: float | None
+    wall_minutes_mean: float | None
+    sps_mean: float | None
+    peak_rss_mb: float | None
+    standing: str
+    """"above" its mean, "within its std", or how far short of its mean less its std"""
+    verdict: str
+
+
+def against_published(numbers: RowNumbers, published: CleanRLPublished) -> AgainstPublished:
+    """The case's line of the table against `published`."""
+    mean = numbers.last_return_mean
+    if mean is None:
+        standing = "n/a"
+    elif mean >= published.mean:
+        standing = "above its mean"
+    elif mean >= published.bound:
+        standing = "within its std"
+    else:
+        standing = f"short by {fmt(published.bound - mean)}"
+    return AgainstPublished(
+        env_id=numbers.env_id,
+        script=numbers.label,
+        source=published.source,
+        published_mean=published.mean,
+        published_std=published.std,
+        published_minutes=published.minutes,
+        seeds=numbers.seeds,
+        last_return_mean=mean,
+        last_return_std=numbers.last_return_std,
+        eval_return_mean=numbers.eval_return_mean,
+        eval_return_std=numbers.eval_return_std,
+        wall_minutes_mean=numbers.wall_minutes_mean,
+        sps_mean=numbers.sps_mean,
+        peak_rss_mb=numbers.peak_rss_mb,
+        standing=standing,
+        verdict=numbers.verdict,
+    )
+
+
+def against_published_table(rows: Sequence[AgainstPublished]) -> list[str]:
+    header = [
+        "task", "script", "seeds", "published (mean ± std)", "last-100 training return", "eval return", "standing",
+        "wall-clock per run (min): here / published", "SPS", "peak RSS (MB)", "result",
+    ]  # fmt: skip
+    lines = [
+        [
+            row.env_id,
+            row.script,
+            " ".join(map(str, row.seeds)),
+            f"{spread(row.published_mean, row.published_std, 2)} ({row.source})",
+            spread(row.last_return_mean, row.last_return_std),
+            spread(row.eval_return_mean, row.eval_return_std),
+            row.standing,
+            f"{fmt(row.wall_minutes_mean)} / {fmt(row.published_minutes)}",
+            fmt(row.sps_mean, 0),
+            fmt(row.peak_rss_mb, 0),
+            row.verdict,
+        ]
+        for row in rows
+    ]
+    return markdown_table(header, lines)
+
+
+AGAINST_PUBLISHED = [
+    "A case passes when the mean over seeds of its last-100 training return (every episode of every env, as CleanRL's "
+    "`charts/episodic_return`) reaches the published mean less the published std. The published figures are CleanRL's "
+    "Open RL Benchmark's for the tag named, on MuJoCo v4 (the cases run v5, the version gymnasium 1.x ships; "
+    "dm_control's ids are the same) at the same budget; its run times come from CleanRL's runtime tables (none is "
+    "published for DDPG). Wall-clock here: a run's time from its first event to its last record, its evaluation "
+    "included and the time between its sessions left out; runs two at a time on 2 cores share the CPU, so the "
+    "wall-clock and SPS of such a suite are not speed figures (docs/benchmark.md gives the ratio measured alone).",
+]
 
 
 def speed_table(rows: Sequence[SpeedNumbers]) -> list[str]:

@@ -18,12 +18,14 @@ from benchmark.cases import (
     REFERENCE_MARGIN,
     SPEED_THRESHOLD,
     Case,
+    CleanRLPublished,
     Learned,
     Published,
     ReferenceRuns,
     SameRun,
 )
 from benchmark.jobs import (
+    FINISHED,
     CasePlan,
     Job,
     Run,
@@ -36,12 +38,15 @@ from benchmark.jobs import (
 )
 from benchmark.registry import REPO
 from benchmark.report import (
+    AGAINST_PUBLISHED,
     AGAINST_REFERENCE,
     HOW_MEASURED,
     AgainstReference,
     Row,
     RowNumbers,
     SpeedNumbers,
+    against_published,
+    against_published_table,
     against_reference_table,
     aggregates,
     draw,
@@ -89,11 +94,7 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                     total_timesteps=case.total_timesteps,
                     flags=flags,
                     nproc=nproc,
-                    threshold=(
-                        reference_bound(case, *task_and_reference(plan, jobs))
-                        if case.judged_on == "reference"
-                        else case.threshold
-                    ),
+                    threshold=case_threshold(plan, jobs),
                     judged=judged,
                     judged_on=case.judged_on,
                     runs=[job.summary for job in group_jobs if job.summary is not None],
@@ -105,6 +106,16 @@ def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
                 )
             )
     return rows
+
+
+def case_threshold(plan: CasePlan, jobs: list[Job]) -> float | None:
+    """What the case's row is judged against: its own threshold, or the one its reference gives."""
+    case = plan.case
+    if case.judged_on == "reference":
+        return reference_bound(case, *task_and_reference(plan, jobs))
+    if case.judged_on == "published" and isinstance(case.reference, CleanRLPublished):
+        return case.reference.bound
+    return case.threshold
 
 
 def task_and_reference(plan: CasePlan, jobs: list[Job]) -> tuple[float | None, float | None]:
@@ -247,11 +258,11 @@ def run(args: Run) -> int:
         args.out or REPO / "benchmark" / "results" / datetime.now().strftime("%Y-%m-%d_%H%M%S")
     ).resolve()
     jobs, plans = make_jobs(args, cases, seeds, out)
+    # Without --reuse-runs, the output folder keeps its own finished runs: the same command again
+    # runs what is missing and continues what a stop cut.
     stores = Stores(
-        *(
-            Path(folder).resolve() if folder else None
-            for folder in (args.reuse_baselines, args.reuse_runs)
-        )
+        Path(args.reuse_baselines).resolve() if args.reuse_baselines else None,
+        Path(args.reuse_runs).resolve() if args.reuse_runs else out / FINISHED,
     )
     try:
         to_run = take_stored(jobs, stores)
@@ -290,6 +301,20 @@ def run(args: Run) -> int:
             "",
             *AGAINST_REFERENCE,
         ]
+    published = [
+        against_published(numbers[plan.case.key], plan.case.reference)
+        for plan in plans
+        if isinstance(plan.case.reference, CleanRLPublished) and plan.case.key in numbers
+    ]
+    if published:
+        tables += [
+            "",
+            "## Against the published results",
+            "",
+            *against_published_table(published),
+            "",
+            *AGAINST_PUBLISHED,
+        ]
     if speed:
         tables += [
             "",
@@ -313,6 +338,7 @@ def run(args: Run) -> int:
         "rows": [asdict(value) for value in numbers.values()],
         "speed": [asdict(value) for value in speed],
         "against_reference": [asdict(value) for value in against],
+        "against_published": [asdict(value) for value in published],
         "aggregate": [asdict(value) for value in aggregates(rows)],
         "jobs": [
             {

@@ -41,11 +41,13 @@ def store_run(folder: str | Path, job_id: str, summary: RunSummary, made: dict[s
             "steps": summary.steps,
             "episode_steps": summary.episode_steps.astype(int).tolist(),
             "episode_seconds": np.round(summary.episode_seconds, 2).tolist(),
-            "episode_returns": np.round(summary.episode_returns, 6).tolist(),
+            # as read (float32 values), so that a table of stored runs equals one of the runs
+            "episode_returns": summary.episode_returns.tolist(),
             "eval_returns": [float(value) for value in summary.eval_returns],
             "sps": summary.sps,
             "peak_rss_mb": summary.peak_rss_mb,
             "sessions": summary.sessions,
+            "wall_seconds": summary.wall_seconds,
         },
     }
     path = stored_path(folder, job_id)
@@ -85,5 +87,6 @@ def load_run(folder: str | Path, job_id: str) -> tuple[RunSummary, dict[str, Any
         sps=run["sps"],
         peak_rss_mb=run["peak_rss_mb"],
         sessions=run["sessions"],
+        wall_seconds=run.get("wall_seconds"),  # runs stored before it was kept have none
     )
     return summary, record["made"]

@@ -71,15 +71,22 @@ def test_case_table_lookup():
         and unlisted.threshold is None
         and not unlisted.flags
     )
-    for (
-        name,
-        suite,
-        # every case is judged (on a threshold or against a reference), or its
-    ) in cases.SUITES.items():
-        # suite is run beside baselines of its own, or measures speed only (no evaluation)
+    # Every case is judged (on a threshold or against a reference), or is a shorter run of a judged
+    # case of its suite (the spread of more seeds at a smaller budget), or its suite is run beside
+    # baselines of its own, or measures speed only (no evaluation).
+    for name, suite in cases.SUITES.items():
+        suite_cases = cases.suite_cases(name)
+        judged_pairs = {
+            (case.script, case.env_id, case.total_timesteps)
+            for case in suite_cases
+            if case.threshold is not None or case.reference is not None
+        }
         judged = [
-            case.threshold is not None or case.reference is not None
-            for case in cases.suite_cases(name)
+            any(
+                (case.script, case.env_id) == (script, env_id) and case.total_timesteps <= steps
+                for script, env_id, steps in judged_pairs
+            )
+            for case in suite_cases
         ]
         assert suite.seeds and (
             all(judged) or suite.baseline_seeds is not None or suite.eval_episodes == 0

@@ -1,0 +1,83 @@
+"""A benchmark that outlives a session: the same `python -m benchmark run` command after a stop (Ctrl-C, SIGTERM, a
+killed machine) runs only what is missing and continues the runs that were cut, exactly (docs/benchmark.md)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, read_scalars
+
+# A tiny suite: ppo_fc, then ddpg without --save-buffer (a stop's checkpoint keeps its buffer), one at a time.
+TINY_SUITE = ["run", "--scripts", "ppo_fc", "ddpg", "--envs", "Pendulum-v1", "--seeds", "1"]
+TINY_SUITE += ["--total-timesteps", "4096", "--eval-episodes", "2", "--workers", "1"]
+TINY_SUITE += ["--script-flags", "ddpg=--learning-starts 500 --buffer-size 5000 --hidden-size 64"]
+TINY_SUITE += ["--script-flags", "ppo_fc=--num-steps 256"]
+# measured, not learnt: they differ between two runs of the same settings
+MEASURED = {"sps_mean", "sps_std", "peak_rss_mb", "wall_minutes_mean", "seconds_to_threshold"}
+
+
+def suite(out: Path, **popen: object) -> subprocess.Popen:
+    command = [sys.executable, "-m", "benchmark", *TINY_SUITE, "--out", str(out)]
+    return subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+
+
+def learnt(out: Path) -> tuple[list[dict], dict[str, list]]:
+    """A benchmark's rows less what is measured, and every episode return of each of its runs."""
+    record = json.loads((out / "results.json").read_text())
+    rows = [{k: v for k, v in row.items() if k not in MEASURED} for row in record["rows"]]
+    runs = {
+        job["id"]: read_scalars(Path(job["run_dir"]))["charts/episodic_return"]
+        for job in record["jobs"]
+    }
+    return rows, runs
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[list[dict], dict[str, list]]:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    whole = suite(out)
+    assert whole.wait(timeout=600) == 0, whole.communicate()[1][-3000:]
+    return learnt(out)
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM to the harness", "SIGKILL to every process"])
+def test_the_same_suite_command_after_a_stop_runs_what_is_missing_and_continues_what_was_cut(
+    tmp_path, uninterrupted, stop
+):
+    out = tmp_path / "cut"
+    first = suite(out, start_new_session=True)
+    ddpg_runs = out / "runs"
+    deadline = time.time() + 300
+    # until ddpg, the second job, has logged past its random steps: ppo_fc is then stored as finished
+    while time.time() < deadline and first.poll() is None:
+        events = list(ddpg_runs.glob("ddpg__*/*/events.*"))
+        if events and any(
+            step > 1000 for step, _ in read_scalars(events[0].parent).get("charts/SPS", [])
+        ):
+            break
+        time.sleep(0.5)
+    if stop.startswith("SIGTERM"):
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=120) == 143
+    else:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+    stdout = first.communicate()[0]
+    assert "(ppo_fc): " in stdout and "stored in" in stdout, stdout
+
+    again = suite(out)
+    stdout, stderr = again.communicate(timeout=600)
+    assert again.returncode == 0, stderr[-3000:]
+    assert "[stored] ppo_fc__" in stdout and "benchmark: 1 jobs" in stdout, stdout
+    (ddpg_run,) = (out / "runs").glob("ddpg__*/*")
+    sessions = len(list(ddpg_run.glob("events.*")))
+    assert sessions == 2, f"the cut run went on in its own folder, as a second session: {sessions}"
+    assert learnt(out) == uninterrupted
