@@ -23,6 +23,7 @@ from benchmark import (
     ddpg_floor,
     ddpg_speed,
     recurrent_floor,
+    report,
     run_report,
     tracking_cost,
 )
@@ -583,6 +584,68 @@ def test_an_eval_threshold_judges_the_deterministic_evaluation():
     assert row_numbers(row).verdict == "PASS"  # a training return of 10 does not matter
     assert "judged on the eval return ≥ 475" in results_table([row_numbers(row)])[-1]
     assert aggregates([row]) == []  # the aggregate is of training returns against their thresholds
+
+
+def test_a_published_figure_judges_the_mean_training_return_over_seeds_against_its_mean_less_its_std():
+    published = cases.CleanRLPublished("ppo_continuous_action.py", "Hopper-v4", 2000.0, 300.0, 25.0)
+    # seeds end at 1,600 and 1,900: mean 1,750, within the std (bound 1,700), though one seed is under it
+    runs = [summary(1, [1600.0] * 120), summary(2, [1900.0] * 120)]
+    runs[0].wall_seconds, runs[1].wall_seconds = 600.0, 900.0
+    row = Row("ppo_fc", "Hopper-v5", "key", 1200, threshold=published.bound, judged=True, judged_on="published",
+              runs=runs)  # fmt: skip
+    numbers = row_numbers(row)
+    assert numbers.verdict == "PASS" and numbers.wall_minutes_mean == pytest.approx(12.5)
+    line = report.against_published(numbers, published)
+    assert line.standing == "within its std" and line.published_minutes == 25.0
+    table = "\n".join(report.against_published_table([line]))
+    assert (
+        "| 2,000.00 ± 300.00 (CleanRL's ppo_continuous_action.py on Hopper-v4 (pr-424)) |" in table
+    )
+    assert "| 12.5 / 25.0 |" in table and "| within its std |" in table
+    runs[1].episode_returns[:] = 2500.0
+    assert report.against_published(row_numbers(row), published).standing == "above its mean"
+    runs[1].episode_returns[:] = 1700.0
+    numbers = row_numbers(row)
+    assert (
+        numbers.verdict == "FAIL"
+        and report.against_published(numbers, published).standing == "short by 50.0"
+    )
+
+
+def test_the_mujoco_suite_holds_cleanrls_published_table_on_v5_with_the_readmes_continuous_flags():
+    suite_cases = cases.suite_cases("mujoco")
+    ppo = [case for case in suite_cases if case.script == "ppo_fc"]
+    assert [case.reference.env_id for case in ppo] == list(cases.CLEANRL_PPO_CONTINUOUS)
+    assert {case.env_id for case in ppo} >= {
+        "HalfCheetah-v5",
+        "Humanoid-v5",
+        "dm_control/ball_in_cup-catch-v0",
+    }
+    readme = (REPO / "README.md").read_text()
+    assert " ".join(cases.PPO_CONTINUOUS_FLAGS) in " ".join(readme.replace("\\\n", " ").split())
+    for case in ppo:
+        assert (
+            case.total_timesteps == 1_000_000
+            and case.seeds == (1, 2, 3)
+            and case.judged_on == "published"
+        )
+        mean, std, minutes = cases.CLEANRL_PPO_CONTINUOUS[case.reference.env_id]
+        assert (case.reference.mean, case.reference.std, case.reference.minutes) == (
+            mean,
+            std,
+            minutes,
+        )
+    ddpg = {
+        (case.env_id, case.total_timesteps): case.seeds
+        for case in suite_cases
+        if case.script == "ddpg"
+    }
+    at_1m = {"HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "InvertedPendulum-v5"}
+    assert ddpg == {**{(env_id, 1_000_000): (1, 2) for env_id in at_1m},
+                    **{(env_id, 300_000): (1, 2, 3) for env_id in ("HalfCheetah-v5", "Hopper-v5")}}  # fmt: skip
+    jobs, _ = make_jobs(Run(suite="mujoco"), suite_cases, (1,), Path("out"))
+    assert len(jobs) == 9 * 3 + 4 * 2 + 2 * 3
+    assert len(make_jobs(Run(suite="mujoco", seeds=(7,)), suite_cases, (7,), Path("out"))[0]) == 15
 
 
 def test_a_reached_threshold_judges_every_seed_within_the_budget():
