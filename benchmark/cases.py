@@ -487,18 +487,25 @@ MUJOCO_PPO_CASES: tuple[Case, ...] = tuple(
     for env_id, (mean, std, minutes) in CLEANRL_PPO_CONTINUOUS.items()
 )
 DDPG_TASKS_AT_1M = ("HalfCheetah-v4", "Hopper-v4", "Walker2d-v4", "InvertedPendulum-v4")
+# An hour a run here: its checkpoints by wall-clock keep the buffer too, so that even a killed
+# machine's run goes on exactly (a stop signal's checkpoint keeps it anyway).
+DDPG_SUITE_FLAGS = ("--save-buffer",)
 MUJOCO_DDPG_CASES: tuple[Case, ...] = (
     *(
         published_case(
             "ddpg",
             env_id,
             CleanRLPublished("ddpg_continuous_action.py", env_id, *CLEANRL_DDPG[env_id]),
+            flags=DDPG_SUITE_FLAGS,
             seeds=(1, 2),
         )
         for env_id in DDPG_TASKS_AT_1M
     ),
     # the spread of seeds, in a third of the budget: no published figure to judge against
-    *(Case("ddpg", v5(env_id), 300_000, seeds=(1, 2, 3)) for env_id in DDPG_TASKS_AT_1M[:2]),
+    *(
+        Case("ddpg", v5(env_id), 300_000, flags=DDPG_SUITE_FLAGS, seeds=(1, 2, 3))
+        for env_id in DDPG_TASKS_AT_1M[:2]
+    ),
 )
 
 REFERENCE_MARGIN = 0.05
