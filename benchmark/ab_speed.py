@@ -50,24 +50,21 @@ CASES: dict[str, list[str]] = {
 def run_sps(checkout: Path, case: str, seed: int, flags: list[str]) -> float:
     """The steady SPS of one run of `case` from `checkout`."""
     with tempfile.TemporaryDirectory() as folder:
-        command = [
-            sys.executable,
-            *CASES[case],
-            "--seed",
-            str(seed),
-            *COMMON,
-            "--run-dir",
-            folder,
-            *flags,
-        ]
-        done = subprocess.run(command, cwd=checkout, capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"error: {case} failed in {checkout}: {done.stderr.strip()[-800:]}")
-        (run_dir,) = Path(folder).iterdir()
-        sps = steps_per_second(load_sessions(run_dir))
-        if sps is None:
-            raise SystemExit(f"error: {case} logged no SPS")
-        return sps
+        command = [sys.executable, *CASES[case], "--seed", str(seed), *COMMON]
+        return steady_sps([*command, "--run-dir", folder, *flags], checkout, Path(folder), case)
+
+
+def steady_sps(command: list[str], cwd: Path, runs: Path, name: str) -> float:
+    """Run `command` in `cwd`; the steady SPS of the one run folder it wrote under `runs` (searched
+    below it: an env id with a `/` makes a folder deeper)."""
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"error: {name} failed in {cwd}: {done.stderr.strip()[-800:]}")
+    (run_dir,) = {events.parent for events in runs.rglob("events.out.tfevents.*")}
+    sps = steps_per_second(load_sessions(run_dir))
+    if sps is None:
+        raise SystemExit(f"error: {name} logged no SPS")
+    return sps
 
 
 def main() -> int:
