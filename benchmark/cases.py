@@ -592,6 +592,13 @@ SUITES: dict[str, Suite] = {
     # [mujoco] and [dmc] extras); each case has its seeds. Days on a CPU: give it --out and run the
     # same command again after a stop (docs/benchmark.md).
     "mujoco": Suite((*MUJOCO_PPO_CASES, *MUJOCO_DDPG_CASES), (1,)),
+    # resident memory at 100k and 1M steps of the two scripts the mujoco suite does not run, with
+    # their defaults (`python -m benchmark.rss_growth`, docs/benchmark.md)
+    "rss-growth": Suite(
+        tuple(Case(script, "CartPole-v1", 1_000_000) for script in ("ppo_lstm", "ppo_transformer")),
+        (1,),
+        eval_episodes=0,
+    ),
 }
 
 # Steps of a (script, env) pair that has no row in CASES.

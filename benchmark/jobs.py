@@ -81,6 +81,7 @@ class Run:
             "ddpg-time",
             "ddpg-mujoco",
             "mujoco",
+            "rss-growth",
             "distributed",
             "distributed-speed",
             "atari",
