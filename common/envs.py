@@ -3,9 +3,13 @@ the networks."""
 
 from __future__ import annotations
 
+import ctypes.util
 import importlib
+import importlib.util
+import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from importlib import metadata
@@ -29,9 +33,36 @@ from common.interrupt import (
     stop_signals_held,
 )
 
+
+def _headless_rendering_backend() -> None:
+    """MUJOCO_GL for a machine without a display, where the user has not chosen one: EGL, else
+    OSMesa, where the library is installed.
+
+    dm_control and gymnasium's MuJoCo envs read MUJOCO_GL when they are imported (so this runs
+    before anything imports them; spawned env workers inherit it). Unset, dm_control takes GLFW,
+    which has no display to open here: every run printed GLFW's "The DISPLAY environment variable
+    is missing" warning, and rendering (--capture-video) failed. EGL and OSMesa render without one.
+    Where neither library is found nothing can render, and the choice is left to dm_control."""
+    # PYOPENGL_PLATFORM: the user's own OpenGL platform, which MuJoCo's EGL would refuse
+    chosen = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
+    if any(os.environ.get(name) for name in chosen):
+        return
+    for backend, library in (("egl", "EGL"), ("osmesa", "OSMesa")):
+        if ctypes.util.find_library(library):
+            os.environ["MUJOCO_GL"] = backend
+            return
+
+
+_headless_rendering_backend()
+
 # The module whose import here registered each id: this process has the id now, a spawned worker
 # does not.
 _registered_by: dict[str, str] = {}
+
+# Namespaces of ids whose registering module the id does not name: Shimmy registers dm_control's
+# tasks (`dm_control/cartpole-balance-v0`) with functions as entry points, which name no package.
+_NAMESPACE_MODULES = {"dm_control": "shimmy"}
+DM_CONTROL_EXTRA = 'pip install -e ".[dmc]"'
 
 
 def resolve_env_id(env_id: str) -> str:
@@ -42,9 +73,24 @@ def resolve_env_id(env_id: str) -> str:
     class as its entry point), comes back unchanged; one whose entry point names another package
     comes back as `package:id`. Otherwise the installed package that registers it is imported (first
     the one the id's prefix names, then those that require gymnasium) and the id comes back as
-    `module:id`, also on later calls, so workers import it too."""
+    `module:id`, also on later calls, so workers import it too. A dm_control id that is not there
+    says why (`_dm_control_unknown`). MuJoCo's warnings about model files are quieted from here on
+    (`_quiet_mujoco_warnings`)."""
+    resolved = _resolved(env_id)
+    # where the env uses MuJoCo, its entry point's module imports it: imported here, as gym.make
+    # would, MuJoCo's warnings are quieted before the first env is made
+    _import_entry_point(resolved)
+    _quiet_mujoco_warnings()
+    return resolved
+
+
+def _resolved(env_id: str) -> str:
     if env_id in gym.registry:
-        module = _registered_by.get(env_id) or _entry_point_package(env_id)
+        module = (
+            _registered_by.get(env_id)
+            or _NAMESPACE_MODULES.get(_namespace(env_id))
+            or _entry_point_package(env_id)
+        )
         return f"{module}:{env_id}" if module else env_id
     module, _, name = env_id.rpartition(":")
     if module:
@@ -56,7 +102,16 @@ def resolve_env_id(env_id: str) -> str:
     for module in _candidate_modules(env_id):
         if _imports(module) and env_id in gym.registry:
             return f"{_registered_by.get(env_id, module)}:{env_id}"
+    if _namespace(env_id) == "dm_control":
+        raise _dm_control_unknown(env_id)
     raise _unknown(env_id, env_id)
+
+
+def _namespace(env_id: str) -> str | None:
+    """The namespace of an id (`dm_control` of `dm_control/cartpole-balance-v0`), None without one;
+    of a malformed id too (gymnasium's parser would raise: `_unknown` says what is wrong)."""
+    name = env_id.rpartition(":")[2]
+    return name.partition("/")[0] if "/" in name else None
 
 
 def _entry_point_package(env_id: str) -> str | None:
@@ -71,6 +126,9 @@ def _entry_point_package(env_id: str) -> str | None:
 def _candidate_modules(env_id: str) -> Iterator[str]:
     """Modules that may register `env_id`, likeliest first; a generator, so the scan stops once the
     id is found."""
+    if _namespace(env_id) in _NAMESPACE_MODULES:
+        yield _NAMESPACE_MODULES[_namespace(env_id)]
+        return  # nothing else registers these: a scan of every package would only take seconds
     yield re.split(r"[-/]", env_id)[0].lower()  # popgym-..., MiniGrid-..., ALE/...
     # gymnasium < 1.0 loaded this entry-point group itself; 1.x no longer does, so import what
     # packages declare there.
@@ -103,9 +161,25 @@ def _imports(module: str) -> bool:
     return True
 
 
-def _unknown(env_id: str, name: str) -> UsageError:
+def _dm_control_unknown(env_id: str) -> UsageError:
+    """The error for a dm_control id that Shimmy did not register: with dm_control's tasks
+    registered, gymnasium's suggestion; without them, the extra to install and why they are not
+    there (Shimmy registers none when dm_control fails to import, and says nothing)."""
+    if any(_namespace(registered) == "dm_control" for registered in gym.registry):
+        return _unknown(env_id, env_id, module_hint=False)
+    try:
+        importlib.import_module("shimmy.dm_control_compatibility")
+        why = "Shimmy registered no dm_control tasks"
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {one_line(str(exc))}"
+    return UsageError(
+        f"env id {env_id!r} needs Shimmy and dm_control ({why}): install them with {DM_CONTROL_EXTRA}"
+    )
+
+
+def _unknown(env_id: str, name: str, module_hint: bool = True) -> UsageError:
     """The error for an id nothing registers, with gymnasium's own suggestion ("Did you mean ...")
-    when it has one."""
+    when it has one, and with `module_hint`, how to name the package that registers it."""
     try:
         gym.spec(name)
         hint = ""
@@ -114,9 +188,47 @@ def _unknown(env_id: str, name: str) -> UsageError:
         # id.
         plain = str(exc).startswith("No registered env") or str(exc).endswith("doesn't exist.")
         hint = "" if plain else f" ({one_line(str(exc))})"
-    return UsageError(
-        f"unknown env id {env_id!r}{hint}; if a package registers it, pass it as module:{name}"
-    )
+    how = f"; if a package registers it, pass it as module:{name}" if module_hint else ""
+    return UsageError(f"unknown env id {env_id!r}{hint}{how}")
+
+
+def _import_entry_point(env_id: str) -> None:
+    entry_point = gym.spec(env_id.rpartition(":")[2]).entry_point
+    if isinstance(entry_point, str):
+        try:
+            gym.envs.registration.load_env_creator(entry_point)
+        except Exception:  # gym.make reports it, where the env is made (`env_spaces`)
+            pass
+
+
+def _quiet_mujoco_warnings() -> None:
+    """Where MuJoCo is imported, its deprecation warnings about model files kept from the user, who
+    cannot act on them: each compile of HalfCheetah-v5 or dm_control's cheetah printed that
+    `settotalmass` is deprecated (on stderr, or through dm_control's absl logger), and MuJoCo wrote
+    it to MUJOCO_LOG.TXT in the working folder. Its other warnings (an unstable simulation) still
+    go to stderr. dm_control sets its own handler when it is imported, maybe after this (in an env
+    worker, `_in_worker`), hence the filter on absl's logger too."""
+    mujoco = sys.modules.get("mujoco")
+    if mujoco is None:
+        return
+    mujoco.set_mju_user_warning(_mujoco_warning)
+    if importlib.util.find_spec("absl") is not None:
+        from absl import logging as absl_logging
+
+        absl_logging.get_absl_logger().addFilter(_not_a_mujoco_deprecation)
+
+
+def _is_mujoco_deprecation(message: str) -> bool:
+    return "is deprecated and will be removed" in message
+
+
+def _mujoco_warning(message: str) -> None:
+    if not _is_mujoco_deprecation(message):
+        print(f"WARNING: {message}", file=sys.stderr)
+
+
+def _not_a_mujoco_deprecation(record: logging.LogRecord) -> bool:
+    return not _is_mujoco_deprecation(record.getMessage())
 
 
 def flat_observations(
@@ -507,7 +619,8 @@ def vector_env(env_fns: Sequence[Callable[[], gym.Env]], async_envs: bool) -> gy
     env_fns = [partial(_recorded, env_fn) for env_fn in env_fns]
     if not async_envs:
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    env_fns = [partial(_in_worker, env_fn, os.getpid()) for env_fn in env_fns]
+    quiet_mujoco = "mujoco" in sys.modules  # the envs use it (`_quiet_mujoco_warnings`)
+    env_fns = [partial(_in_worker, env_fn, os.getpid(), quiet_mujoco) for env_fn in env_fns]
     with stop_signals_held():
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
@@ -559,10 +672,15 @@ def _recorded(env_fn: Callable[[], gym.Env]) -> gym.Env:
     return EpisodeRecorder(env_fn())
 
 
-def _in_worker(env_fn: Callable[[], gym.Env], training_process: int) -> gym.Env:
+def _in_worker(
+    env_fn: Callable[[], gym.Env], training_process: int, quiet_mujoco: bool = False
+) -> gym.Env:
     if os.getpid() == training_process:  # AsyncVectorEnv makes one env in the training process too
         return env_fn()
     ignore_stop_signals()  # first: the worker was started with them held
+    if quiet_mujoco:  # before env_fn compiles a model
+        importlib.import_module("mujoco")
+        _quiet_mujoco_warnings()
     return _WorkerEnv(env_fn())
 
 
