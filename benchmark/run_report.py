@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import sys
 from collections import defaultdict
 from dataclasses import asdict
@@ -61,6 +62,7 @@ from benchmark.report import (
     speed_table,
 )
 from common.errors import UsageError
+from common.interrupt import Interrupted
 
 
 def rows_of(jobs: list[Job], plans: list[CasePlan]) -> list[Row]:
@@ -275,7 +277,19 @@ def run(args: Run) -> int:
         f"time; results in {out}",
         flush=True,
     )
-    run_jobs(to_run, args.workers, out / "logs", stores)
+    stopped: Interrupted | None = None
+    try:
+        run_jobs(to_run, args.workers, out / "logs", stores)
+    except Interrupted as exc:  # the report of what finished, then the stop's exit status
+        stopped = exc
+        cut = [
+            job for job in jobs if job.summary is None and job.returncode in (None, exc.exit_status)
+        ]
+        jobs = [job for job in jobs if job not in cut]
+        print(
+            f"benchmark: stopped; {len(cut)} runs to go: the same command goes on with them",
+            flush=True,
+        )
 
     rows = rows_of(jobs, plans)
     numbers = {row.key: row_numbers(row) for row in rows}
@@ -329,6 +343,11 @@ def run(args: Run) -> int:
         for job in failures:
             tables += [f"### {job.id}", "", "```", shlex.join(job.command), job.error, "```", ""]
     header = run_header(args, cases, seeds, out)
+    if stopped is not None:
+        header.append(
+            f"- stopped part-way by {signal.Signals(stopped.signum).name}: {len(cut)} runs cut or not started are "
+            "left out (the same command goes on with them); a case short of its seeds is judged on those it has"
+        )
     report("Benchmark", header, tables, figures, out)
     record = {
         "header": header,
@@ -361,6 +380,8 @@ def run(args: Run) -> int:
     (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     failed = failures or any(value.verdict == "FAIL" for value in numbers.values())
     print(f"{'FAIL' if failed else 'PASS'}: wrote {out / 'results.md'}", flush=True)
+    if stopped is not None:
+        raise stopped
     return 1 if failed else 0
 
 

@@ -67,6 +67,15 @@ def test_the_same_suite_command_after_a_stop_runs_what_is_missing_and_continues_
     if stop.startswith("SIGTERM"):
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=120) == 143
+        # the report of what finished: ppo_fc's row; ddpg's cut run is left out, not failed
+        partial = json.loads((out / "results.json").read_text())
+        assert [row["label"] for row in partial["rows"]] == ["ppo_fc"] and not partial["rows"][0][
+            "failed_seeds"
+        ]
+        assert (
+            "stopped part-way by SIGTERM: 1 runs cut or not started"
+            in (out / "results.md").read_text()
+        )
     else:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=60)
