@@ -1534,3 +1534,28 @@ def test_the_transformer_is_judged_against_the_lstm_where_the_lstm_learnt_the_ta
     assert line.reference.startswith(
         "ppo_lstm in this run"
     ) and line.reference_eval == pytest.approx(-0.3)
+
+
+def test_rss_growth_reads_the_peak_at_100k_and_at_the_end_beside_ddpgs_buffer_rows(
+    tmp_path, capsys
+):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from benchmark import rss_growth
+
+    for name, values in (
+        ("Pendulum-v1__ddpg__1", (300, 310, 340)),
+        ("Pendulum-v1__ppo_fc__1", (300, 300, 300)),
+    ):
+        writer = SummaryWriter(tmp_path / name)
+        for step, value in zip((50_000, 100_000, 300_000), values, strict=True):
+            writer.add_scalar("system/rss_mb", value, step)
+        writer.close()
+    ddpg, ppo = (
+        rss_growth.growth(tmp_path / name)
+        for name in ("Pendulum-v1__ddpg__1", "Pendulum-v1__ppo_fc__1")
+    )
+    assert (ddpg["early_mb"], ddpg["end_mb"], ddpg["growth_mb"]) == (310, 340, 30)
+    # Pendulum: 3 + 3 + 1 + 2 float32 values a row, 200k rows written after step 100k
+    assert ddpg["buffer_growth_mb"] == pytest.approx(200_000 * 36 / 2**20)
+    assert ppo["growth_mb"] == 0 and ppo["buffer_growth_mb"] is None
