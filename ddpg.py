@@ -437,7 +437,21 @@ def build_agent(run: Run) -> Agent:
             f"{run.args.env_id!r} has unbounded actions; the actor's tanh needs finite bounds on each one"
         )
     observation_size = int(np.prod(run.observation_space.shape))
-    return Agent(observation_size, action_space, run.args.hidden_size).to(run.device)
+    agent = Agent(observation_size, action_space, run.args.hidden_size).to(run.device)
+    # An edited Actor whose output is not one value per action dimension fails later inside the
+    # critic with a bare shape error: say here what differs and where the fix goes.
+    # in eval mode: batch norm's statistics stay as they are, dropout draws nothing
+    with torch.no_grad():
+        agent.actor.eval()
+        action_size = agent.actor(torch.zeros(1, observation_size, device=run.device)).shape[-1:]
+        agent.actor.train()
+    expected = agent.actor.action_scale.shape
+    if action_size != expected:
+        raise UsageError(
+            f"the actor gives {action_size[0]} values per observation, the env takes {expected[0]} actions: "
+            "the last layer of Actor.net in ddpg.py must output one per action dimension (docs/ddpg.md, Network)"
+        )
+    return agent
 
 
 def write_buffer(rb: ReplayBuffer, folder: Path, global_step: int) -> str:

@@ -390,3 +390,21 @@ def test_recorded_training_steps_reload_and_their_returns_equal_the_logged_retur
     logged = [value for _, value in read_scalars(result.run_dir)["charts/episodic_return"]]
     assert len(finished) == len(logged) == 5
     np.testing.assert_allclose(finished, logged, rtol=1e-5)
+
+
+def test_an_actor_edited_to_the_wrong_output_size_says_where_the_fix_goes(tmp_path, monkeypatch):
+    original = ddpg.Actor.__init__
+
+    def wider(self, observation_size, action_space, hidden_size):
+        original(self, observation_size, action_space, hidden_size)
+        self.net[-2] = ddpg.nn.Linear(hidden_size, self.net[-2].out_features + 1)
+
+    monkeypatch.setattr(ddpg.Actor, "__init__", wider)
+    args = ddpg.Args(
+        env_id="Pendulum-v1", total_timesteps=200, run_dir=str(tmp_path), progress=False
+    )
+    with pytest.raises(
+        UsageError, match=r"the last layer of Actor\.net in ddpg\.py must output one per action"
+    ):
+        ddpg.train(args)
+    assert not any(tmp_path.iterdir())  # stopped before the run folder
