@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+import onefile_rl  # noqa: F401  (a copy kept outside the checkout finds common/ through it)
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import cli
 from common.envs import flat_observations, vector_observations_only

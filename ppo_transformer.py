@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributions import Categorical, Normal
 
+import onefile_rl  # noqa: F401  (a copy kept outside the checkout finds common/ through it)
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
 from common import cli, envs, stand_in
 from common.envs import cnn_layout, observation_map, observation_tensor, observation_zeros

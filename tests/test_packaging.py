@@ -22,9 +22,10 @@ def test_the_torch_floor_has_fused_adam_on_the_cpu():
     assert floor >= (2, 4), torch
 
 
-def test_the_install_puts_no_package_at_the_top_level_of_site_packages(tmp_path):
+def test_the_install_puts_one_module_of_its_own_name_at_the_top_level_of_site_packages(tmp_path):
     # `common` and `probe_envs` are found in the checkout, beside the scripts: installed at the top level of
-    # site-packages they would clash with another project's `common`. The wheel carries the dependencies alone.
+    # site-packages they would clash with another project's `common`. The wheel carries onefile_rl.py, through which a
+    # copy kept elsewhere finds the checkout, and the dependencies.
     source = tmp_path / "source"
     skipped = shutil.ignore_patterns(
         ".*", "docs", "runs", "wandb", "build", "*.egg-info", "__pycache__"
@@ -37,19 +38,64 @@ def test_the_install_puts_no_package_at_the_top_level_of_site_packages(tmp_path)
     )  # fmt: skip
     (wheel,) = (tmp_path / "wheel").glob("onefile_rl-*.whl")
     installed = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert installed == {f"{wheel.name.split('-py')[0]}.dist-info"}, installed
+    assert installed == {"onefile_rl.py", f"{wheel.name.split('-py')[0]}.dist-info"}, installed
 
 
-def test_a_copy_outside_the_checkout_runs_with_the_checkout_on_its_path(tmp_path):
-    # The README's copy-and-modify section: a copy kept elsewhere finds common/ through PYTHONPATH.
-    shutil.copy(REPO / "ppo_fc.py", tmp_path / "my_ppo.py")
-    environment = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "my_ppo.py", "--help"],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
+def run_copy(folder: Path, *, pythonpath: str | None = None, code: str | None = None):
+    """`python my_ppo.py --help` (a copy of ppo_fc.py) in `folder`, or `python -c code` there, with PYTHONPATH as
+    given (unset for None), as a user runs it after the README's install."""
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    if pythonpath is not None:
+        environment["PYTHONPATH"] = pythonpath
+    if code is None:
+        shutil.copy(REPO / "ppo_fc.py", folder / "my_ppo.py")
+    command = [sys.executable, "-c", code] if code else [sys.executable, "my_ppo.py", "--help"]
+    return subprocess.run(command, cwd=folder, env=environment, capture_output=True, text=True)
+
+
+def test_a_copy_outside_the_checkout_runs_after_the_install_alone(tmp_path):
+    # The README's install (pip install -e .) is all a copy kept in the researcher's own folder needs.
+    where = run_copy(tmp_path, code="import onefile_rl; print(onefile_rl.CHECKOUT)")
+    assert where.stdout.strip() == str(REPO), (
+        f"the environment's install is of another checkout: {where}"
     )
+    done = run_copy(tmp_path)
     assert done.returncode == 0, done.stderr
     assert "--env-id" in done.stdout
+    # with the checkout on PYTHONPATH too, as the README asked before
+    assert run_copy(tmp_path, pythonpath=str(REPO)).returncode == 0
+    # Other programs are not given the checkout's packages: only a script that imports onefile_rl reaches them.
+    other = run_copy(tmp_path, code="import common")
+    assert other.returncode == 1 and "No module named 'common'" in other.stderr
+
+
+def test_another_projects_common_found_first_stops_a_copy_with_one_error_line(tmp_path):
+    # in the copy's own folder: the script's folder comes first on the path
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "__init__.py").write_text("")
+    done = run_copy(tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(
+        f"error: `import common` finds {tmp_path / 'common'}, not onefile-rl's"
+    )
+    assert "keep the script in another folder" in done.stderr
+    # on PYTHONPATH, before the checkout (a folder without __init__.py gives way to a regular package found later)
+    shutil.rmtree(tmp_path / "common")
+    (tmp_path / "theirs" / "common").mkdir(parents=True)
+    assert run_copy(tmp_path, pythonpath=str(tmp_path / "theirs")).returncode == 0
+    (tmp_path / "theirs" / "common" / "__init__.py").write_text("")
+    done = run_copy(tmp_path, pythonpath=str(tmp_path / "theirs"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"finds {tmp_path / 'theirs' / 'common'}, not" in done.stderr
+    assert f"PYTHONPATH={REPO}" in done.stderr
+    # The checkout first on PYTHONPATH: its own packages are found, theirs stays where it is.
+    assert run_copy(tmp_path, pythonpath=f"{REPO}:{tmp_path / 'theirs'}").returncode == 0
+
+
+def test_an_install_without_its_checkout_says_how_to_install(tmp_path):
+    # onefile_rl.py installed without -e sits in site-packages, away from common/: one error line, not a traceback.
+    (tmp_path / "site").mkdir()
+    shutil.copy(REPO / "onefile_rl.py", tmp_path / "site")
+    done = run_copy(tmp_path, pythonpath=str(tmp_path / "site"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "installed without its checkout" in done.stderr and "pip install -e ." in done.stderr
