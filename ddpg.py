@@ -28,7 +28,6 @@ from common.errors import UsageError
 from common.run_start import Run, TrainResult
 
 SCRIPT = Path(__file__).stem
-CHECKPOINT_FORMAT = 1
 # --save-buffer stays the command line's on --resume; continuous actions only
 RUN_OPTIONS = {"kept": ("save_buffer",), "actions": (gym.spaces.Box,)}
 
@@ -281,7 +280,7 @@ def next_noise(args: Args, noise_state: np.ndarray, episode_starts: np.ndarray) 
 
 def train(args: Args) -> TrainResult:
     # checks, the checkpoint --resume continues (args become its settings), seeds, device
-    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args, **RUN_OPTIONS)
+    run = Run(args, SCRIPT, make_env, check_args, **RUN_OPTIONS)
     args, device = run.args, run.device
     num_iterations = args.total_timesteps // args.num_envs  # one vector step each
     agent = build_agent(run)
@@ -507,7 +506,7 @@ def evaluate(
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args, **RUN_OPTIONS)
+    run = Run(args, SCRIPT, make_env, check_args, **RUN_OPTIONS)
     agent = build_agent(run)
     return run.evaluate_checkpoint(agent, lambda path: evaluate(agent, run, record_to=path))
 

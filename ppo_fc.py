@@ -28,8 +28,6 @@ from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
 SCRIPT = Path(__file__).stem
-# 4: the envs' places in their episodes ("episodes"); 3: nn.Sequential actor and critic
-CHECKPOINT_FORMAT = 4
 
 
 @dataclass
@@ -350,7 +348,7 @@ class Agent(nn.Module):
 
 def train(args: Args) -> TrainResult:
     # checks, torchrun, the checkpoint --resume continues (args become its settings), seeds, device
-    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args)
+    run = Run(args, SCRIPT, make_env, check_args)
     args, device, world_size = run.args, run.device, run.world_size
     batch_size = args.num_envs * args.num_steps  # this process's share of the global batch
     minibatch_size = batch_size // args.num_minibatches  # and of each global minibatch
@@ -638,7 +636,7 @@ def evaluate(agent: Agent, run: Run, record_to: Path | None = None) -> list[floa
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args)  # the checkpoint's run
+    run = Run(args, SCRIPT, make_env, check_args)  # the checkpoint's run
     agent = build_agent(run)
     return run.evaluate_checkpoint(agent, lambda record_to: evaluate(agent, run, record_to))
 

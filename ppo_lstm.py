@@ -29,8 +29,6 @@ from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
 SCRIPT = Path(__file__).stem
-# 2: the envs' places in their episodes and the recurrent state there ("episodes")
-CHECKPOINT_FORMAT = 2
 
 
 @dataclass
@@ -422,7 +420,7 @@ class Agent(nn.Module):
 
 def train(args: Args) -> TrainResult:
     # checks, torchrun, the checkpoint --resume continues (args become its settings), seeds, device
-    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args)
+    run = Run(args, SCRIPT, make_env, check_args)
     args, device, world_size = run.args, run.device, run.world_size
     global_batch_size = args.num_envs * args.num_steps * world_size  # over all processes
     num_iterations = args.total_timesteps // global_batch_size
@@ -831,7 +829,7 @@ def evaluate(agent: Agent, run: Run, record_to: Path | None = None) -> list[floa
 
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
-    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args)  # the checkpoint's run
+    run = Run(args, SCRIPT, make_env, check_args)  # the checkpoint's run
     agent = build_agent(run)
     return run.evaluate_checkpoint(agent, lambda record_to: evaluate(agent, run, record_to))
 

@@ -31,9 +31,6 @@ from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
 SCRIPT = Path(__file__).stem
-# 3: nanoGPT's module names; 2: --norm-obs normalises the env's observation only (not the previous
-# action and reward)
-CHECKPOINT_FORMAT = 3
 
 
 @dataclass
@@ -596,7 +593,7 @@ def first_of_each_run(valid: Tensor) -> Tensor:
 
 def train(args: Args) -> TrainResult:
     # checks, torchrun, the checkpoint --resume continues (args become its settings), seeds, device
-    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args, env_kwargs=env_kwargs)
+    run = Run(args, SCRIPT, make_env, check_args, env_kwargs=env_kwargs)
     args, device, world_size = run.args, run.device, run.world_size
     num_envs = args.num_envs
     global_batch_size = num_envs * args.num_steps * world_size  # over all processes
@@ -975,7 +972,7 @@ def evaluate(agent: Agent, run: Run, record_to: Path | None = None) -> list[floa
 def evaluate_checkpoint(args: Args) -> list[float]:
     """Rebuild the agent from a checkpoint alone, evaluate it, print mean and std of the return."""
     # the checkpoint's run
-    run = Run(args, SCRIPT, CHECKPOINT_FORMAT, make_env, check_args, env_kwargs=env_kwargs)
+    run = Run(args, SCRIPT, make_env, check_args, env_kwargs=env_kwargs)
     agent = build_agent(run)
     return run.evaluate_checkpoint(agent, lambda record_to: evaluate(agent, run, record_to))
 

@@ -1,9 +1,13 @@
 """Checkpoint files: written atomically, read without unpickling, and turned back into a run's
 settings.
 
-A checkpoint is a dict of tensors and plain Python values saved with ``torch.save``. It names the
-script that wrote it and its format, so a script refuses another script's checkpoint, or an older
-format of its own, with one clear line instead of a traceback."""
+A checkpoint is a dict of tensors and plain Python values saved with ``torch.save``. Whether it fits a
+script is read from what it holds, with no format number to bump after an edit: its settings must be
+fields of the script's `Args`, and each module's, optimizer's and array's state must have the keys and
+shapes of the run built from those settings. So an edited copy loads the original's checkpoints
+wherever they fit, and a checkpoint that does not fit (another algorithm's, an edit's new parameter)
+is one `error:` line naming the keys or shapes that differ. The script that wrote it is named there.
+Checkpoints written with a format number (before 2026-11-28) load as any other."""
 
 from __future__ import annotations
 
@@ -57,10 +61,9 @@ EVALUATION_FLAGS += ("track", "wandb_project_name", "wandb_entity", "compile", "
 
 
 def save(
-    folder: Path, script: str, checkpoint_format: int, args: Any, global_step: int,
-    step_file: bool = True, **state,
-) -> Path:  # fmt: skip
-    """Write `state` with the script's name, the format, `args` (a dataclass), `global_step` and the
+    folder: Path, script: str, args: Any, global_step: int, step_file: bool = True, **state
+) -> Path:
+    """Write `state` with the script's name, `args` (a dataclass), `global_step` and the
     generators' states to `step_{global_step}.pt` (with `step_file`) and `latest.pt` in `folder`,
     each atomically (a temporary file in the same folder, then a rename). Returns the path of
     `latest.pt`.
@@ -78,7 +81,6 @@ def save(
         return folder / "latest.pt"
     state = {
         "script": script,
-        "format": checkpoint_format,
         "args": dataclasses.asdict(args),
         "global_step": global_step,
         "rng": rng_state(),
@@ -93,12 +95,10 @@ def save(
     return folder / "latest.pt"
 
 
-def load(
-    path: str | Path, script: str, checkpoint_format: int, required: Iterable[str] = ()
-) -> dict:
-    """Read a checkpoint of `script` in `checkpoint_format` with `weights_only=True` (nothing is
-    unpickled); a missing, corrupt or foreign file, another format, or a missing key is a
-    UsageError."""
+def load(path: str | Path, required: Iterable[str] = ()) -> dict:
+    """Read a checkpoint with `weights_only=True` (nothing is unpickled); a missing or corrupt file,
+    or one without the run's keys (its settings, step and generators) and `required`, is a
+    UsageError. Whether it fits the script is `settings`' and `restore`'s to say."""
     if not Path(path).is_file():
         raise UsageError(f"checkpoint {str(path)!r} does not exist")
     try:
@@ -108,28 +108,38 @@ def load(
         raise UsageError(
             f"cannot read checkpoint {str(path)!r}: corrupt, or holds pickled objects ({type(exc).__name__})"
         ) from None
-    if not isinstance(checkpoint, dict) or checkpoint.get("script") != script:
-        found = (
-            checkpoint.get("script") if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        )
-        raise UsageError(f"{str(path)!r} is not a {script} checkpoint (it is from {found!r})")
-    missing = [key for key in ("args", "global_step", "rng", *required) if key not in checkpoint]
-    if checkpoint.get("format") != checkpoint_format or missing:
+    if not isinstance(checkpoint, dict):
         raise UsageError(
-            f"{str(path)!r} is a {script} checkpoint of another format (format {checkpoint.get('format')!r}, this "
-            f"version reads {checkpoint_format}; missing {missing or 'nothing'})"
+            f"{str(path)!r} is not a checkpoint (it holds a {type(checkpoint).__name__})"
+        )
+    missing = [key for key in ("args", "global_step", "rng", *required) if key not in checkpoint]
+    if missing:
+        raise UsageError(
+            f"{str(path)!r}{written_by(checkpoint)} is not a run's checkpoint: it has no {missing}"
         )
     return checkpoint
 
 
+def written_by(checkpoint: dict) -> str:
+    """' (written by SCRIPT.py)', for the errors about a checkpoint."""
+    return f" (written by {checkpoint.get('script')}.py)" if checkpoint.get("script") else ""
+
+
 def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) -> Config:
     """The run settings a checkpoint holds, in the dataclass of `args`, with the `kept` fields of
-    `args` on top.
+    `args` on top; a field the checkpoint lacks (a flag an edit added) takes its default.
 
-    With `strict` (a resumed run), any other field of `args` that differs both from its default and
-    from the checkpoint is a UsageError: the checkpoint decides it, and the flag would otherwise be
-    ignored without a word."""
+    A setting that is no field of `args` (another algorithm's) is a UsageError. With `strict` (a
+    resumed run), so is any other field of `args` that differs both from its default and from the
+    checkpoint: the checkpoint decides it, and the flag would otherwise be ignored without a word."""
     kept = set(kept)
+    fields = {field.name for field in dataclasses.fields(args)}
+    unknown = sorted(set(checkpoint["args"]) - fields)
+    if unknown:
+        raise UsageError(
+            f"the checkpoint{written_by(checkpoint)} does not fit this script: its settings {unknown} are no "
+            f"fields of this script's Args"
+        )
     defaults = type(args)()
     for field in dataclasses.fields(args) if strict else ():
         given, saved = getattr(args, field.name), checkpoint["args"].get(field.name)
@@ -138,34 +148,24 @@ def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) 
             raise UsageError(
                 f"{flag} {given} differs from the checkpoint's {saved}, which decides it; leave it out"
             )
-    try:
-        return type(args)(
-            **{
-                **checkpoint["args"],
-                **{name: getattr(args, name) for name in kept if hasattr(args, name)},
-            }
-        )
-    except (KeyError, TypeError) as exc:
-        raise UsageError(
-            f"the checkpoint's settings do not match this version of the script: {exc}"
-        ) from None
+    return type(args)(
+        **{**checkpoint["args"], **{name: getattr(args, name) for name in kept if name in fields}}
+    )
 
 
 def load_with_settings(
     path: str | None,
-    script: str,
-    checkpoint_format: int,
     args: Config,
     check_args: Callable[[Config], None],
     kept: Iterable[str],
     strict: bool,
     required: Iterable[str] = (),
 ) -> tuple[Config, dict | None]:
-    """The checkpoint of `script` at `path` and its run's settings (see `settings`), checked by
-    `check_args`; no path: `args` and no checkpoint."""
+    """The checkpoint at `path` and its run's settings (see `settings`), checked by `check_args`; no
+    path: `args` and no checkpoint."""
     if path is None:
         return args, None
-    checkpoint = load(path, script, checkpoint_format, required)
+    checkpoint = load(path, required)
     run_settings = settings(checkpoint, args, kept, strict)
     check_args(run_settings)
     return run_settings, checkpoint
@@ -173,12 +173,17 @@ def load_with_settings(
 
 def restore(checkpoint: dict | None, saved: dict[str, Any]) -> None:
     """Load each of `saved` (its key in the checkpoint -> a module or an optimizer, or a NumPy array
-    the loop updates in place) from `checkpoint`; nothing for a new run (None). A missing key or a
-    state that does not fit is a UsageError."""
+    the loop updates in place) from `checkpoint`; nothing for a new run (None). A missing key, or a
+    state whose keys or shapes differ from this run's, is a UsageError that names them."""
     for key, thing in saved.items() if checkpoint is not None else ():
         if key not in checkpoint:
             raise UsageError(
-                f"the checkpoint has no {key!r}: it is of another version of the script"
+                f"the checkpoint{written_by(checkpoint)} has no {key!r}, which this script saves and restores"
+            )
+        difference = state_difference(checkpoint[key], thing)
+        if difference:
+            raise UsageError(
+                f"the checkpoint's {key!r}{written_by(checkpoint)} does not fit this run's: {difference}"
             )
         try:
             if isinstance(thing, np.ndarray):
@@ -186,8 +191,68 @@ def restore(checkpoint: dict | None, saved: dict[str, Any]) -> None:
             else:
                 thing.load_state_dict(checkpoint[key])
         except (RuntimeError, KeyError, ValueError) as exc:
-            message = f"the checkpoint's {key!r} does not fit this run's: {str(exc)[:200]}"
+            message = f"the checkpoint's {key!r}{written_by(checkpoint)} does not fit this run's: {str(exc)[:200]}"
             raise UsageError(message) from None
+
+
+def tensor_shapes(state: dict) -> dict[str, tuple[int, ...] | None]:
+    """Each tensor's shape in a module's state dict, by its key."""
+    return {str(key): tuple(value.shape) for key, value in state.items() if torch.is_tensor(value)}
+
+
+def optimizer_shapes(state: dict) -> dict[str, tuple[int, ...] | None]:
+    """The shape of each parameter an optimizer's state dict steps, by group and place, read from
+    its moments; None where it kept none (a parameter not stepped yet)."""
+    moments = state["state"]
+    return {
+        f"param_groups[{g}][{i}]": next(
+            (
+                tuple(value.shape)
+                for value in moments.get(index, {}).values()
+                if torch.is_tensor(value) and value.dim()
+            ),
+            None,
+        )
+        for g, group in enumerate(state["param_groups"])
+        for i, index in enumerate(group["params"])
+    }
+
+
+def state_difference(saved: Any, thing: Any) -> str:
+    """What differs between a checkpoint's state of `thing` (a module, an optimizer or an array) and
+    `thing`'s own, in words: keys on one side only, and shapes; empty where they agree."""
+    if isinstance(thing, np.ndarray):
+        there, here = {"its shape": tuple(np.shape(saved))}, {"its shape": thing.shape}
+    elif isinstance(thing, torch.optim.Optimizer):
+        here = {
+            f"param_groups[{g}][{i}]": tuple(parameter.shape)
+            for g, group in enumerate(thing.param_groups)
+            for i, parameter in enumerate(group["params"])
+        }
+        there = optimizer_shapes(saved)
+    elif hasattr(thing, "state_dict"):
+        there, here = tensor_shapes(saved), tensor_shapes(thing.state_dict())
+    else:
+        return ""
+    parts = []
+    if missing := [key for key in here if key not in there]:
+        parts.append(f"the checkpoint lacks {listed(missing)}")
+    if extra := [key for key in there if key not in here]:
+        parts.append(f"this run has no {listed(extra)}")
+    differ = [
+        f"{key} {there[key]} there, {here[key]} here"
+        for key in here
+        if there.get(key) is not None and there[key] != here[key]
+    ]
+    if differ:
+        parts.append("shapes differ: " + listed(differ))
+    return "; ".join(parts)
+
+
+def listed(items: list[str], most: int = 4) -> str:
+    """Up to `most` of `items`, then how many more."""
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(items[:most]) + more
 
 
 def saved_state(saved: dict[str, Any]) -> dict[str, Any]:

@@ -56,9 +56,8 @@ def usage_errors(check_args: Callable[[Config], None]) -> Callable[[Config], Non
 
 
 def _setup(
-    args: Config, script: str, checkpoint_format: int, check_args: Callable[[Config], None],
-    kept: tuple[str, ...],
-) -> tuple[Config, dict | None, torch.device]:  # fmt: skip
+    args: Config, check_args: Callable[[Config], None], kept: tuple[str, ...]
+) -> tuple[Config, dict | None, torch.device]:
     """Before the network is built: `check_args(args)`, joining torchrun's processes
     (docs/distributed.md), the checkpoint --resume continues, whose settings replace `args` but for
     the run-time flags and `kept`, then the seeds (each rank its own: rank 0's parameters are
@@ -70,25 +69,21 @@ def _setup(
     args = checkpoints.auto_resume(args)
     kept = (*checkpoints.RUN_TIME_FLAGS, *kept)
     args, checkpoint = checkpoints.load_with_settings(
-        args.resume, script, checkpoint_format, args, check_args, kept, strict=True,
-        required=("episodes",),
-    )  # fmt: skip
+        args.resume, args, check_args, kept, strict=True, required=("episodes",)
+    )
     seed = distributed.rank_seed(args.seed)
     device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
     return args, checkpoint, device
 
 
 def _setup_evaluation(
-    args: Config, script: str, checkpoint_format: int, check_args: Callable[[Config], None],
-    kept: tuple[str, ...],
-) -> tuple[Config, dict, torch.device]:  # fmt: skip
+    args: Config, check_args: Callable[[Config], None], kept: tuple[str, ...]
+) -> tuple[Config, dict, torch.device]:
     """For --eval-checkpoint: the checkpoint, its run's settings with the evaluation flags of `args`
     on top (both checked by `check_args`), and the device, after seeding with --seed."""
     check_args(args)
     path, kept = args.eval_checkpoint, (*checkpoints.EVALUATION_FLAGS, *kept)
-    trained, checkpoint = checkpoints.load_with_settings(
-        path, script, checkpoint_format, args, check_args, kept, strict=False
-    )
+    trained, checkpoint = checkpoints.load_with_settings(path, args, check_args, kept, strict=False)
     device = seed_and_pick_device(
         trained.seed, trained.torch_deterministic, trained.torch_threads, trained.cuda
     )
@@ -126,20 +121,17 @@ class Run:
         self,
         args: Any,
         script: str,
-        checkpoint_format: int,
         make_env: Callable[..., Callable],
         check_args: Callable[[Any], None],
         kept: tuple[str, ...] = (),
         actions: tuple[type[gym.Space], ...] = (gym.spaces.Discrete, gym.spaces.Box),
         env_kwargs: Callable[[Any], dict[str, Any]] | None = None,
     ):
-        self.script, self.checkpoint_format = script, checkpoint_format
+        self.script = script
         check_args = usage_errors(check_args)
         self.flags = args  # the command line's
         setup = _setup_evaluation if getattr(args, "eval_checkpoint", None) else _setup
-        self.args, self.checkpoint, self.device = setup(
-            args, script, checkpoint_format, check_args, kept
-        )
+        self.args, self.checkpoint, self.device = setup(args, check_args, kept)
         # what make_env takes from the run's settings (ppo_transformer's --prev-action-reward)
         self.make_env = partial(make_env, **env_kwargs(self.args)) if env_kwargs else make_env
         self.observation_space, self.action_space = checked_spaces(
@@ -286,9 +278,8 @@ class Run:
         state["wandb"] = history.checkpoint_state() if history is not None else None
         folder = self.path / "checkpoints"
         return checkpoints.save(
-            folder, self.script, self.checkpoint_format, self.args, global_step,
-            self.saving.step_file, **state,
-        )  # fmt: skip
+            folder, self.script, self.args, global_step, self.saving.step_file, **state
+        )
 
     def iteration_done(self, iteration: int, global_step: int, **carried: np.ndarray) -> bool:
         """After each iteration, with where the loop stands (and the envs' `next_obs`): whether to

@@ -18,7 +18,7 @@ import torch
 from helpers import play_optimally, sharp_agent, visit_states
 
 from benchmark.registry import script_make_env
-from common.errors import PolicyMismatch
+from common.errors import PolicyMismatch, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 FALLBACK = "the rollout acts with the torch policy at every step"
@@ -546,3 +546,101 @@ def test_a_copy_that_draws_at_random_while_acting_stops_and_says_so(tmp_path, mo
     )  # fmt: skip
     with pytest.raises(PolicyMismatch, match=r"key/value context.*at random in eval mode"):
         copy.train(args)
+
+
+# --- checkpoints: a copy and its original ---------------------------------------------------------------------------
+
+
+def renamed_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, *replacements: tuple[str, str]
+):
+    """ppo_fc.py copied to `name`.py (its runs and checkpoints are `name`'s), with `replacements` made, imported."""
+    source = (REPO / "ppo_fc.py").read_text()
+    for old, new in replacements:
+        assert old in source, f"{old!r} is no longer in ppo_fc.py: update this test"
+        source = source.replace(old, new)
+    (tmp_path / f"{name}.py").write_text(source)
+    spec = importlib.util.spec_from_file_location(name, tmp_path / f"{name}.py")
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, copy)
+    spec.loader.exec_module(copy)
+    return copy
+
+
+def test_a_copy_goes_on_from_the_original_s_checkpoint_exactly_and_evaluates_it(
+    tmp_path, monkeypatch
+):
+    import ppo_fc
+
+    settings = dict(
+        env_id="Probe5-v0", total_timesteps=1024, num_steps=64, checkpoint_every=1, eval_episodes=0
+    )
+    original = ppo_fc.train(ppo_fc.Args(run_dir=str(tmp_path / "runs"), progress=False, **settings))
+    copy = renamed_copy(tmp_path, monkeypatch, "new_name")
+    assert copy.SCRIPT == "new_name"
+    halfway = original.run_dir / "checkpoints" / "step_512.pt"
+    resumed = copy.train(copy.Args(resume=str(halfway), progress=False))
+    assert resumed.global_step == 1024 and resumed.run_dir == original.run_dir
+    for theirs, ours in zip(
+        original.agent.state_dict().values(), resumed.agent.state_dict().values(), strict=True
+    ):
+        assert torch.equal(theirs, ours)
+    returns = copy.evaluate_checkpoint(
+        copy.Args(eval_checkpoint=str(halfway), run_dir=str(tmp_path / "eval"), eval_episodes=2)
+    )
+    assert len(returns) == 2
+
+
+NEW_PARAMETER = (
+    "        self.discrete = isinstance(action_space, gym.spaces.Discrete)\n",
+    "        self.discrete = isinstance(action_space, gym.spaces.Discrete)\n"
+    "        self.bonus_scale = nn.Parameter(torch.ones(1))\n",
+)
+NEW_ARRAY = (
+    '{"model": agent, "optimizer": optimizer}',
+    '{"model": agent, "optimizer": optimizer, "visits": np.zeros(8)}',
+)
+
+
+@pytest.mark.parametrize(
+    ("edit", "refusal"),
+    [
+        (
+            NEW_PARAMETER,
+            "the checkpoint's 'model' (written by ppo_fc.py) does not fit this run's: the checkpoint lacks bonus_scale",
+        ),
+        (
+            NEW_ARRAY,
+            "the checkpoint (written by ppo_fc.py) has no 'visits', which this script saves and restores",
+        ),
+    ],
+    ids=["a parameter", "an array"],
+)
+def test_an_edit_that_adds_to_the_checkpoint_needs_no_other_change(
+    tmp_path, monkeypatch, edit, refusal
+):
+    # Its own checkpoints resume and evaluate; the original's, which lack the new part, are refused by name.
+    import ppo_fc
+
+    settings = dict(
+        env_id="Probe1-v0", total_timesteps=512, num_steps=64, checkpoint_every=1, eval_episodes=0
+    )
+    copy = renamed_copy(tmp_path, monkeypatch, "my_ppo", edit)
+    own = copy.train(copy.Args(run_dir=str(tmp_path / "own"), progress=False, **settings))
+    resumed = copy.train(
+        copy.Args(resume=str(own.run_dir / "checkpoints" / "step_256.pt"), progress=False)
+    )
+    for done, again in zip(
+        own.agent.state_dict().values(), resumed.agent.state_dict().values(), strict=True
+    ):
+        assert torch.equal(done, again)
+    assert len(copy.evaluate_checkpoint(copy.Args(eval_checkpoint=str(own.checkpoint), eval_episodes=1,
+                                                  run_dir=str(tmp_path / "eval")))) == 1  # fmt: skip
+    original = ppo_fc.train(
+        ppo_fc.Args(run_dir=str(tmp_path / "original"), progress=False, **settings)
+    )
+    with pytest.raises(UsageError) as refused:
+        copy.train(
+            copy.Args(resume=str(original.run_dir / "checkpoints" / "step_256.pt"), progress=False)
+        )
+    assert str(refused.value) == refusal

@@ -279,10 +279,14 @@ def test_an_image_observation_is_refused(tmp_path):
 def test_checkpoints_of_the_other_scripts_are_refused(tmp_path):
     ppo = ppo_fc.train(ppo_fc.Args(env_id="Pendulum-v1", total_timesteps=512, run_dir=str(tmp_path), progress=False,
                                    eval_episodes=0))  # fmt: skip
-    with pytest.raises(UsageError, match="not a ddpg checkpoint"):
+    with pytest.raises(
+        UsageError, match=r"\(written by ppo_fc.py\) does not fit this script: its settings"
+    ):
         ddpg.train(ddpg.Args(resume=str(ppo.checkpoint), progress=False))
     result = ddpg.train(quick_args(tmp_path, total_timesteps=50, save_model=True))
-    with pytest.raises(UsageError, match="not a ppo_fc checkpoint"):
+    with pytest.raises(
+        UsageError, match=r"\(written by ddpg.py\) does not fit this script: its settings"
+    ):
         ppo_fc.train(ppo_fc.Args(resume=str(result.checkpoint), progress=False))
 
 

@@ -644,9 +644,12 @@ def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
     torch.save({"script": "ppo_fc", "format": 1, "model": {}, "args": {}}, incomplete)
     for path, message in [
         (corrupt, "cannot read checkpoint"),
-        (foreign, "not a ppo_fc checkpoint"),
+        (
+            foreign,
+            "(written by ddpg.py) is not a run's checkpoint: it has no ['args'",
+        ),
         (pickled, "cannot read checkpoint"),
-        (incomplete, "another format"),
+        (incomplete, "it has no ['global_step', 'rng'"),
         (tmp_path / "missing.pt", "does not exist"),
     ]:
         for flag in ("--eval-checkpoint", "--resume"):
@@ -690,7 +693,7 @@ def test_a_checkpoint_missing_what_a_resume_reads_is_refused_in_one_line(tmp_pat
 
 def test_a_script_cannot_save_under_the_run_s_own_checkpoint_keys(tmp_path):
     args = ppo_fc.Args(run_dir=str(tmp_path), progress=False)
-    run = Run(args, "ppo_fc", ppo_fc.CHECKPOINT_FORMAT, ppo_fc.make_env, ppo_fc.check_args)
+    run = Run(args, "ppo_fc", ppo_fc.make_env, ppo_fc.check_args)
     for key in ("episodes", "args", "rng"):
         with pytest.raises(ValueError, match=key):
             run.start({key: torch.zeros(1)}, 512)
@@ -1300,3 +1303,36 @@ def test_a_checkpoint_of_a_gpu_run_with_cuda_graphs_evaluates_and_resumes_on_a_c
     assert len(ppo_fc.evaluate_checkpoint(evaluation)) == 1
     resumed = ppo_fc.train(ppo_fc.Args(resume=str(run / "step_512.pt"), progress=False))
     assert resumed.global_step == 1024
+
+
+def test_a_checkpoint_written_with_a_format_number_resumes(tmp_path):
+    # tests/data/ppo_fc_format4_step_256.pt: step 256 of `python ppo_fc.py --env-id Probe5-v0 --total-timesteps 512
+    # --num-steps 64 --checkpoint-every 1 --eval-episodes 0` with OMP_NUM_THREADS=1 (as the tests run), written at
+    # 4c08b7c (format 4, the last number checked).
+    folder = tmp_path / "runs" / "old" / "checkpoints"
+    folder.mkdir(parents=True)
+    shutil.copy(
+        Path(__file__).parent / "data" / "ppo_fc_format4_step_256.pt", folder / "step_256.pt"
+    )
+    assert torch.load(folder / "step_256.pt", weights_only=True)["format"] == 4
+    assert run_cli("--resume", str(folder / "step_256.pt")).returncode == 0
+    flags = [
+        "--env-id",
+        "Probe5-v0",
+        "--total-timesteps",
+        "512",
+        "--num-steps",
+        "64",
+        "--eval-episodes",
+        "0",
+    ]
+    assert run_cli(*flags, "--run-dir", str(tmp_path / "new"), "--run-name", "new").returncode == 0
+    resumed, uninterrupted = (
+        torch.load(path, weights_only=True)
+        for path in (folder / "latest.pt", tmp_path / "new" / "new" / "checkpoints" / "latest.pt")
+    )
+    assert resumed["global_step"] == uninterrupted["global_step"] == 512
+    # The same run: equal to float rounding (another CPU's kernels may round the first half otherwise); a restore
+    # that lost the model, optimizer or envs would be far off.
+    for name, parameter in uninterrupted["model"].items():
+        assert torch.allclose(resumed["model"][name], parameter, rtol=0, atol=1e-5), name

@@ -570,28 +570,38 @@ def test_checkpoints_of_another_script_are_refused(tmp_path):
     assert not (tmp_path / "refused").exists()
 
 
-def test_a_checkpoint_of_an_older_format_is_refused_with_one_error_line(tmp_path):
-    # Format 3 renamed the transformer's modules (nanoGPT's names): a format 2 checkpoint is refused by its format,
-    # before its weights are tried.
+def test_a_checkpoint_of_other_module_names_is_refused_with_one_error_line_naming_them(tmp_path):
+    # Before nanoGPT's names (2026-11-26) the MLP's layers were fc and proj: such a checkpoint is refused by its keys,
+    # with no format number to compare. A "format" key, as checkpoints written until 2026-11-28 hold, is ignored.
     result = ppo_transformer.train(
         quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True)
     )
     checkpoint = torch.load(result.checkpoint, weights_only=True)
+    renamed = {"mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
+    checkpoint["model"] = {
+        next((key.replace(a, b) for a, b in renamed.items() if a in key), key): value
+        for key, value in checkpoint["model"].items()
+    }
     checkpoint["format"] = 2
     older = result.checkpoint.parent / "older.pt"  # in its run's checkpoints/, as --resume takes it
     torch.save(checkpoint, older)
-    current = ppo_transformer.CHECKPOINT_FORMAT
     expected = (
-        f"ppo_transformer checkpoint of another format (format 2, this version reads {current}"
+        "the checkpoint's 'model' (written by ppo_transformer.py) does not fit this run's: the checkpoint lacks "
+        "blocks.0.mlp.c_fc.weight, blocks.0.mlp.c_fc.bias, blocks.0.mlp.c_proj.weight, blocks.0.mlp.c_proj.bias "
+        "and 4 more; this run has no blocks.0.mlp.fc.weight"
     )
-    for flag in ("--eval-checkpoint", "--resume"):
-        completed = run_cli(flag, str(older), "--run-dir", str(tmp_path / "refused"))
+    before = sorted(tmp_path.rglob("*"))
+    for flags in (
+        ("--eval-checkpoint", str(older), "--run-dir", str(tmp_path)),
+        ("--resume", str(older)),
+    ):
+        completed = run_cli(*flags)
         assert completed.returncode == 2, completed.stderr
         lines = completed.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], (
             completed.stderr
         )
-    assert not (tmp_path / "refused").exists()
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
 
 
 def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_positions(tmp_path):

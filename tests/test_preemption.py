@@ -397,7 +397,7 @@ def test_checkpoints_by_wall_clock_keep_latest_alone(tmp_path, monkeypatch):
     written = []
     save = checkpoints.save
     monkeypatch.setattr(
-        checkpoints, "save", lambda *a, **k: written.append((a[4], a[5])) or save(*a, **k)
+        checkpoints, "save", lambda *a, **k: written.append((a[3], a[4])) or save(*a, **k)
     )
     result = ppo_fc.train(args)
     assert written == [(512 * i, False) for i in range(1, 9)]
