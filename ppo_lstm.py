@@ -256,13 +256,14 @@ class Core(nn.Module):
     def forward(
         self, x: Tensor, state: Tensor, segments: Segments | None
     ) -> tuple[Tensor, Tensor | None]:
-        """The cell's output along `x` (T, B, obs...) from `state` (layers, B, state size), cut into
-        `segments`; for one step (`segments` None) also the state after it."""
+        """The cell's output along `x` (T, B, obs...) cut into `segments`, each piece from its own
+        `state` (layers, pieces, state size); for one step (`segments` None, `state` (layers, B,
+        state size)) also the state after it."""
         features = self.encoder(x["image"], x["vector"]) if isinstance(x, dict) else self.encoder(x)
         if segments is None:
             output, next_state = self.rnn(features, self.cell_state(state))
             return output, self.flat_state(next_state)
-        output, _ = self.rnn(segments.pad(features), self.cell_state(segments.initial_state(state)))
+        output, _ = self.rnn(segments.pad(features), self.cell_state(state))
         return segments.unpad(output), None
 
     def cell_state(self, state: Tensor) -> Tensor | tuple[Tensor, Tensor]:
@@ -321,23 +322,31 @@ class Agent(nn.Module):
         return [self.core] if self.critic_core is None else [self.core, self.critic_core]
 
     def initial_state(self, batch_size: int) -> Tensor:
-        """The state of `batch_size` envs at the start of their episodes: zero, (layers, batch,
-        state size)."""
+        """The state an episode starts from, for `batch_size` envs: zero, (layers, batch, state
+        size). Its one definition: the rollout, the update's sequences, bootstrapping and
+        evaluation all reset to it through `reset_state` (a learned start is an edit of this alone)."""
         device = next(self.parameters()).device
         return torch.zeros(self.rnn_layers, batch_size, self.state_size, device=device)
+
+    def reset_state(self, state: Tensor, starts: Tensor) -> Tensor:
+        """`state` (layers, B, state size) where each env goes on, the initial state where its
+        episode `starts` (B,)."""
+        return torch.where(starts[None, :, None], self.initial_state(state.shape[1]), state)
 
     def forward(
         self, x: Tensor, state: Tensor, episode_starts: Tensor
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Along observations `x` (T, B, obs) from `state` (layers, B, state size), zero wherever
-        `episode_starts` (T, B): the actor's output and the value at each step; for one step (T = 1)
-        also the state after it."""
+        """Along observations `x` (T, B, obs) from `state` (layers, B, state size), the initial
+        state wherever `episode_starts` (T, B): the actor's output and the value at each step; for
+        one step (T = 1) also the state after it."""
         if self.parts and self.cnn:
             x = {"image": x["image"], "vector": self.obs_norm(x["vector"])}
         else:
             x = self.obs_norm(self.normalised_part(x))
-        state = state * ~episode_starts[0, None, :, None]
+        state = self.reset_state(state, episode_starts[0])
         segments = Segments(episode_starts) if len(episode_starts) > 1 else None
+        if segments is not None:  # each piece's: the sequence's state, or an episode's start
+            state = segments.initial_state(state, self.initial_state(segments.num_pieces))
         actor_hidden, next_state = self.core(x, state[..., : self.core.state_size], segments)
         critic_hidden = actor_hidden
         if self.critic_core is not None:
@@ -364,14 +373,17 @@ class Agent(nn.Module):
         return torch.cat([self.flatten(x["image"].float()), x["vector"]], -1)
 
     @torch.no_grad()
-    def bootstrap_value(self, obs: np.ndarray | dict, state: np.ndarray) -> np.ndarray:
-        """The values of a batch of observations, each one step on from its `state` (which the
-        caller resets)."""
+    def bootstrap_value(
+        self, obs: np.ndarray | dict, state: np.ndarray, starts: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The values of a batch of observations, each one step on from its `state`, or from the
+        initial state where its episode `starts` (none where not given)."""
         device = next(self.parameters()).device
         x = observation_tensor(obs, device)[None]
         state = torch.as_tensor(state, device=device)
-        starts = torch.zeros(1, state.shape[1], dtype=torch.bool, device=device)
-        return self(x, state, starts)[1][0].cpu().numpy()
+        if starts is None:
+            starts = np.zeros(state.shape[1], dtype=bool)
+        return self(x, state, torch.as_tensor(starts, device=device)[None])[1][0].cpu().numpy()
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update
@@ -433,7 +445,8 @@ def train(args: Args) -> TrainResult:
     next_obs = run.start({"model": agent, "optimizer": optimizer}, global_batch_size)
     global_step = run.global_step
     next_starts = np.ones(args.num_envs, dtype=bool)
-    next_rnn_state = agent.initial_state(args.num_envs).cpu().numpy()
+    # a copy: the loop writes into it, and a learned initial state's array is its parameter's memory
+    next_rnn_state = agent.initial_state(args.num_envs).detach().cpu().numpy().copy()
     # the loop's state across steps, updated in place: checkpoints save it, and resume restores it
     carried = run.carry({"episode_starts": next_starts, "rnn_state": next_rnn_state})
 
@@ -448,7 +461,8 @@ def train(args: Args) -> TrainResult:
     episode_starts = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     # where an episode was truncated: the value of its last observation
     final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    # the state each step acted from (zero at an episode start): training sequences start from these
+    # the state each step acted from (the initial state at an episode start): training sequences
+    # start from these
     rnn_states = np.zeros((args.num_steps, *next_rnn_state.shape), dtype=np.float32)
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
     max_reward = args.norm_reward_clip
@@ -464,13 +478,16 @@ def train(args: Args) -> TrainResult:
             agent.eval()
             b_noise = agent.sampling_noise((args.num_steps, args.num_envs))  # (steps, envs, ...)
             noise = b_noise.cpu().numpy()
+            start_state = (
+                agent.initial_state(args.num_envs).detach().cpu().numpy()
+            )  # a learned one moves
             first = (next_obs, next_rnn_state, next_starts, noise[0])
             act, numpy_copy = rollout_policy(agent, args.numpy_rollout, *first)
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
                 episode_starts[step] = next_starts
-                rnn_states[step] = next_rnn_state * ~next_starts[None, :, None]
+                rnn_states[step] = np.where(next_starts[None, :, None], start_state, next_rnn_state)
                 actions[step], next_rnn_state[...] = act(
                     obs[step], next_rnn_state, next_starts, noise[step]
                 )
@@ -498,8 +515,7 @@ def train(args: Args) -> TrainResult:
                 b_rnn_states = torch.as_tensor(rnn_states, device=device)
                 b_actor_outs, b_values, _ = agent(b_obs, b_rnn_states[0], b_starts)
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
-                last_state = next_rnn_state * ~next_starts[None, :, None]
-                next_value = agent.bootstrap_value(next_obs, last_state)
+                next_value = agent.bootstrap_value(next_obs, next_rnn_state, next_starts)
                 advantages = compute_gae(
                     rewards, b_values.cpu().numpy(), next_value, terminations, truncations,
                     final_values, args.gamma, args.gae_lambda,
@@ -770,7 +786,7 @@ class TrainingSequences:
 
 class Segments:
     """The pieces of sequences (T, B) between episode starts, side by side and padded at their ends,
-    for one fused call of the cell over all of them, from a zero state at each episode start
+    for one fused call of the cell over all of them, from the initial state at each episode start
     (docs/ppo_lstm.md, "Update")."""
 
     def __init__(self, episode_starts: Tensor):
@@ -799,10 +815,10 @@ class Segments:
         num_steps, num_sequences = self.shape
         return padded[self.offset, self.piece].reshape(num_sequences, num_steps, -1).transpose(0, 1)
 
-    def initial_state(self, state: Tensor) -> Tensor:
-        """Each piece's first state: `state` (layers, B, S) for each sequence's first piece, zero
-        for the rest."""
-        initial = state.new_zeros(state.shape[0], self.num_pieces, state.shape[-1])
+    def initial_state(self, state: Tensor, episode_start: Tensor) -> Tensor:
+        """Each piece's first state: `state` (layers, B, S) for each sequence's first piece, and for
+        the rest, which start episodes, theirs in `episode_start` (layers, pieces, S)."""
+        initial = episode_start.clone()
         initial[:, self.first_pieces] = state
         return initial
 
@@ -818,7 +834,7 @@ def evaluate(agent: Agent, run: Run, record_to: Path | None = None) -> list[floa
         nonlocal state
         obs_tensor = observation_tensor(obs, device)[None]
         starts = torch.as_tensor(episode_starts, device=device)[None]
-        acted_from = state * ~starts[0, None, :, None]
+        acted_from = agent.reset_state(state, starts[0])
         actor_out, _, state = agent(obs_tensor, state, starts)
         action = run.select_action(agent.distribution(actor_out[0]))
         fields = {"policy": {"hidden_state": acted_from.transpose(0, 1).cpu().numpy()}}

@@ -58,6 +58,17 @@ MLP_CRITIC = """            self.critic = nn.Sequential(
 FC_HIDDEN = "            hidden = self.obs_norm(self.normalised_part(x))"
 FC_RETURN = "        return self.actor(hidden), self.critic(hidden).squeeze(-1)"
 
+LEARNED_START_PARAMETER = (
+    "        self.critic = layer_init(nn.Linear(self.cores()[-1].rnn.hidden_size, 1), std=1.0)\n",
+    "        self.critic = layer_init(nn.Linear(self.cores()[-1].rnn.hidden_size, 1), std=1.0)\n"
+    "        self.start = nn.Parameter(torch.zeros(self.rnn_layers, 1, self.state_size))\n",
+)
+LEARNED_START = (
+    "        device = next(self.parameters()).device\n"
+    "        return torch.zeros(self.rnn_layers, batch_size, self.state_size, device=device)\n",
+    "        return self.start.expand(-1, batch_size, -1)\n",
+)
+
 EDITS = {
     # ppo_fc: the MLP's activations, width, norms, torso and heads, its loss
     "fc_relu_and_wider": Edit(
@@ -219,6 +230,8 @@ EDITS = {
             ),
         ),
     ),
+    # the state every episode starts from, learned: one definition to edit (Agent.initial_state), with its parameter
+    "lstm_learned_initial_state": Edit("ppo_lstm", (LEARNED_START_PARAMETER, LEARNED_START)),
     "lstm_relu_deeper_encoder": Edit(
         "ppo_lstm",
         (
@@ -644,3 +657,23 @@ def test_an_edit_that_adds_to_the_checkpoint_needs_no_other_change(
             copy.Args(resume=str(original.run_dir / "checkpoints" / "step_256.pt"), progress=False)
         )
     assert str(refused.value) == refusal
+
+
+def test_a_learned_initial_state_is_trained_by_the_update_and_resumes_exactly(
+    tmp_path, monkeypatch
+):
+    # The update's sequences start episodes from it too: it moves, and a resumed run equals an uninterrupted one.
+    copy = edited_copy(EDITS["lstm_learned_initial_state"], tmp_path, monkeypatch, "learned_start")
+    settings = dict(
+        env_id="Probe7-v0",
+        total_timesteps=2048,
+        checkpoint_every=1,
+        eval_episodes=0,
+        progress=False,
+    )
+    done = copy.train(copy.Args(run_dir=str(tmp_path / "runs"), **settings))
+    assert done.agent.start.abs().max() > 1e-3
+    halfway = done.run_dir / "checkpoints" / "step_1024.pt"
+    resumed = copy.train(copy.Args(resume=str(halfway), progress=False))
+    for name, parameter in done.agent.state_dict().items():
+        assert torch.equal(resumed.agent.state_dict()[name], parameter), name
