@@ -449,7 +449,7 @@ def build_agent(run: Run) -> Agent:
     if action_size != expected:
         raise UsageError(
             f"the actor gives {action_size[0]} values per observation, the env takes {expected[0]} actions: "
-            "the last layer of Actor.net in ddpg.py must output one per action dimension (docs/ddpg.md, Network)"
+            f"the last layer of Actor.net in {SCRIPT}.py must output one per action dimension (docs/ddpg.md, Network)"
         )
     return agent
 

@@ -478,9 +478,8 @@ def train(args: Args) -> TrainResult:
             agent.eval()
             b_noise = agent.sampling_noise((args.num_steps, args.num_envs))  # (steps, envs, ...)
             noise = b_noise.cpu().numpy()
-            start_state = (
-                agent.initial_state(args.num_envs).detach().cpu().numpy()
-            )  # a learned one moves
+            # the state an episode starts from, as the rollout records it (a learned one moves)
+            start_state = agent.initial_state(args.num_envs).detach().cpu().numpy()
             first = (next_obs, next_rnn_state, next_starts, noise[0])
             act, numpy_copy = rollout_policy(agent, args.numpy_rollout, *first)
             for step in range(args.num_steps):
@@ -818,9 +817,7 @@ class Segments:
     def initial_state(self, state: Tensor, episode_start: Tensor) -> Tensor:
         """Each piece's first state: `state` (layers, B, S) for each sequence's first piece, and for
         the rest, which start episodes, theirs in `episode_start` (layers, pieces, S)."""
-        initial = episode_start.clone()
-        initial[:, self.first_pieces] = state
-        return initial
+        return episode_start.index_copy(1, self.first_pieces, state)
 
 
 def evaluate(agent: Agent, run: Run, record_to: Path | None = None) -> list[float]:

@@ -200,36 +200,33 @@ def tensor_shapes(state: dict) -> dict[str, tuple[int, ...] | None]:
     return {str(key): tuple(value.shape) for key, value in state.items() if torch.is_tensor(value)}
 
 
-def optimizer_shapes(state: dict) -> dict[str, tuple[int, ...] | None]:
-    """The shape of each parameter an optimizer's state dict steps, by group and place, read from
-    its moments; None where it kept none (a parameter not stepped yet)."""
-    moments = state["state"]
+def optimizer_shapes(
+    param_groups: list[dict], shape: Callable[[Any], tuple[int, ...] | None]
+) -> dict:
+    """`shape` of each parameter an optimizer steps, by group and place (`param_groups` its own,
+    or a state dict's, whose parameters are indices into its moments)."""
     return {
-        f"param_groups[{g}][{i}]": next(
-            (
-                tuple(value.shape)
-                for value in moments.get(index, {}).values()
-                if torch.is_tensor(value) and value.dim()
-            ),
-            None,
-        )
-        for g, group in enumerate(state["param_groups"])
-        for i, index in enumerate(group["params"])
+        f"param_groups[{g}][{i}]": shape(parameter)
+        for g, group in enumerate(param_groups)
+        for i, parameter in enumerate(group["params"])
     }
 
 
 def state_difference(saved: Any, thing: Any) -> str:
     """What differs between a checkpoint's state of `thing` (a module, an optimizer or an array) and
-    `thing`'s own, in words: keys on one side only, and shapes; empty where they agree."""
+    `thing`'s own, in words: keys on one side only, and shapes; empty where they agree. A saved
+    optimizer's parameter shows its shape through its moments; one not stepped yet has none."""
     if isinstance(thing, np.ndarray):
         there, here = {"its shape": tuple(np.shape(saved))}, {"its shape": thing.shape}
     elif isinstance(thing, torch.optim.Optimizer):
-        here = {
-            f"param_groups[{g}][{i}]": tuple(parameter.shape)
-            for g, group in enumerate(thing.param_groups)
-            for i, parameter in enumerate(group["params"])
-        }
-        there = optimizer_shapes(saved)
+        here = optimizer_shapes(thing.param_groups, lambda parameter: tuple(parameter.shape))
+        moments = saved["state"]
+
+        def moment_shape(index: int) -> tuple[int, ...] | None:
+            tensors = [x for x in moments.get(index, {}).values() if torch.is_tensor(x) and x.dim()]
+            return tuple(tensors[0].shape) if tensors else None
+
+        there = optimizer_shapes(saved["param_groups"], moment_shape)
     elif hasattr(thing, "state_dict"):
         there, here = tensor_shapes(saved), tensor_shapes(thing.state_dict())
     else:
