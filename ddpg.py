@@ -28,6 +28,7 @@ from common.errors import UsageError
 from common.run_start import Run, TrainResult
 
 SCRIPT = Path(__file__).stem
+PAGE = "docs/ddpg.md"  # what a check's error points to, in a copy too
 # --save-buffer stays the command line's on --resume; continuous actions only
 RUN_OPTIONS = {"kept": ("save_buffer",), "actions": (gym.spaces.Box,)}
 
@@ -384,7 +385,7 @@ def train(args: Args) -> TrainResult:
                 # A NaN or inf loss reaches the parameters; checking them all takes 0.5 ms: only then.
                 if not torch.isfinite(qf1_loss + actor_loss):
                     losses = {"qf1_loss": qf1_loss, "actor_loss": actor_loss}
-                    run.check_finite(agent.parameters(), global_step, **losses)
+                    run.check_finite(agent, global_step, PAGE, **losses)
 
             if iteration % log_every == 0 or iteration == num_iterations:
                 scalars = {"charts/learning_rate": q_optimizer.param_groups[0]["lr"]}

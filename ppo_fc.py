@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +29,7 @@ from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
 SCRIPT = Path(__file__).stem
+PAGE = "docs/ppo_fc.md"  # what a check's error points to, in a copy too
 
 
 @dataclass
@@ -428,9 +430,7 @@ def train(args: Args) -> TrainResult:
             agent.eval()
             sampling_noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise = sampling_noise.cpu().numpy()
-            act, numpy_copy = rollout_policy(
-                agent, args.numpy_rollout, next_obs, noise[0], fast_policy
-            )
+            act = rollout_policy(agent, args.numpy_rollout, next_obs, noise[0], fast_policy)
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
@@ -452,7 +452,9 @@ def train(args: Args) -> TrainResult:
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
                 b_actor_outs, b_values = agent(b_obs)
                 b_noise = sampling_noise.flatten(0, 1)
-                b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
+                b_logprobs = check_policy(
+                    b_actor_outs, b_noise, b_actions, agent, act, (obs, noise)
+                )
                 values = b_values.reshape(args.num_steps, args.num_envs).cpu().numpy()
                 next_value = agent.get_value(observation_tensor(next_obs, device))
                 # truncated (not terminated) episodes bootstrap from their last observation's value
@@ -497,7 +499,7 @@ def train(args: Args) -> TrainResult:
                     if approx_kl > args.target_kl:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
-            run.check_finite(agent.parameters(), global_step, **losses)
+            run.check_finite(agent, global_step, PAGE, **losses)
             # after the update, which used the statistics the rollout acted with
             agent.update_obs_norm(b_obs)
 
@@ -576,20 +578,17 @@ def build_agent(run: Run) -> Agent:
     ).to(run.device)
 
 
-PolicyFunction = Callable[[np.ndarray, np.ndarray], np.ndarray]
-"""A rollout's policy: (observations, noise) -> actions."""
-
-
 def rollout_policy(
     agent: Agent,
     numpy_rollout: bool,
     obs: np.ndarray,
     noise: np.ndarray,
     fast: capture.StandIn | None = None,
-) -> tuple[PolicyFunction, bool]:
-    """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, and whether it is a
-    NumPy copy (with `numpy_rollout`: recorded from the torch policy and checked against it on the
-    rollout's first `obs` and `noise`). With --compile or --cuda-graphs, `fast` calls the policy."""
+) -> stand_in.Acting:
+    """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, as the rollout
+    calls it: a NumPy copy (with `numpy_rollout`: recorded from the torch policy and checked against
+    it on the rollout's first `obs` and `noise`) or a torch call (`fast` with --compile or
+    --cuda-graphs), which keeps what it was given and gave for the check after the rollout."""
     device = next(agent.parameters()).device
     fast = fast or capture.StandIn(compile=False, cuda_graph=False)
 
@@ -597,26 +596,33 @@ def rollout_policy(
     def policy(obs: Tensor, noise: Tensor) -> Tensor:
         return agent.sample(agent.distribution(agent(obs)[0]), noise)
 
+    def torch_act(obs: np.ndarray, noise: np.ndarray, call: Callable = fast) -> np.ndarray:
+        x = observation_tensor(obs, device)
+        return call(policy, x, torch.as_tensor(noise, device=device)).cpu().numpy()
+
+    def update_pass(obs: np.ndarray, noise: np.ndarray) -> Tensor:  # the update's, for one step
+        return agent(observation_tensor(obs, device))[0]
+
+    act = torch_act
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     if numpy_rollout and not agent.cnn and not agent.parts and not fast.enabled:
-        copy = stand_in.numpy_copy(policy, (obs, noise), agent)
-        if copy is not None:
-            return copy, True
-
-    def torch_act(obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        x = observation_tensor(obs, device)
-        return fast(policy, x, torch.as_tensor(noise, device=device)).cpu().numpy()
-
-    return torch_act, False
+        act = stand_in.numpy_copy(policy, (obs, noise), agent) or torch_act
+    plain = partial(torch_act, call=lambda function, *inputs: function(*inputs))
+    names = ("obs[step]", "noise[step]")
+    return stand_in.Acting(act, plain, act is not torch_act, agent, update_pass, names, PAGE)
 
 
 def check_policy(
-    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool
-) -> Tensor:
+    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: stand_in.Acting,
+    stored: tuple[np.ndarray, np.ndarray],
+) -> Tensor:  # fmt: skip
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
-    policy's `actor_outs`, after checking that the actions are its draws with `noise`."""
+    policy's `actor_outs`, after checking that the actions are its draws with `noise`; where they
+    are not, `act`, with the observations and noise the loop `stored`, says why."""
+    act.check(agent, stored, actions)
     policy = agent.distribution(actor_outs)
-    stand_in.check_actions(actions, policy, agent.sample(policy, noise), noise, numpy_copy)
+    explain = partial(act.explain, actor_outs)
+    stand_in.check_actions(actions, policy, agent.sample(policy, noise), noise, explain)
     if agent.discrete:
         return policy.log_prob(actions)
     return policy.log_prob(actions).sum(-1)

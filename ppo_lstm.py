@@ -29,6 +29,7 @@ from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
 SCRIPT = Path(__file__).stem
+PAGE = "docs/ppo_lstm.md"  # what a check's error points to, in a copy too
 
 
 @dataclass
@@ -481,7 +482,7 @@ def train(args: Args) -> TrainResult:
             # the state an episode starts from, as the rollout records it (a learned one moves)
             start_state = agent.initial_state(args.num_envs).detach().cpu().numpy()
             first = (next_obs, next_rnn_state, next_starts, noise[0])
-            act, numpy_copy = rollout_policy(agent, args.numpy_rollout, *first)
+            act = rollout_policy(agent, args.numpy_rollout, *first)
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
@@ -513,7 +514,13 @@ def train(args: Args) -> TrainResult:
                 b_actions = torch.as_tensor(actions, device=device)
                 b_rnn_states = torch.as_tensor(rnn_states, device=device)
                 b_actor_outs, b_values, _ = agent(b_obs, b_rnn_states[0], b_starts)
-                b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, numpy_copy)
+                stored = (
+                    obs,
+                    None,
+                    episode_starts,
+                    noise,
+                )  # what `act` was given, as the loop keeps it
+                b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, act, stored)
                 next_value = agent.bootstrap_value(next_obs, next_rnn_state, next_starts)
                 advantages = compute_gae(
                     rewards, b_values.cpu().numpy(), next_value, terminations, truncations,
@@ -590,7 +597,7 @@ def train(args: Args) -> TrainResult:
                     if approx_kl > args.target_kl:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
-            run.check_finite(agent.parameters(), global_step, **losses)
+            run.check_finite(agent, global_step, PAGE, **losses)
             # after the update, which used the rollout's statistics (taken in the sequences' order)
             agent.update_obs_norm(b_obs[sequences.index()])
 
@@ -671,13 +678,6 @@ def build_agent(run: Run) -> Agent:
     return Agent(run.observation_space, run.action_space, run.args).to(run.device)
 
 
-StepFunction = Callable[
-    [np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]
-]
-"""A rollout step: (observations, state, episode starts, noise) -> (actions, state after the step).
-"""
-
-
 def rollout_policy(
     agent: Agent,
     numpy_rollout: bool,
@@ -685,40 +685,55 @@ def rollout_policy(
     state: np.ndarray,
     starts: np.ndarray,
     noise: np.ndarray,
-) -> tuple[StepFunction, bool]:
+) -> stand_in.Acting:
     """One step of `Agent.sample(Agent.distribution(.), noise)` and the state update, on NumPy
-    arrays, and whether it is a NumPy copy (with `numpy_rollout`: recorded from the torch step and
-    checked against it on the rollout's first `obs`, `state`, `starts` and `noise`)."""
+    arrays, as the rollout calls it: (observations, state, episode starts, noise) -> (actions, state
+    after the step). A NumPy copy (with `numpy_rollout`: recorded from the torch step and checked
+    against it on the rollout's first `obs`, `state`, `starts` and `noise`) or the torch step, which
+    keeps what it was given and gave for the check after the rollout."""
     device = next(agent.parameters()).device
+    as_tensor = partial(torch.as_tensor, device=device)
 
     @torch.no_grad()
     def policy_step(obs: Tensor, state: Tensor, starts: Tensor, noise: Tensor):
         actor_out, _, next_state = agent(obs[None], state, starts[None])
         return agent.sample(agent.distribution(actor_out[0]), noise), next_state
 
-    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
-    if numpy_rollout and not agent.cnn and not agent.parts:
-        copy = stand_in.numpy_copy(policy_step, (obs, state, starts, noise), agent)
-        if copy is not None:
-            return copy, True
-
     def torch_step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
-        as_tensor = lambda array: torch.as_tensor(array, device=device)  # noqa: E731
         x = observation_tensor(obs, device)
         action, next_state = policy_step(x, as_tensor(state), as_tensor(starts), as_tensor(noise))
         return action.cpu().numpy(), next_state.cpu().numpy()
 
-    return torch_step, False
+    def update_pass(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
+        x = observation_tensor(obs, device)  # the update's pass, for one step
+        return agent(x[None], as_tensor(state), as_tensor(starts)[None])[0][0]
+
+    act = torch_step
+    # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
+    if numpy_rollout and not agent.cnn and not agent.parts:
+        act = stand_in.numpy_copy(policy_step, (obs, state, starts, noise), agent) or torch_step
+    names = ("obs[step]", "next_rnn_state", "next_starts", "noise[step]")
+    start_state = (
+        "define it in Agent.initial_state alone, which Agent.reset_state and Segments read"
+    )
+    return stand_in.Acting(
+        act, torch_step, act is not torch_step, agent, update_pass, names, PAGE,
+        action_of=lambda output: output[0], starts=2, start_state=start_state,
+    )  # fmt: skip
 
 
 def check_policy(
-    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, numpy_copy: bool
-) -> Tensor:
+    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: stand_in.Acting,
+    stored: tuple[np.ndarray, None, np.ndarray, np.ndarray],
+) -> Tensor:  # fmt: skip
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
-    policy's `actor_outs`, after checking that the actions are its draws with `noise`."""
+    policy's `actor_outs`, after checking that the actions are its draws with `noise`; where they
+    are not, `act`, with the observations, episode starts and noise the loop `stored`, says why."""
+    act.check(agent, stored, actions)
     policy = agent.distribution(actor_outs.flatten(0, 1))
     flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
-    stand_in.check_actions(flat_actions, policy, agent.sample(policy, noise), noise, numpy_copy)
+    explain = partial(act.explain, actor_outs.flatten(0, 1))
+    stand_in.check_actions(flat_actions, policy, agent.sample(policy, noise), noise, explain)
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 
@@ -744,7 +759,8 @@ def check_replay(
 
     why = (
         "the update's pass differs from the rollout's: each training sequence must start from the "
-        "state recorded in the rollout and reset it where an episode starts"
+        "state recorded in the rollout and reset it where an episode starts, to Agent.initial_state "
+        f'(read by Segments.initial_state and Agent.reset_state; {PAGE}, "When a check stops a run")'
     )
     stand_in.check_replay(recorded, replayed, why, where, eval_replay)
 

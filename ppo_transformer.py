@@ -31,6 +31,7 @@ from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
 SCRIPT = Path(__file__).stem
+PAGE = "docs/ppo_transformer.md"  # what a check's error points to, in a copy too
 
 
 @dataclass
@@ -751,7 +752,7 @@ def train(args: Args) -> TrainResult:
                     if approx_kl > args.target_kl:
                         break
             losses = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
-            run.check_finite(agent.parameters(), global_step, **losses)
+            run.check_finite(agent, global_step, PAGE, **losses)
             # after the update, which used the statistics the rollout acted with
             agent.update_obs_norm(observation_tensor(obs, device))
 
@@ -919,12 +920,15 @@ CONTEXT_MISMATCH = (
     "Agent.forward along each env's sequence, both in eval mode: they attend to other steps (each "
     "step must see the K - 1 steps before it in its episode, as window_mask allows), or the "
     "network computes a step otherwise beside other steps (a layer that mixes steps outside "
-    "attention) or at random in eval mode"
+    "attention) or at random in eval mode; Context.step and Agent.forward must compute the same "
+    f'({PAGE}, "When a check stops a run")'
 )
 REPLAY_MISMATCH = (
     "before any gradient step, the update's pass along a minibatch of the envs' sequences differs "
     "from what the rollout acted on, which the pass along all of them gave: the network's outputs "
-    "depend on which envs share its batch (as batch statistics do) or vary from call to call"
+    "depend on which envs share its batch (as batch statistics do) or vary from call to call; "
+    "each env's outputs must depend on its own sequence alone, in Agent.forward "
+    f'({PAGE}, "When a check stops a run")'
 )
 
 
@@ -946,7 +950,13 @@ def check_outputs(
 def check_policy(actor_outs: Tensor, actions: Tensor, agent: Agent) -> Tensor:
     """The log-probabilities of the rollout's `actions` at the policy's `actor_outs`, after checking
     that the actions are plausibly its draws (common/stand_in.py)."""
-    stand_in.check_actions(actions.flatten(0, 1), agent.distribution(actor_outs.flatten(0, 1)))
+    draws = (
+        "the loop must store the action agent.distribution(actor_out).sample() drew; exploration, a "
+        f'temperature or a change of the action belongs in Agent.distribution ({PAGE}, "When a check '
+        'stops a run")'
+    )
+    policy = agent.distribution(actor_outs.flatten(0, 1))
+    stand_in.check_actions(actions.flatten(0, 1), policy, draws=draws)
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 

@@ -327,11 +327,15 @@ class Run:
         return distributed.mean_std(x)
 
     def check_finite(
-        self, parameters: Iterable[torch.Tensor], global_step: int, **losses: torch.Tensor
+        self,
+        parameters: torch.nn.Module | Iterable[torch.Tensor],
+        global_step: int,
+        page: str | None = None,
+        **losses: torch.Tensor,
     ) -> None:
         """Stop the run (`error:`, exit status 1) if a parameter is NaN or inf, naming the update's
-        step and its last minibatch's `losses`."""
-        check_finite(parameters, global_step, **losses)
+        step, the parameter and its last minibatch's `losses` (`common.errors.check_finite`)."""
+        check_finite(parameters, global_step, page, **losses)
 
     def select_action(self, policy: Distribution) -> torch.Tensor:
         """The action evaluation takes from `policy` (--sampling-method, --temperature,

@@ -155,39 +155,48 @@ def numpy_cell(rnn: nn.Module) -> Callable[..., tuple[np.ndarray, Any]]:
     return step
 
 
+DRAWS = (
+    "Agent.sample with Agent.sampling_noise must draw from it: a distribution family of its own needs its draw "
+    "written there"
+)
+
+
 def check_actions(
     acted: torch.Tensor,
     policy: torch.distributions.Distribution,
     sampled: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
-    numpy_copy: bool = False,
+    explain: Callable[[torch.Tensor], str] | None = None,
+    draws: str = DRAWS,
 ) -> None:
     """Stop the run (PolicyMismatch) unless the rollout's `acted` actions are the torch policy's:
     the `sampled` ones it draws with the same `noise` (`check_same_actions`, where given), and
     plausibly draws from `policy`, its distribution (`check_draws`). A Categorical's actions are
     its logits' argmax with Gumbel noise; any other distribution's are checked by its mean and std.
-    `numpy_copy`: whether a NumPy copy of the policy acted, for the message."""
+    `explain(wrong)`: what the message says of the steps whose actions differ (`Acting.explain`);
+    `draws`: what it says of actions that are not draws (where the fix goes)."""
     if sampled is not None and noise is None:
         raise ValueError("check_actions: `sampled` needs the `noise` it was drawn with")
     if isinstance(policy, torch.distributions.Categorical):
         if sampled is not None:
-            check_same_actions(acted, sampled, numpy_copy, scores=policy.logits + noise)
-        check_draws(acted, probs=policy.probs)
+            check_same_actions(acted, sampled, explain, scores=policy.logits + noise)
+        check_draws(acted, probs=policy.probs, why=draws)
         return
     if sampled is not None:
-        check_same_actions(acted, sampled, numpy_copy, std=policy.stddev)
-    check_draws(acted, mean=policy.mean, std=policy.stddev)
+        check_same_actions(acted, sampled, explain, std=policy.stddev)
+    check_draws(acted, mean=policy.mean, std=policy.stddev, why=draws)
 
 
 def check_same_actions(
     acted: torch.Tensor,
     expected: torch.Tensor,
-    numpy_copy: bool,
+    explain: Callable[[torch.Tensor], str] | None = None,
     scores: torch.Tensor | None = None,
     std: torch.Tensor | None = None,
 ) -> None:
     """Raise PolicyMismatch unless the rollout's `acted` actions are the `expected` ones, which the
-    torch policy gives for the same observations and noise.
+    torch policy gives for the same observations and noise; `explain(wrong)` (a mask of the actions
+    that differ) says why, where given.
 
     NumPy and torch round float32 differently. Discrete actions (pass the `scores` they are the
     argmax of) may differ only where the two actions' scores tie to 1e-5; continuous ones (pass the
@@ -211,18 +220,292 @@ def check_same_actions(
         )
     if wrong.any():
         first = int(wrong.nonzero()[0, 0])
-        advice = (
-            "the NumPy copy, recorded from the policy and checked on the rollout's first step, acted otherwise "
-            "later: does the policy branch on a value, or keep state between calls? run with --no-numpy-rollout"
-            if numpy_copy
-            else "the torch policy gave other actions for the same input and noise, in eval mode: does it draw at "
-            "random even there (noise not tied to module.training, as dropout's is)?"
-        )
         raise PolicyMismatch(
-            f"the rollout acted with another policy than Agent.distribution and Agent.sample: {int(wrong.sum())} of "
-            f"{len(wrong)} actions differ (first: {acted[first].tolist()} where the torch policy gives "
-            f"{expected[first].tolist()}); {advice}"
+            f"the rollout acted with another policy than the update's: {int(wrong.sum())} of {len(wrong)} actions "
+            f"differ from those it draws with the same noise (first: {acted[first].tolist()} where it gives "
+            f"{expected[first].tolist()}); "
+            + (
+                explain(wrong)
+                if explain is not None
+                else "the rollout must act through Agent.distribution and Agent.sample"
+            )
         )
+
+
+class Acting:
+    """The rollout's policy function as the loop calls it, NumPy arrays in and out: `function`
+    (the NumPy copy, where `numpy_copy`, or a torch call of `torch_function`), with what it was given
+    and what it gave at each call. Where the rollout's actions are not the update's, `explain` reads
+    these to say which part of the rollout made them otherwise, and where the fix goes.
+
+    `update_pass(*inputs)`: the actor's output of the update's pass for one call's inputs;
+    `action_of(output)`: the actions in what the function gives; `names`: how the loop names each
+    input; `page`: the script's docs page; `starts`: which input marks the envs whose episode starts
+    at the step, and `start_state`, where the state an episode starts from is defined (a recurrent
+    script's), for a pass along the rollout that departs from its steps where an episode starts."""
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        torch_function: Callable[..., Any],
+        numpy_copy: bool,
+        network: nn.Module,
+        update_pass: Callable[..., torch.Tensor],
+        names: tuple[str, ...],
+        page: str,
+        action_of: Callable[[Any], np.ndarray] = lambda output: output,
+        starts: int | None = None,
+        start_state: str = "",
+    ):
+        self.function, self.torch_function, self.numpy_copy = function, torch_function, numpy_copy
+        self.network, self.update_pass, self.names, self.page = network, update_pass, names, page
+        self.action_of, self.starts, self.start_state = action_of, starts, start_state
+        self.given: list[tuple[Any, ...]] = []
+        self.gave: list[Any] = []
+
+    def __call__(self, *inputs: Any) -> Any:
+        outputs = self.function(*inputs)
+        self.given.append(tuple(map(_copied, inputs)))
+        self.gave.append(_copied(outputs))
+        return outputs
+
+    @property
+    def code(self) -> str:
+        """The NumPy copy's source (`print(act.code)`); empty for the torch policy."""
+        return getattr(self.function, "code", "")
+
+    def check(self, network: nn.Module, stored: tuple[Any, ...], actions: torch.Tensor) -> None:
+        """After the rollout, before the update's pass is checked against it: stop the run unless
+        the loop called this function once per step, of `network` (the one the update trains), with
+        what it `stored` (one array (steps, envs, ...) per input of the function, or None for one the
+        loop does not store), and stored its `actions` (flat: steps x envs) as it gave them. Each
+        message says what the loop did otherwise and where the fix goes."""
+        section = f'({self.page}, "When a check stops a run")'
+        if {id(p) for p in self.network.parameters()} != {id(p) for p in network.parameters()}:
+            raise PolicyMismatch(
+                f"the rollout's policy was made from another {type(self.network).__name__} than the one the update "
+                f"trains: the update scores each action under its own policy, so rollout_policy must be given the "
+                f"agent that trains {section}"
+            )
+        if not self.given or len(actions) % len(self.given):
+            raise PolicyMismatch(
+                f"the loop called its policy `act` (from rollout_policy) {len(self.given)} times for {len(actions)} "
+                f"actions: the update draws each action from Agent.distribution and scores it there, so the loop "
+                f"must take its actions from one call of `act` per step; a change to how actions are drawn belongs "
+                f"in Agent.distribution {section}"
+            )
+        for k, (name, saved) in enumerate(zip(self.names, stored, strict=True)):
+            place = None if saved is None else _first_difference([x[k] for x in self.given], saved)
+            if place is not None and name.startswith("noise"):
+                raise PolicyMismatch(
+                    f"the loop gave `act` other noise than Agent.sampling_noise drew ({name}, first at step "
+                    f"{place[0]}, env {place[1]}), and the update checks and scores each action with that noise: "
+                    f"a temperature or an exploration scale belongs in Agent.distribution {section}"
+                )
+            if place is not None:
+                raise PolicyMismatch(
+                    f"the loop gave `act` another {name} than it stored for the update (first at step {place[0]}, "
+                    f"env {place[1]}): the update trains the policy on what the loop stores. To show the policy "
+                    f"something else (a bonus, a feature), change the observation in make_env, with a wrapper, so "
+                    f"that the rollout, the update and evaluation all see it {section}"
+                )
+        steps = len(self.given)
+        gave = torch.as_tensor(np.stack([self.action_of(output) for output in self.gave]))
+        gave, stored_actions = gave.reshape(steps, -1, gave[0, 0].numel()), actions.cpu()
+        stored_actions = stored_actions.reshape(gave.shape).to(gave.dtype)
+        changed = (gave != stored_actions).any(-1)
+        if not changed.any():
+            return
+        step, env = (int(i) for i in changed.nonzero()[0])
+        repeats = changed[1:] & (stored_actions[1:] == stored_actions[:-1]).all(-1)
+        if not changed[0].any() and torch.equal(repeats, changed[1:]):
+            raise PolicyMismatch(
+                f"the loop replaced {int(changed.sum())} of the {changed.numel()} actions `act` drew with the env's "
+                f"action of the step before (first at step {step}, env {env}): the update scores each stored action "
+                f"as the policy's draw at its step. To repeat actions, repeat them inside the env: a wrapper in "
+                f"make_env that steps each action k times, so that the policy acts once per k env steps {section}"
+            )
+        drew, kept = (_scalar(x[step, env]) for x in (gave, stored_actions))
+        raise PolicyMismatch(
+            f"the loop changed {int(changed.sum())} of the {changed.numel()} actions `act` drew before storing them "
+            f"(first at step {step}, env {env}: drew {drew}, stored {kept}), as ε-greedy there does: the update "
+            f"scores each stored action with its log-probability under Agent.distribution, so exploration belongs "
+            f"in Agent.distribution (for ε-greedy, a mixture of its probabilities with the uniform ones) {section}"
+        )
+
+    def explain(self, outputs: torch.Tensor, wrong: torch.Tensor) -> str:
+        """Why the actions `act` gave, as the loop stored them after `check`, are not those the
+        update's pass draws, whose actor `outputs` (flat: steps x envs) are at hand, where `wrong`;
+        and where the fix goes."""
+        section = f'({self.page}, "When a check stops a run")'
+        steps = len(self.given)
+        envs = len(wrong) // steps
+        outputs = outputs.reshape(steps, envs, *outputs.shape[1:])
+        return self._explain_function(outputs, wrong, envs, section)
+
+    def _explain_function(
+        self, outputs: torch.Tensor, wrong: torch.Tensor, envs: int, section: str
+    ) -> str:
+        """The loop took `act`'s actions as they were, on what it stored: `act` itself differs."""
+        step, env = divmod(int(wrong.nonzero()[0, 0]), envs)
+        inputs = self.given[step]
+        # the first step where what `act` gave is not what the torch function gives on its inputs (a
+        # lone discrete action that differs is a float32 tie between NumPy and torch, not a cause)
+        differ = [
+            s for s, x in enumerate(self.given) if not _same(self.torch_function(*x), self.gave[s])
+        ]
+        lone_tie = len(differ) == 1 and _differs_in_one_action(
+            self.torch_function(*self.given[differ[0]]), self.gave[differ[0]]
+        )
+        at_random = (
+            "the torch policy gives other outputs on a second call with the same inputs, in eval mode: the network "
+            "draws at random even there, or keeps state between calls. Tie noise in the network to module.training, "
+            "as dropout does (the rollout acts in eval mode, the update trains in train mode); the randomness of the "
+            f"draw itself belongs in Agent.sampling_noise and Agent.sample {section}"
+        )
+        if differ and not lone_tie:
+            step, inputs = differ[0], self.given[differ[0]]
+            if (
+                not _same(self.torch_function(*inputs), self.torch_function(*inputs))
+                or not self.numpy_copy
+            ):
+                return at_random
+            return (
+                "the NumPy copy of the policy, recorded from it and checked on the rollout's first step, gave "
+                f"otherwise at step {step} than the torch policy does on the same inputs: the policy computes "
+                "otherwise at other inputs (a branch on a value, state kept between calls); run with "
+                f"--no-numpy-rollout, which acts through the torch policy at every step {section}"
+            )
+        with torch.no_grad():
+            if not torch.equal(self.update_pass(*inputs), self.update_pass(*inputs)):
+                return at_random
+        rollout_modules = _modules_called(self.network, self.torch_function, inputs)
+        update_modules = _modules_called(self.network, self.update_pass, inputs)
+        if rollout_modules != update_modules:
+            only = ", ".join(sorted(rollout_modules - update_modules)) or "nothing"
+            missing = ", ".join(sorted(update_modules - rollout_modules)) or "nothing"
+            return (
+                f"rollout_policy's policy calls {only} where the update's pass (Agent.forward) calls {missing}: "
+                f"the update trains the policy Agent.forward computes, so a network the policy acts with belongs "
+                f"in Agent.forward {section}"
+            )
+        departs = _departs(self.update_pass, self.given, outputs)
+        if departs is not None:
+            step, env = departs
+            if self.starts is not None and step > 0 and self.given[step][self.starts][env]:
+                return (
+                    f"the update's pass along the rollout departs from the rollout's steps at step {step}, env {env}, "
+                    f"where an episode starts: the state an episode starts from must be the same in both: "
+                    f"{self.start_state} {section}"
+                )
+            return (
+                f"the update's pass along the rollout gives other actor outputs than Agent.forward one step at a "
+                f"time on the rollout's inputs, first at step {step}, env {env}: Agent.forward must compute the same "
+                f"along a sequence as step by step {section}"
+            )
+        return (
+            "rollout_policy's policy calls the update's modules on the same inputs but draws otherwise: a change "
+            "after the network made in the rollout's policy alone (a temperature, a scale, a clip); the update "
+            f"scores actions with Agent.distribution, so the change belongs there {section}"
+        )
+
+
+def _scalar(action: torch.Tensor) -> Any:
+    values = action.tolist()
+    return values[0] if len(values) == 1 else values
+
+
+def _copied(value: Any) -> Any:
+    if type(value) is np.ndarray:  # nearly always: the fast path
+        return value.copy()
+    if isinstance(value, dict):
+        return {key: _copied(part) for key, part in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_copied(part) for part in value)
+    return copy_module.deepcopy(value)
+
+
+def _first_difference(given: list[Any], stored: Any) -> tuple[int, int] | None:
+    """The first (step, env) where the inputs `given` at each step differ from `stored` (steps,
+    envs, ...) read in its dtype, part by part of a dict; None where they agree."""
+    if isinstance(stored, dict):
+        places = [_first_difference([g[key] for g in given], stored[key]) for key in stored]
+        return min((place for place in places if place is not None), default=None)
+    stored = np.asarray(stored)
+    try:
+        same = np.asarray(np.stack(given), stored.dtype).reshape(stored.shape) == stored
+    except ValueError:  # shapes that do not fit: the first step is as good as any
+        return 0, 0
+    if same.all():
+        return None
+    step, env = np.argwhere(~same.reshape(*stored.shape[:2], -1).all(-1))[0]
+    return int(step), int(env)
+
+
+def _leaves(output: Any) -> list[np.ndarray]:
+    return [np.asarray(x) for x in (output if isinstance(output, tuple) else (output,))]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two outputs of the rollout's policy function agree: its integer arrays (discrete
+    actions) exactly, its float ones (continuous actions, states) to float32 rounding."""
+    return all(
+        np.array_equal(x, y)
+        if np.issubdtype(x.dtype, np.integer)
+        else np.allclose(x, y, rtol=1e-4, atol=1e-5 + 1e-4 * np.abs(y).max(initial=0))
+        for x, y in zip(_leaves(a), _leaves(b), strict=True)
+    )
+
+
+def _differs_in_one_action(a: Any, b: Any) -> bool:
+    """Whether two outputs differ in one discrete action alone."""
+    parts = list(zip(_leaves(a), _leaves(b), strict=True))
+    actions, rest = parts[0], parts[1:]
+    return (
+        np.issubdtype(actions[0].dtype, np.integer)
+        and int((actions[0] != actions[1]).sum()) == 1
+        and _same(tuple(x for x, _ in rest), tuple(y for _, y in rest))
+    )
+
+
+def _modules_called(
+    network: nn.Module, function: Callable[..., Any], inputs: tuple[Any, ...]
+) -> set[str]:
+    """The names of `network`'s own modules (its children) that `function(*inputs)` calls."""
+    names = {id(module): name for name, module in network.named_children()}
+    called: set[str] = set()
+
+    def record(module: nn.Module, args: Any) -> None:
+        if id(module) in names:
+            called.add(names[id(module)])
+
+    handle = torch_module.register_module_forward_pre_hook(record)
+    try:
+        with torch.no_grad():
+            function(*inputs)
+    finally:
+        handle.remove()
+    return called
+
+
+def _departs(
+    update_pass: Callable[..., torch.Tensor], given: list[tuple[Any, ...]], outputs: torch.Tensor
+) -> tuple[int, int] | None:
+    """The first (step, env) where `outputs` (steps, envs, ...), the update's pass along the
+    rollout, differ from `update_pass` one step at a time on the inputs `given` at each step."""
+    tolerance = 1e-5 + 1e-4 * outputs.abs().max()
+    for step, inputs in enumerate(given):
+        with torch.no_grad():
+            one_step = torch.as_tensor(update_pass(*inputs)).to(outputs.device)
+        differ = (
+            (one_step.reshape(outputs[step].shape) - outputs[step])
+            .abs()
+            .reshape(len(one_step), -1)
+            .amax(-1)
+        )
+        if (differ > tolerance).any():
+            return step, int((differ > tolerance).nonzero()[0, 0])
+    return None
 
 
 def check_draws(
@@ -230,9 +513,10 @@ def check_draws(
     probs: torch.Tensor | None = None,
     mean: torch.Tensor | None = None,
     std: torch.Tensor | None = None,
+    why: str = "",
 ) -> None:
     """Raise PolicyMismatch when `actions` are not plausibly draws from the policy, by more than 6
-    standard errors.
+    standard errors; the message ends with `why` (where the fix goes).
 
     Gaussian (`mean`, `std`): the mean and the variance of the standardised actions. Discrete
     (`probs`): the count of each action whose count has a variance of 25 or more (smaller ones are
@@ -261,7 +545,7 @@ def check_draws(
     if (z.abs() > 6).any():
         raise PolicyMismatch(
             f"the rollout's actions are not draws from Agent.distribution ({z.abs().max().item():.1f} standard "
-            f"errors off): Agent.sample with Agent.sampling_noise must draw from it"
+            f"errors off): {why or DRAWS}"
         )
 
 

@@ -1,6 +1,7 @@
 """common/: the command line, checkpoints, seeding, run folders, Ctrl-C handling, the draws check."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 from common import checkpoints, env_state, seeding, tracking
 from common.cli import check_ranges, notice, one_line, parse_args
 from common.envs import vector_env
-from common.errors import PolicyMismatch, UsageError
+from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
 from common.run_folder import create_run_folder
 from common.running_norm import RunningNorm
 from common.stand_in import check_draws
@@ -652,3 +653,25 @@ def test_the_log_times_each_iterations_rollout_and_update(tmp_path, monkeypatch)
     seconds = lambda tag: [(e.step, e.value) for e in events.Scalars(tag)]  # noqa: E731
     assert seconds("perf/rollout_seconds") == [(10, 3.0), (20, 5.0)]
     assert seconds("perf/update_seconds") == [(10, 6.0), (20, 1.0)]
+
+
+def test_the_finite_check_names_the_parameter_the_loss_that_went_first_and_where_the_fix_goes():
+    network = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    check_finite(network, 64, "docs/x.md", policy_loss=torch.tensor(0.5))  # all finite: nothing
+    with torch.no_grad():
+        network[1].bias.fill_(float("nan"))
+    with pytest.raises(TrainingDiverged) as nan_loss:
+        check_finite(
+            network,
+            64,
+            "docs/x.md",
+            policy_loss=torch.tensor(0.5),
+            value_loss=torch.tensor(float("inf")),
+        )
+    assert re.search(
+        r"at step 64, first 1\.bias \(last minibatch: policy loss 0\.5, value loss inf\); the value loss went first: "
+        r".*the fix goes in the loss or the update in train\(\) \(docs/x\.md, \"When a check stops a run\"\)",
+        str(nan_loss.value),
+    ), str(nan_loss.value)
+    with pytest.raises(TrainingDiverged, match=r"the losses stayed finite, so a step moved it"):
+        check_finite(network, 64, None, policy_loss=torch.tensor(0.5))

@@ -677,3 +677,225 @@ def test_a_learned_initial_state_is_trained_by_the_update_and_resumes_exactly(
     resumed = copy.train(copy.Args(resume=str(halfway), progress=False))
     for name, parameter in done.agent.state_dict().items():
         assert torch.equal(resumed.agent.state_dict()[name], parameter), name
+
+
+# --- wrong edits: each stops with its own message, and the fix that message names trains ----------------------------
+
+FC_ACT = "                actions[step] = act(obs[step], noise[step])\n"
+FC_POLICY = "        return agent.sample(agent.distribution(agent(obs)[0]), noise)\n"
+FC_CATEGORICAL = "            return Categorical(logits=actor_out, validate_args=False)\n"
+FC_MAKE = (
+    "        return envs.make(env_id, frame_stack=4, video_folder=video, video_every=video_every)\n"
+)
+FC_LOGSTD = "        if not self.discrete:\n            self.actor_logstd"
+EXPLORER = (
+    MLP_ACTOR.replace("self.actor =", "self.explorer =") + "\n"
+)  # the actor's twin, for acting
+# a wrapper made in make_env: gymnasium.Wrapper is what a researcher reaches for
+REPEAT_WRAPPER = (
+    "class RepeatAction(gym.Wrapper):\n"
+    "    def step(self, action):\n"
+    "        total = 0.0\n"
+    "        for _ in range(2):\n"
+    "            obs, reward, terminated, truncated, info = self.env.step(action)\n"
+    "            total += reward\n"
+    "            if terminated or truncated:\n"
+    "                break\n"
+    "        return obs, total, terminated, truncated, info\n\n\n"
+    "def make_env("
+)
+REWARD_WRAPPER = (
+    "class RewardInObservation(gym.Wrapper):\n"
+    "    def step(self, action):\n"
+    "        obs, reward, terminated, truncated, info = self.env.step(action)\n"
+    "        return obs + np.float32(0.1 * reward), reward, terminated, truncated, info\n\n\n"
+    "def make_env("
+)
+
+
+@dataclass(frozen=True)
+class WrongEdit:
+    script: str
+    wrong: tuple[tuple[str, str], ...]
+    """the edit that makes the rollout act otherwise than the update scores"""
+    message: str
+    """a regular expression the error line matches: what differed, the likely edit, and the place of the fix"""
+    fix: tuple[tuple[str, str], ...] | str
+    """the fix the message names, made in a fresh copy; or the EDITS entry that is that fix (trained there)"""
+
+
+WRONG_EDITS = {
+    "epsilon_greedy_in_the_loop": WrongEdit(
+        "ppo_fc",
+        (
+            (
+                FC_ACT,
+                FC_ACT + "                explore = np.random.random(args.num_envs) < 0.2\n"
+                "                actions[step][explore] = np.random.randint(0, agent.action_size, explore.sum())\n",
+            ),
+        ),
+        r"^the loop changed \d+ of the \d+ actions `act` drew before storing them .*as ε-greedy there does.*"
+        r"exploration belongs in Agent\.distribution .*docs/ppo_fc\.md, \"When a check stops a run\"",
+        (
+            (
+                FC_CATEGORICAL,
+                "            probs = 0.9 * torch.softmax(actor_out, -1) + 0.1 / self.action_size\n"
+                "            return Categorical(probs=probs, validate_args=False)\n",
+            ),
+        ),
+    ),
+    "temperature_in_the_rollout_only": WrongEdit(
+        "ppo_fc",
+        ((FC_POLICY, FC_POLICY.replace("agent(obs)[0]", "agent(obs)[0] / 2.0")),),
+        r"^the rollout acted with another policy than the update's: .*rollout_policy's policy calls the update's "
+        r"modules on the same inputs but draws otherwise: .*a temperature.*the change belongs there \(docs/ppo_fc",
+        ((FC_CATEGORICAL, FC_CATEGORICAL.replace("logits=actor_out", "logits=actor_out / 2.0")),),
+    ),
+    "noise_scaled_in_the_loop": WrongEdit(
+        "ppo_fc",
+        ((FC_ACT, FC_ACT.replace("noise[step])", "noise[step] * 2.0)")),),
+        r"^the loop gave `act` other noise than Agent\.sampling_noise drew \(noise\[step\], first at step 0.*"
+        r"a temperature or an exploration scale belongs in Agent\.distribution \(docs/ppo_fc",
+        "temperature_in_the_rollout_only",
+    ),
+    "action_repeated_in_the_loop": WrongEdit(
+        "ppo_fc",
+        (
+            (
+                FC_ACT,
+                FC_ACT
+                + "                if step % 2:\n                    actions[step] = actions[step - 1]\n",
+            ),
+        ),
+        r"^the loop replaced \d+ of the \d+ actions `act` drew with the env's action of the step before .*"
+        r"a wrapper in make_env that steps each action k times",
+        (
+            ("def make_env(", REPEAT_WRAPPER),
+            (
+                FC_MAKE,
+                FC_MAKE.replace("return envs.make(", "return RepeatAction(envs.make(").replace(
+                    "every)\n", "every))\n"
+                ),
+            ),
+        ),
+    ),
+    "reward_added_to_the_observations_in_the_loop": WrongEdit(
+        "ppo_fc",
+        (
+            (
+                FC_ACT,
+                FC_ACT.replace("act(obs[step]", "act(obs[step] + 0.1 * rewards[step - 1][:, None]"),
+            ),
+        ),
+        r"^the loop gave `act` another obs\[step\] than it stored for the update \(first at step \d+, env \d+\).*"
+        r"change the observation in make_env, with a wrapper",
+        (
+            ("def make_env(", REWARD_WRAPPER),
+            (
+                FC_MAKE,
+                FC_MAKE.replace(
+                    "return envs.make(", "return RewardInObservation(envs.make("
+                ).replace("every)\n", "every))\n"),
+            ),
+        ),
+    ),
+    "another_network_in_the_rollout": WrongEdit(
+        "ppo_fc",
+        (
+            (FC_LOGSTD, EXPLORER + FC_LOGSTD),
+            (
+                FC_POLICY,
+                FC_POLICY.replace(
+                    "agent(obs)[0]", "agent.explorer(agent.obs_norm(agent.normalised_part(obs)))"
+                ),
+            ),
+        ),
+        r"^the rollout acted with another policy than the update's: .*rollout_policy's policy calls explorer where "
+        r"the update's pass \(Agent\.forward\) calls actor, critic: .*belongs in Agent\.forward \(docs/ppo_fc",
+        (
+            (FC_LOGSTD, EXPLORER + FC_LOGSTD),
+            (FC_RETURN, FC_RETURN.replace("self.actor(hidden)", "self.explorer(hidden)")),
+        ),
+    ),
+    "a_lagged_copy_acts": WrongEdit(
+        "ppo_fc",
+        (
+            (
+                "            act = rollout_policy(agent,",
+                "            if iteration % 2 == 1:\n                import copy\n\n"
+                "                behaviour = copy.deepcopy(agent)\n"
+                "            act = rollout_policy(behaviour,",
+            ),
+        ),
+        r"^the rollout's policy was made from another Agent than the one the update trains: .*rollout_policy must be "
+        r"given the agent that trains \(docs/ppo_fc",
+        (),  # the script as it is: its rollout acts with the agent that trains
+    ),
+    "noise_in_the_network_while_acting": WrongEdit(
+        "ppo_fc",
+        ((FC_RETURN, "        hidden = hidden + 0.1 * torch.randn_like(hidden)\n" + FC_RETURN),),
+        r"^the rollout acted with another policy than the update's: .*the torch policy gives other outputs on a "
+        r"second call with the same inputs, in eval mode: .*Tie noise in the network to module\.training",
+        (
+            (
+                FC_RETURN,
+                "        if self.training:\n            hidden = hidden + 0.1 * torch.randn_like(hidden)\n"
+                + FC_RETURN,
+            ),
+        ),
+    ),
+    "learned_start_state_in_forward_only": WrongEdit(
+        "ppo_lstm",
+        (
+            LEARNED_START_PARAMETER,
+            (
+                "        state = self.reset_state(state, episode_starts[0])\n",
+                "        starting = self.start.expand(-1, state.shape[1], -1)\n"
+                "        state = torch.where(episode_starts[0][None, :, None], starting, state)\n",
+            ),
+        ),
+        r"^the rollout acted with another policy than the update's: .*the update's pass along the rollout departs from "
+        r"the rollout's steps at step \d+, env \d+, where an episode starts: .*"
+        r"define it in Agent\.initial_state alone.*docs/ppo_lstm\.md",
+        "lstm_learned_initial_state",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", WRONG_EDITS)
+def test_a_wrong_edit_stops_with_its_own_message_and_the_fix_it_names_trains(
+    tmp_path, monkeypatch, name
+):
+    row = WRONG_EDITS[name]
+    settings, reaches_the_target = PROBES[row.script]
+    folders = {kind: tmp_path / kind for kind in ("wrong", "fixed")}
+    for folder in folders.values():
+        folder.mkdir()
+
+    def args(copy):
+        return copy.Args(
+            run_dir=str(tmp_path / "runs"), progress=False, eval_episodes=0, **settings
+        )
+
+    wrong = edited_copy(Edit(row.script, row.wrong), folders["wrong"], monkeypatch, f"{name}_wrong")
+    with pytest.raises(PolicyMismatch) as stopped:
+        wrong.train(args(wrong))
+    assert re.search(row.message, str(stopped.value)), str(stopped.value)
+    # its own message: no other row's matches it
+    others = [
+        other
+        for other, edit in WRONG_EDITS.items()
+        if other != name and re.search(edit.message, str(stopped.value))
+    ]
+    assert not others, others
+    if isinstance(
+        row.fix, str
+    ):  # the fix is another test's edit, trained to the probe's target there
+        fix = EDITS[row.fix] if row.fix in EDITS else Edit(row.script, WRONG_EDITS[row.fix].fix)
+        assert fix.script == row.script
+        if row.fix in EDITS:
+            return
+    else:
+        fix = Edit(row.script, row.fix)
+    fixed = edited_copy(fix, folders["fixed"], monkeypatch, f"{name}_fixed")
+    reaches_the_target(fixed, fixed.train(args(fixed)))

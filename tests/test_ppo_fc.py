@@ -35,6 +35,7 @@ from common.errors import PolicyMismatch, TrainingDiverged, UsageError
 from common.evaluation import select_action
 from common.run_start import Run
 from common.seeding import seed_and_pick_device
+from common.stand_in import check_actions
 from common.trajectories import load_trajectories, split_episodes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -166,16 +167,18 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     agent.obs_norm.update(torch.randn(100, 4) * 3 + 1)
     observations = (torch.randn(64, 4, 4) * 3 + 1).numpy()  # 64 steps of 4 envs
     noise = agent.sampling_noise((64, 4)).numpy()
-    numpy_policy, numpy_copy = ppo_fc.rollout_policy(agent, True, observations[0], noise[0])
-    torch_policy, torch_copy = ppo_fc.rollout_policy(agent, False, observations[0], noise[0])
-    assert numpy_copy and not torch_copy
+    numpy_policy = ppo_fc.rollout_policy(agent, True, observations[0], noise[0])
+    torch_policy = ppo_fc.rollout_policy(agent, False, observations[0], noise[0])
+    assert numpy_policy.numpy_copy and not torch_policy.numpy_copy
     actions = np.stack([numpy_policy(x, n) for x, n in zip(observations, noise, strict=True)])
     torch_actions = np.stack([torch_policy(x, n) for x, n in zip(observations, noise, strict=True)])
     with torch.no_grad():
         flat = torch.as_tensor(observations).flatten(0, 1)
         actor_outs = agent(flat)[0]
+        flat_noise, flat_actions = (torch.as_tensor(x).flatten(0, 1) for x in (noise, actions))
+        stored = (observations, noise)  # as the loop stores what `act` was given
         log_probs = ppo_fc.check_policy(
-            actor_outs, *(torch.as_tensor(x).flatten(0, 1) for x in (noise, actions)), agent, True
+            actor_outs, flat_noise, flat_actions, agent, numpy_policy, stored
         )
         expected = agent.distribution(actor_outs).log_prob(torch.as_tensor(actions).flatten(0, 1))
     torch.testing.assert_close(log_probs, expected if agent.discrete else expected.sum(-1))
@@ -197,18 +200,17 @@ def test_the_check_stops_actions_that_are_not_the_definitions():
     noise = agent.sampling_noise((512,))
     with torch.no_grad():
         actor_outs = agent(observations)[0]
-        actions = agent.sample(agent.distribution(actor_outs), noise)
-        ppo_fc.check_policy(actor_outs, noise, actions, agent, True)
-        colder = torch.argmax(agent.distribution(actor_outs).logits * 2 + noise, -1)
-        with pytest.raises(PolicyMismatch, match=r"actions differ.*NumPy copy.*--no-numpy-rollout"):
-            ppo_fc.check_policy(actor_outs, noise, colder, agent, True)
-        with pytest.raises(PolicyMismatch, match=r"actions differ.*dropout"):
-            ppo_fc.check_policy(actor_outs, noise, colder, agent, False)
+        policy = agent.distribution(actor_outs)
+        actions = agent.sample(policy, noise)
+        check_actions(actions, policy, actions, noise)
+        colder = torch.argmax(policy.logits * 2 + noise, -1)
+        with pytest.raises(PolicyMismatch, match=r"\d+ of 512 actions differ"):
+            check_actions(colder, policy, actions, noise)
         # Actions made with the policy's own rule but another noise are not draws from the policy.
         cold_noise = noise * 0.3
-        cold_actions = agent.sample(agent.distribution(actor_outs), cold_noise)
+        cold_actions = agent.sample(policy, cold_noise)
         with pytest.raises(PolicyMismatch, match=r"not draws"):
-            ppo_fc.check_policy(actor_outs, cold_noise, cold_actions, agent, True)
+            check_actions(cold_actions, policy, cold_actions, cold_noise)
 
 
 def test_the_update_scores_actions_with_the_distribution():
