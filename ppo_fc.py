@@ -381,10 +381,6 @@ def train(args: Args) -> TrainResult:
     truncations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
 
     max_reward = args.norm_reward_clip
-    # dropout, batch norm: one notice that the update's ratios start away from 1
-    stand_in.acts_otherwise_in_training(
-        agent, lambda net, obs: net(observation_tensor(obs, device)), next_obs
-    )
 
     def minibatch_step(
         mb_obs: Tensor, mb_actions: Tensor, mb_logprobs: Tensor, mb_advantages: Tensor,
@@ -430,7 +426,8 @@ def train(args: Args) -> TrainResult:
             agent.eval()
             sampling_noise = agent.sampling_noise((args.num_steps, args.num_envs))
             noise = sampling_noise.cpu().numpy()
-            act = rollout_policy(agent, args.numpy_rollout, next_obs, noise[0], fast_policy)
+            first = (next_obs, noise[0])  # and where the loop keeps what it gives the policy:
+            act = rollout_policy(agent, args.numpy_rollout, first, (obs, noise), fast_policy)
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
@@ -452,9 +449,7 @@ def train(args: Args) -> TrainResult:
                 b_actions = torch.as_tensor(actions, device=device).reshape(-1, *action_shape)
                 b_actor_outs, b_values = agent(b_obs)
                 b_noise = sampling_noise.flatten(0, 1)
-                b_logprobs = check_policy(
-                    b_actor_outs, b_noise, b_actions, agent, act, (obs, noise)
-                )
+                b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, act)
                 values = b_values.reshape(args.num_steps, args.num_envs).cpu().numpy()
                 next_value = agent.get_value(observation_tensor(next_obs, device))
                 # truncated (not terminated) episodes bootstrap from their last observation's value
@@ -581,16 +576,21 @@ def build_agent(run: Run) -> Agent:
 def rollout_policy(
     agent: Agent,
     numpy_rollout: bool,
-    obs: np.ndarray,
-    noise: np.ndarray,
+    first: tuple[np.ndarray, np.ndarray],
+    stored: tuple[np.ndarray, np.ndarray],
     fast: capture.StandIn | None = None,
 ) -> stand_in.Acting:
     """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, as the rollout
     calls it: a NumPy copy (with `numpy_rollout`: recorded from the torch policy and checked against
-    it on the rollout's first `obs` and `noise`) or a torch call (`fast` with --compile or
-    --cuda-graphs), which keeps what it was given and gave for the check after the rollout."""
+    it on the rollout's `first` observations and noise) or a torch call (`fast` with --compile or
+    --cuda-graphs). It keeps what it was given and gave, for the check after the rollout against
+    what the loop `stored` (its observations and noise, (steps, envs, ...)). Before the first
+    rollout, one notice where the network computes otherwise in train mode (dropout, batch norm)."""
     device = next(agent.parameters()).device
     fast = fast or capture.StandIn(compile=False, cuda_graph=False)
+    if "_trial_of_modes" not in agent.__dict__:  # once: the update's ratios start away from 1
+        forward = lambda net, obs: net(observation_tensor(obs, device))  # noqa: E731
+        agent._trial_of_modes = stand_in.acts_otherwise_in_training(agent, forward, first[0])
 
     @torch.no_grad()
     def policy(obs: Tensor, noise: Tensor) -> Tensor:
@@ -606,20 +606,21 @@ def rollout_policy(
     act = torch_act
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     if numpy_rollout and not agent.cnn and not agent.parts and not fast.enabled:
-        act = stand_in.numpy_copy(policy, (obs, noise), agent) or torch_act
+        act = stand_in.numpy_copy(policy, first, agent) or torch_act
     plain = partial(torch_act, call=lambda function, *inputs: function(*inputs))
     names = ("obs[step]", "noise[step]")
-    return stand_in.Acting(act, plain, act is not torch_act, agent, update_pass, names, PAGE)
+    return stand_in.Acting(
+        act, plain, act is not torch_act, agent, update_pass, names, stored, PAGE
+    )
 
 
 def check_policy(
-    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: stand_in.Acting,
-    stored: tuple[np.ndarray, np.ndarray],
-) -> Tensor:  # fmt: skip
+    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: stand_in.Acting
+) -> Tensor:
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
-    policy's `actor_outs`, after checking that the actions are its draws with `noise`; where they
-    are not, `act`, with the observations and noise the loop `stored`, says why."""
-    act.check(agent, stored, actions)
+    policy's `actor_outs`, after checking that the loop acted through `act` as it stored and that
+    the actions are the policy's draws with `noise`; where they are not, `act` says why."""
+    act.check(agent, actions)
     policy = agent.distribution(actor_outs)
     explain = partial(act.explain, actor_outs)
     stand_in.check_actions(actions, policy, agent.sample(policy, noise), noise, explain)

@@ -462,8 +462,7 @@ def train(args: Args) -> TrainResult:
     episode_starts = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     # where an episode was truncated: the value of its last observation
     final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    # the state each step acted from (the initial state at an episode start): training sequences
-    # start from these
+    # the state each step acted from (an episode's start state): training sequences start there
     rnn_states = np.zeros((args.num_steps, *next_rnn_state.shape), dtype=np.float32)
     sequences = TrainingSequences(args.num_steps, args.num_envs, args.bptt_len, device)
     max_reward = args.norm_reward_clip
@@ -482,7 +481,7 @@ def train(args: Args) -> TrainResult:
             # the state an episode starts from, as the rollout records it (a learned one moves)
             start_state = agent.initial_state(args.num_envs).detach().cpu().numpy()
             first = (next_obs, next_rnn_state, next_starts, noise[0])
-            act = rollout_policy(agent, args.numpy_rollout, *first)
+            act = rollout_policy(agent, args.numpy_rollout, first, (obs, episode_starts, noise))
             for step in range(args.num_steps):
                 global_step += args.num_envs * world_size
                 obs[step] = next_obs
@@ -493,17 +492,15 @@ def train(args: Args) -> TrainResult:
                 )
                 sent_action = agent.env_action(actions[step])
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
-                terminations[step] = terminated
-                truncations[step] = truncated
+                terminations[step], truncations[step] = terminated, truncated
                 # clipped here, not by a wrapper: the recorder scales the env's own reward back
                 rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
                 run.step(sent_action, next_obs, reward, terminated, truncated, infos, global_step)
                 # truncated episodes bootstrap from their last observation's value, seen with memory
                 truncated_only = truncated & ~terminated
                 if args.bootstrap_truncation and truncated_only.any():
-                    last_obs = infos["final_obs"][truncated_only]
-                    last_state = next_rnn_state[:, truncated_only]
-                    final_values[step, truncated_only] = agent.bootstrap_value(last_obs, last_state)
+                    last = (infos["final_obs"][truncated_only], next_rnn_state[:, truncated_only])
+                    final_values[step, truncated_only] = agent.bootstrap_value(*last)
                 next_starts[...] = terminated | truncated
             run.combine_return_stats()  # all ranks go on from the return statistics of all envs
 
@@ -514,13 +511,7 @@ def train(args: Args) -> TrainResult:
                 b_actions = torch.as_tensor(actions, device=device)
                 b_rnn_states = torch.as_tensor(rnn_states, device=device)
                 b_actor_outs, b_values, _ = agent(b_obs, b_rnn_states[0], b_starts)
-                stored = (
-                    obs,
-                    None,
-                    episode_starts,
-                    noise,
-                )  # what `act` was given, as the loop keeps it
-                b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, act, stored)
+                b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, act)
                 next_value = agent.bootstrap_value(next_obs, next_rnn_state, next_starts)
                 advantages = compute_gae(
                     rewards, b_values.cpu().numpy(), next_value, terminations, truncations,
@@ -529,14 +520,9 @@ def train(args: Args) -> TrainResult:
                 b_advantages = torch.as_tensor(advantages, device=device)
                 b_returns = b_advantages + b_values
             sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
-            hidden_state = rnn_states.swapaxes(1, 2)  # (num_steps, num_envs, layers, state size)
-            run.end_rollout(
-                logprobs=b_logprobs, values=b_values, hidden_state=hidden_state, **sampled
-            )
+            states = rnn_states.swapaxes(1, 2)  # (num_steps, num_envs, layers, state size)
+            run.end_rollout(logprobs=b_logprobs, values=b_values, hidden_state=states, **sampled)
 
-            # batch norm's statistics as the rollout acted with them: the replay check's, after a
-            # train-mode pass has moved them
-            acted_buffers = {name: b.clone() for name, b in agent.named_buffers()}
             agent.train()
             ratios = []
             for epoch in range(args.update_epochs):
@@ -547,14 +533,13 @@ def train(args: Args) -> TrainResult:
                     adv_means, adv_stds = run.mean_std_over_ranks(by_minibatch)
                 for i, mb in enumerate(minibatches):
                     mb_inds = sequences.index(mb)  # its sequences' steps, (length, sequences)
-                    mb_starts = b_starts[mb_inds]
                     mb_initial_state = sequences.initial_state(b_rnn_states, mb)
-                    actor_out, newvalue, _ = agent(b_obs[mb_inds], mb_initial_state, mb_starts)
+                    mb_sequences = (b_obs[mb_inds], mb_initial_state, b_starts[mb_inds])
+                    actor_out, newvalue, _ = agent(*mb_sequences)
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
-                        mb_sequences = (b_obs[mb_inds], mb_initial_state, mb_starts)
                         recorded = (b_actor_outs[mb_inds], b_values[mb_inds])
-                        replay = partial(eval_pass, agent, acted_buffers, *mb_sequences)
-                        check_replay(mb_sequences, recorded, (actor_out, newvalue), replay)
+                        in_eval = partial(eval_pass, agent, act.buffers, *mb_sequences)
+                        check_replay(mb_sequences, recorded, (actor_out, newvalue), in_eval)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_inds])
                     logratio = newlogprob - b_logprobs[mb_inds]
                     ratio = logratio.exp()
@@ -565,8 +550,7 @@ def train(args: Args) -> TrainResult:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
-                    clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-                    pg_loss2 = -mb_advantages * clipped_ratio
+                    pg_loss2 = -mb_advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                     if args.clip_vloss:
@@ -612,8 +596,7 @@ def train(args: Args) -> TrainResult:
                 "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
                 "losses/explained_variance": float(explained_var),
             })  # fmt: skip
-            # a checkpoint if one is due; Ctrl-C on any rank stops every rank here
-            if run.iteration_done(iteration, global_step, **carried):
+            if run.iteration_done(iteration, global_step, **carried):  # a checkpoint if due; Ctrl-C
                 break
         run.end(iteration)
     eval_returns = evaluate(agent, run)  # rank 0 alone
@@ -681,16 +664,15 @@ def build_agent(run: Run) -> Agent:
 def rollout_policy(
     agent: Agent,
     numpy_rollout: bool,
-    obs: np.ndarray,
-    state: np.ndarray,
-    starts: np.ndarray,
-    noise: np.ndarray,
+    first: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    stored: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> stand_in.Acting:
     """One step of `Agent.sample(Agent.distribution(.), noise)` and the state update, on NumPy
     arrays, as the rollout calls it: (observations, state, episode starts, noise) -> (actions, state
     after the step). A NumPy copy (with `numpy_rollout`: recorded from the torch step and checked
-    against it on the rollout's first `obs`, `state`, `starts` and `noise`) or the torch step, which
-    keeps what it was given and gave for the check after the rollout."""
+    against it on the rollout's `first` inputs) or the torch step. It keeps what it was given and
+    gave, for the check after the rollout against what the loop `stored`: its observations,
+    episode starts and noise, (steps, envs, ...) (it stores the state after resetting it)."""
     device = next(agent.parameters()).device
     as_tensor = partial(torch.as_tensor, device=device)
 
@@ -711,25 +693,25 @@ def rollout_policy(
     act = torch_step
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     if numpy_rollout and not agent.cnn and not agent.parts:
-        act = stand_in.numpy_copy(policy_step, (obs, state, starts, noise), agent) or torch_step
+        act = stand_in.numpy_copy(policy_step, first, agent) or torch_step
     names = ("obs[step]", "next_rnn_state", "next_starts", "noise[step]")
+    keeps = (stored[0], None, *stored[1:])  # not the state: the loop stores it after its reset
     start_state = (
         "define it in Agent.initial_state alone, which Agent.reset_state and Segments read"
     )
     return stand_in.Acting(
-        act, torch_step, act is not torch_step, agent, update_pass, names, PAGE,
+        act, torch_step, act is not torch_step, agent, update_pass, names, keeps, PAGE,
         action_of=lambda output: output[0], starts=2, start_state=start_state,
     )  # fmt: skip
 
 
 def check_policy(
-    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: stand_in.Acting,
-    stored: tuple[np.ndarray, None, np.ndarray, np.ndarray],
-) -> Tensor:  # fmt: skip
+    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: stand_in.Acting
+) -> Tensor:
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
-    policy's `actor_outs`, after checking that the actions are its draws with `noise`; where they
-    are not, `act`, with the observations, episode starts and noise the loop `stored`, says why."""
-    act.check(agent, stored, actions)
+    policy's `actor_outs`, after checking that the loop acted through `act` as it stored and that
+    the actions are the policy's draws with `noise`; where they are not, `act` says why."""
+    act.check(agent, actions)
     policy = agent.distribution(actor_outs.flatten(0, 1))
     flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
     explain = partial(act.explain, actor_outs.flatten(0, 1))

@@ -633,10 +633,8 @@ def train(args: Args) -> TrainResult:
             # The rollout acts through the key/value context, in eval mode.
             agent.eval()
             context = carried.context(agent)
-            acted_outs, acted_values = (
-                [],
-                [],
-            )  # what it acted on: the update's pass must give the same
+            # what it acted on: the update's pass must give the same
+            acted_outs, acted_values = [], []
             for step in range(args.num_steps):
                 global_step += num_envs * world_size
                 obs[step] = next_obs
@@ -649,8 +647,7 @@ def train(args: Args) -> TrainResult:
                     actions[step] = agent.distribution(actor_out).sample().cpu().numpy()
                 sent_action = agent.env_action(actions[step])
                 next_obs, reward, terminated, truncated, infos = run.envs.step(sent_action)
-                terminations[step] = terminated
-                truncations[step] = truncated
+                terminations[step], truncations[step] = terminated, truncated
                 # clipped here, not by a wrapper: the recorder scales the env's own reward back
                 rewards[step] = reward.clip(-max_reward, max_reward) if args.norm_reward else reward
                 run.step(sent_action, next_obs, reward, terminated, truncated, infos, global_step)
@@ -687,8 +684,7 @@ def train(args: Args) -> TrainResult:
             sampled = {} if agent.discrete else {"actions": actions}  # the unclipped sample
             run.end_rollout(logprobs=b_logprobs.T, values=values, position=positions, **sampled)
 
-            # batch norm's statistics as the rollout acted with them: the replay check's, after a
-            # train-mode pass has moved them
+            # batch norm's statistics as the rollout acted: the replay check's, after train mode's
             acted_buffers = {name: b.clone() for name, b in agent.named_buffers()}
             agent.train()
             ratios = []
@@ -701,14 +697,8 @@ def train(args: Args) -> TrainResult:
                     actor_out, newvalue, _ = agent(*mb_sequences, outputs_from=prefix)
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         mb_acted = (acted_outs[mb_envs], acted_values[mb_envs])
-                        # in eval mode, as the rollout acted, where the network trains otherwise
-                        in_eval = partial(
-                            eval_pass, agent, acted_buffers, *mb_sequences, outputs_from=prefix
-                        )
-                        replayed = (actor_out, newvalue)
-                        check_outputs(
-                            mb_acted, replayed, b_positions[mb_envs], REPLAY_MISMATCH, in_eval
-                        )
+                        replay = (agent, acted_buffers, mb_sequences, prefix)
+                        check_replay(mb_acted, (actor_out, newvalue), b_positions[mb_envs], *replay)
                     newlogprob, entropy = agent.log_prob_and_entropy(actor_out, b_actions[mb_envs])
                     logratio = newlogprob - b_logprobs[mb_envs]
                     ratio = logratio.exp()
@@ -719,9 +709,7 @@ def train(args: Args) -> TrainResult:
                         mb_advantages = (mb_advantages - adv_means[i]) / (adv_stds[i] + 1e-8)
 
                     pg_loss1 = -mb_advantages * ratio
-                    pg_loss2 = -mb_advantages * torch.clamp(
-                        ratio, 1 - args.clip_coef, 1 + args.clip_coef
-                    )
+                    pg_loss2 = -mb_advantages * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
                     pg_loss = torch.max(pg_loss1, pg_loss2).mean()
 
                     if args.clip_vloss:
@@ -767,8 +755,7 @@ def train(args: Args) -> TrainResult:
                 "losses/old_approx_kl": old_approx_kl.item(), "losses/approx_kl": approx_kl.item(),
                 "losses/explained_variance": float(explained_var),
             })  # fmt: skip
-            # a checkpoint if one is due; Ctrl-C on any rank stops every rank here
-            if run.iteration_done(iteration, global_step, **vars(carried)):
+            if run.iteration_done(iteration, global_step, **vars(carried)):  # a checkpoint if due
                 break
         run.end(iteration)
     eval_returns = evaluate(agent, run)  # rank 0 alone
@@ -945,6 +932,18 @@ def check_outputs(
         return f"at step {int(positions.flatten()[index])} of an episode"
 
     stand_in.check_replay(recorded, replayed, why, where, eval_replay)
+
+
+def check_replay(
+    recorded: tuple[Tensor, Tensor], replayed: tuple[Tensor, Tensor], positions: Tensor,
+    agent: Agent, buffers: dict[str, Tensor], sequences: tuple[Tensor, ...], prefix: int,
+) -> None:  # fmt: skip
+    """Before the first gradient step: stop unless the update's pass along a minibatch's
+    `sequences` gave the `recorded` outputs the rollout acted on (`check_outputs`); where it did
+    not, the same pass in eval mode, with the `buffers` (batch norm's statistics) the rollout acted
+    with, decides, as the rollout acted (a network that trains otherwise, dropout say)."""
+    in_eval = partial(eval_pass, agent, buffers, *sequences, outputs_from=prefix)
+    check_outputs(recorded, replayed, positions, REPLAY_MISMATCH, in_eval)
 
 
 def check_policy(actor_outs: Tensor, actions: Tensor, agent: Agent) -> Tensor:

@@ -240,9 +240,11 @@ class Acting:
 
     `update_pass(*inputs)`: the actor's output of the update's pass for one call's inputs;
     `action_of(output)`: the actions in what the function gives; `names`: how the loop names each
-    input; `page`: the script's docs page; `starts`: which input marks the envs whose episode starts
-    at the step, and `start_state`, where the state an episode starts from is defined (a recurrent
-    script's), for a pass along the rollout that departs from its steps where an episode starts."""
+    input, and `stored`, where the loop keeps it (an array (steps, envs, ...), filled in place; None
+    for one it does not keep as given); `page`: the script's docs page; `starts`: which input marks
+    the envs whose episode starts at the step, and `start_state`, where the state an episode starts
+    from is defined (a recurrent script's), for a pass along the rollout that departs from its
+    steps where an episode starts."""
 
     def __init__(
         self,
@@ -252,6 +254,7 @@ class Acting:
         network: nn.Module,
         update_pass: Callable[..., torch.Tensor],
         names: tuple[str, ...],
+        stored: tuple[Any, ...],
         page: str,
         action_of: Callable[[Any], np.ndarray] = lambda output: output,
         starts: int | None = None,
@@ -259,14 +262,20 @@ class Acting:
     ):
         self.function, self.torch_function, self.numpy_copy = function, torch_function, numpy_copy
         self.network, self.update_pass, self.names, self.page = network, update_pass, names, page
+        self.stored = stored
+        # batch norm's statistics as the rollout acts with them, before a train-mode pass moves them
+        self.buffers = {name: buffer.clone() for name, buffer in network.named_buffers()}
         self.action_of, self.starts, self.start_state = action_of, starts, start_state
         self.given: list[tuple[Any, ...]] = []
         self.gave: list[Any] = []
 
     def __call__(self, *inputs: Any) -> Any:
         outputs = self.function(*inputs)
-        self.given.append(tuple(map(_copied, inputs)))
-        self.gave.append(_copied(outputs))
+        given = []  # a loop, not a comprehension: no function call per step on the action's path
+        for x in inputs:
+            given.append(x.copy() if type(x) is np.ndarray else _copied(x))
+        self.given.append(tuple(given))
+        self.gave.append(outputs.copy() if type(outputs) is np.ndarray else _copied(outputs))
         return outputs
 
     @property
@@ -274,12 +283,11 @@ class Acting:
         """The NumPy copy's source (`print(act.code)`); empty for the torch policy."""
         return getattr(self.function, "code", "")
 
-    def check(self, network: nn.Module, stored: tuple[Any, ...], actions: torch.Tensor) -> None:
+    def check(self, network: nn.Module, actions: torch.Tensor) -> None:
         """After the rollout, before the update's pass is checked against it: stop the run unless
         the loop called this function once per step, of `network` (the one the update trains), with
-        what it `stored` (one array (steps, envs, ...) per input of the function, or None for one the
-        loop does not store), and stored its `actions` (flat: steps x envs) as it gave them. Each
-        message says what the loop did otherwise and where the fix goes."""
+        what it stored (`stored`), and stored its `actions` (flat: steps x envs) as it gave them.
+        Each message says what the loop did otherwise and where the fix goes."""
         section = f'({self.page}, "When a check stops a run")'
         if {id(p) for p in self.network.parameters()} != {id(p) for p in network.parameters()}:
             raise PolicyMismatch(
@@ -294,7 +302,7 @@ class Acting:
                 f"must take its actions from one call of `act` per step; a change to how actions are drawn belongs "
                 f"in Agent.distribution {section}"
             )
-        for k, (name, saved) in enumerate(zip(self.names, stored, strict=True)):
+        for k, (name, saved) in enumerate(zip(self.names, self.stored, strict=True)):
             place = None if saved is None else _first_difference([x[k] for x in self.given], saved)
             if place is not None and name.startswith("noise"):
                 raise PolicyMismatch(

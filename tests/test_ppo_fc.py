@@ -167,8 +167,9 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
     agent.obs_norm.update(torch.randn(100, 4) * 3 + 1)
     observations = (torch.randn(64, 4, 4) * 3 + 1).numpy()  # 64 steps of 4 envs
     noise = agent.sampling_noise((64, 4)).numpy()
-    numpy_policy = ppo_fc.rollout_policy(agent, True, observations[0], noise[0])
-    torch_policy = ppo_fc.rollout_policy(agent, False, observations[0], noise[0])
+    first, stored = (observations[0], noise[0]), (observations, noise)
+    numpy_policy = ppo_fc.rollout_policy(agent, True, first, stored)
+    torch_policy = ppo_fc.rollout_policy(agent, False, first, stored)
     assert numpy_policy.numpy_copy and not torch_policy.numpy_copy
     actions = np.stack([numpy_policy(x, n) for x, n in zip(observations, noise, strict=True)])
     torch_actions = np.stack([torch_policy(x, n) for x, n in zip(observations, noise, strict=True)])
@@ -176,10 +177,7 @@ def test_numpy_rollout_policy_equals_the_torch_policy_and_is_a_snapshot(action_s
         flat = torch.as_tensor(observations).flatten(0, 1)
         actor_outs = agent(flat)[0]
         flat_noise, flat_actions = (torch.as_tensor(x).flatten(0, 1) for x in (noise, actions))
-        stored = (observations, noise)  # as the loop stores what `act` was given
-        log_probs = ppo_fc.check_policy(
-            actor_outs, flat_noise, flat_actions, agent, numpy_policy, stored
-        )
+        log_probs = ppo_fc.check_policy(actor_outs, flat_noise, flat_actions, agent, numpy_policy)
         expected = agent.distribution(actor_outs).log_prob(torch.as_tensor(actions).flatten(0, 1))
     torch.testing.assert_close(log_probs, expected if agent.discrete else expected.sum(-1))
     if agent.discrete:

@@ -144,7 +144,8 @@ def test_one_step_at_a_time_equals_the_sequence_pass_and_the_numpy_copy_equals_b
     noise = agent.sampling_noise((num_steps, num_envs)).numpy()
     initial = rng.normal(size=agent.initial_state(num_envs).shape).astype(np.float32)
     first_step = (obs[0], initial, starts[0], noise[0])
-    numpy_step = ppo_lstm.rollout_policy(agent, True, *first_step)
+    stored = (obs, starts, noise)  # where a rollout's loop keeps what it gives the step
+    numpy_step = ppo_lstm.rollout_policy(agent, True, first_step, stored)
     assert numpy_step.numpy_copy
     torch_state, numpy_state, stepped = torch.as_tensor(initial), initial, []
     with torch.no_grad():
