@@ -263,6 +263,7 @@ class Acting:
         self.function, self.torch_function, self.numpy_copy = function, torch_function, numpy_copy
         self.network, self.update_pass, self.names, self.page = network, update_pass, names, page
         self.stored = stored
+        self.section = f'({page}, "When a check stops a run")'  # where each message points
         # batch norm's statistics as the rollout acts with them, before a train-mode pass moves them
         self.buffers = {name: buffer.clone() for name, buffer in network.named_buffers()}
         self.action_of, self.starts, self.start_state = action_of, starts, start_state
@@ -288,19 +289,18 @@ class Acting:
         the loop called this function once per step, of `network` (the one the update trains), with
         what it stored (`stored`), and stored its `actions` (flat: steps x envs) as it gave them.
         Each message says what the loop did otherwise and where the fix goes."""
-        section = f'({self.page}, "When a check stops a run")'
         if {id(p) for p in self.network.parameters()} != {id(p) for p in network.parameters()}:
             raise PolicyMismatch(
                 f"the rollout's policy was made from another {type(self.network).__name__} than the one the update "
                 f"trains: the update scores each action under its own policy, so rollout_policy must be given the "
-                f"agent that trains {section}"
+                f"agent that trains {self.section}"
             )
         if not self.given or len(actions) % len(self.given):
             raise PolicyMismatch(
                 f"the loop called its policy `act` (from rollout_policy) {len(self.given)} times for {len(actions)} "
                 f"actions: the update draws each action from Agent.distribution and scores it there, so the loop "
                 f"must take its actions from one call of `act` per step; a change to how actions are drawn belongs "
-                f"in Agent.distribution {section}"
+                f"in Agent.distribution {self.section}"
             )
         for k, (name, saved) in enumerate(zip(self.names, self.stored, strict=True)):
             place = None if saved is None else _first_difference([x[k] for x in self.given], saved)
@@ -308,14 +308,14 @@ class Acting:
                 raise PolicyMismatch(
                     f"the loop gave `act` other noise than Agent.sampling_noise drew ({name}, first at step "
                     f"{place[0]}, env {place[1]}), and the update checks and scores each action with that noise: "
-                    f"a temperature or an exploration scale belongs in Agent.distribution {section}"
+                    f"a temperature or an exploration scale belongs in Agent.distribution {self.section}"
                 )
             if place is not None:
                 raise PolicyMismatch(
                     f"the loop gave `act` another {name} than it stored for the update (first at step {place[0]}, "
                     f"env {place[1]}): the update trains the policy on what the loop stores. To show the policy "
                     f"something else (a bonus, a feature), change the observation in make_env, with a wrapper, so "
-                    f"that the rollout, the update and evaluation all see it {section}"
+                    f"that the rollout, the update and evaluation all see it {self.section}"
                 )
         steps = len(self.given)
         gave = torch.as_tensor(np.stack([self.action_of(output) for output in self.gave]))
@@ -331,30 +331,24 @@ class Acting:
                 f"the loop replaced {int(changed.sum())} of the {changed.numel()} actions `act` drew with the env's "
                 f"action of the step before (first at step {step}, env {env}): the update scores each stored action "
                 f"as the policy's draw at its step. To repeat actions, repeat them inside the env: a wrapper in "
-                f"make_env that steps each action k times, so that the policy acts once per k env steps {section}"
+                f"make_env that steps each action k times, so that the policy acts once per k env steps {self.section}"
             )
         drew, kept = (_scalar(x[step, env]) for x in (gave, stored_actions))
         raise PolicyMismatch(
             f"the loop changed {int(changed.sum())} of the {changed.numel()} actions `act` drew before storing them "
             f"(first at step {step}, env {env}: drew {drew}, stored {kept}), as ε-greedy there does: the update "
             f"scores each stored action with its log-probability under Agent.distribution, so exploration belongs "
-            f"in Agent.distribution (for ε-greedy, a mixture of its probabilities with the uniform ones) {section}"
+            f"in Agent.distribution (for ε-greedy, a mixture of its probabilities with the uniform ones) {self.section}"
         )
 
     def explain(self, outputs: torch.Tensor, wrong: torch.Tensor) -> str:
         """Why the actions `act` gave, as the loop stored them after `check`, are not those the
         update's pass draws, whose actor `outputs` (flat: steps x envs) are at hand, where `wrong`;
-        and where the fix goes."""
-        section = f'({self.page}, "When a check stops a run")'
+        and where the fix goes. The loop took `act`'s actions as they were, on what it stored: `act`
+        itself differs."""
         steps = len(self.given)
         envs = len(wrong) // steps
         outputs = outputs.reshape(steps, envs, *outputs.shape[1:])
-        return self._explain_function(outputs, wrong, envs, section)
-
-    def _explain_function(
-        self, outputs: torch.Tensor, wrong: torch.Tensor, envs: int, section: str
-    ) -> str:
-        """The loop took `act`'s actions as they were, on what it stored: `act` itself differs."""
         step, env = divmod(int(wrong.nonzero()[0, 0]), envs)
         inputs = self.given[step]
         # the first step where what `act` gave is not what the torch function gives on its inputs (a
@@ -369,7 +363,7 @@ class Acting:
             "the torch policy gives other outputs on a second call with the same inputs, in eval mode: the network "
             "draws at random even there, or keeps state between calls. Tie noise in the network to module.training, "
             "as dropout does (the rollout acts in eval mode, the update trains in train mode); the randomness of the "
-            f"draw itself belongs in Agent.sampling_noise and Agent.sample {section}"
+            f"draw itself belongs in Agent.sampling_noise and Agent.sample {self.section}"
         )
         if differ and not lone_tie:
             step, inputs = differ[0], self.given[differ[0]]
@@ -382,7 +376,7 @@ class Acting:
                 "the NumPy copy of the policy, recorded from it and checked on the rollout's first step, gave "
                 f"otherwise at step {step} than the torch policy does on the same inputs: the policy computes "
                 "otherwise at other inputs (a branch on a value, state kept between calls); run with "
-                f"--no-numpy-rollout, which acts through the torch policy at every step {section}"
+                f"--no-numpy-rollout, which acts through the torch policy at every step {self.section}"
             )
         with torch.no_grad():
             if not torch.equal(self.update_pass(*inputs), self.update_pass(*inputs)):
@@ -395,7 +389,7 @@ class Acting:
             return (
                 f"rollout_policy's policy calls {only} where the update's pass (Agent.forward) calls {missing}: "
                 f"the update trains the policy Agent.forward computes, so a network the policy acts with belongs "
-                f"in Agent.forward {section}"
+                f"in Agent.forward {self.section}"
             )
         departs = _departs(self.update_pass, self.given, outputs)
         if departs is not None:
@@ -404,17 +398,17 @@ class Acting:
                 return (
                     f"the update's pass along the rollout departs from the rollout's steps at step {step}, env {env}, "
                     f"where an episode starts: the state an episode starts from must be the same in both: "
-                    f"{self.start_state} {section}"
+                    f"{self.start_state} {self.section}"
                 )
             return (
                 f"the update's pass along the rollout gives other actor outputs than Agent.forward one step at a "
                 f"time on the rollout's inputs, first at step {step}, env {env}: Agent.forward must compute the same "
-                f"along a sequence as step by step {section}"
+                f"along a sequence as step by step {self.section}"
             )
         return (
             "rollout_policy's policy calls the update's modules on the same inputs but draws otherwise: a change "
             "after the network made in the rollout's policy alone (a temperature, a scale, a clip); the update "
-            f"scores actions with Agent.distribution, so the change belongs there {section}"
+            f"scores actions with Agent.distribution, so the change belongs there {self.section}"
         )
 
 
