@@ -289,7 +289,7 @@ class Acting:
         the loop called this function once per step, of `network` (the one the update trains), with
         what it stored (`stored`), and stored its `actions` (flat: steps x envs) as it gave them.
         Each message says what the loop did otherwise and where the fix goes."""
-        if {id(p) for p in self.network.parameters()} != {id(p) for p in network.parameters()}:
+        if network is not self.network and _ids(self.network) != _ids(network):
             raise PolicyMismatch(
                 f"the rollout's policy was made from another {type(self.network).__name__} than the one the update "
                 f"trains: the update scores each action under its own policy, so rollout_policy must be given the "
@@ -415,6 +415,10 @@ class Acting:
 def _scalar(action: torch.Tensor) -> Any:
     values = action.tolist()
     return values[0] if len(values) == 1 else values
+
+
+def _ids(network: nn.Module) -> set[int]:
+    return {id(p) for p in network.parameters()}
 
 
 def _copied(value: Any) -> Any:
