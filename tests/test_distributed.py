@@ -203,6 +203,30 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def ranks_to_their_end(out, arguments: list[str], nproc: int = 2, timeout: int = 180):
+    """`python ARGUMENTS` in `nproc` processes with the environment torchrun gives its ranks (met at
+    a free localhost port), each waited for to its own end. torchrun stops every rank as soon as one
+    has failed, so what the others do after it, which a loaded machine may delay, shows only here."""
+    environment = {**os.environ, "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}
+    environment.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, *arguments], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env={**environment, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+        )
+        for rank in range(nproc)
+    ]  # fmt: skip
+    ended = []
+    try:
+        for rank in ranks:
+            stdout, stderr = rank.communicate(timeout=timeout)
+            ended.append(subprocess.CompletedProcess(rank.args, rank.returncode, stdout, stderr))
+    finally:
+        for rank in ranks:
+            rank.kill()  # after a timeout: none left behind
+    return ended
+
+
 def two_machines(
     out, script: str, settings: list[dict], timeout: int = 180
 ) -> list[subprocess.CompletedProcess]:
@@ -417,9 +441,12 @@ def test_ddpg_refuses_more_than_one_process(tmp_path):
         text=True,
         timeout=120,
     )
-    assert (
-        process.returncode != 0 and process.stderr.count("error: ddpg.py runs in one process") == 2
-    )
+    workers = process.stderr.split(TORCHRUN_TRACEBACK)[0]
+    assert process.returncode != 0 and "error: ddpg.py runs in one process" in workers
+    # every rank refuses, not only the first to get there: torchrun stops the others after it
+    arguments = ["ddpg.py", "--total-timesteps", "300", "--run-dir", str(tmp_path)]
+    for rank in ranks_to_their_end(tmp_path, arguments):
+        assert rank.returncode == 2 and rank.stderr.startswith("error: ddpg.py runs in one process")
     assert not list(tmp_path.iterdir())
 
 
@@ -508,16 +535,21 @@ def test_a_nan_on_one_ranks_data_stops_every_rank_with_the_last_good_checkpoint(
     settings.update(norm_adv=False, progress=False, eval_episodes=0, run_dir=str(tmp_path / "runs"))
     process = torchrun(tmp_path, "ppo_fc", settings, timeout=120)
     workers = process.stderr.split(TORCHRUN_TRACEBACK)[0]
-    assert (
-        process.returncode != 0
-        and workers.count("error: a loss or parameter became NaN or inf") == 2
-    ), workers
+    stopped = "error: a loss or parameter became NaN or inf"
+    assert process.returncode != 0 and stopped in workers, workers
     assert "Traceback" not in workers
     (run,) = (tmp_path / "runs").iterdir()
     # Rank 1's NaN rewards start in its fifth rollout (its steps 300 on): the checkpoint of the fourth is the last.
     checkpoint = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert checkpoint["global_step"] == 4 * 128
     assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
+    # every rank stops at the NaN, not only the first to say so (torchrun stops the rest after it)
+    each = tmp_path / "each"
+    arguments = ["tests/distributed_run.py", str(each), "ppo_fc"]
+    arguments.append(json.dumps(dict(settings, run_dir=str(each / "runs"))))
+    for rank in ranks_to_their_end(tmp_path, arguments):
+        assert rank.returncode == 1 and stopped in rank.stderr, rank.stderr
+        assert "Traceback" not in rank.stderr
 
 
 def test_a_backend_torch_does_not_know_and_world_size_without_torchrun_are_refused(tmp_path):
@@ -528,9 +560,13 @@ def test_a_backend_torch_does_not_know_and_world_size_without_torchrun_are_refus
         tmp_path, "ppo_fc", dict(settings, dist_backend="carrier-pigeon"), timeout=120
     )
     workers = process.stderr.split(TORCHRUN_TRACEBACK)[0]
-    assert (
-        process.returncode != 0 and workers.count("error: --dist-backend 'carrier-pigeon'") == 2
-    ), workers
+    refusal = "error: --dist-backend 'carrier-pigeon'"
+    assert process.returncode != 0 and refusal in workers, workers
+    # every rank refuses before training, not only the first to get there (torchrun stops the rest)
+    arguments = ["tests/distributed_run.py", str(tmp_path), "ppo_fc"]
+    arguments.append(json.dumps(dict(settings, dist_backend="carrier-pigeon")))
+    for rank in ranks_to_their_end(tmp_path, arguments):
+        assert rank.returncode == 2 and rank.stderr.startswith(refusal), rank.stderr
     env = {**os.environ, "WORLD_SIZE": "2"}
     flags = ["--total-timesteps", "2048", "--run-dir", str(tmp_path / "runs")]
     alone = subprocess.run(
