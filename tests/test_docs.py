@@ -8,6 +8,7 @@ parallel), so the test follows the scripts as they change.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -197,6 +198,34 @@ def test_every_flag_in_a_command_exists(programs_and_their_help):
             if flag not in helps[program]
         ]
     assert problems == [], "\n".join(problems)
+
+
+COMMIT_NAMED = re.compile(r"\bgit ([0-9a-f]{7,40}(?: \(uncommitted changes\))?)")
+
+
+def readme_results_links() -> list[tuple[str, Path]]:
+    """Each results file or folder (under docs/benchmark/, figures aside) the README links to, with
+    the README's line that links to it."""
+    links = []
+    for line in README.read_text(encoding="utf-8").splitlines():
+        for target in link_targets(line):
+            if target.startswith("docs/benchmark/") and not target.endswith(".png"):
+                links.append((line, REPO / target.split("#", 1)[0]))
+    return links
+
+
+def test_each_results_file_the_readme_links_names_the_commit_the_readme_gives():
+    links = readme_results_links()
+    assert len(links) >= 10
+    for line, path in links:
+        if path.is_dir():  # a stored run per file, each made at its own commit
+            made = [json.loads(run.read_text())["made"]["git"] for run in path.glob("*.json")]
+            assert made and all(COMMIT_NAMED.fullmatch(f"git {git}") for git in made), path
+            continue
+        named = COMMIT_NAMED.search(path.read_text(encoding="utf-8"))
+        assert named, f"{path.relative_to(REPO)} names no commit"
+        # as the file gives it, "(uncommitted changes)" too
+        assert named.group(1) in line, f"the README cites {path.name} without {named.group(1)!r}"
 
 
 def test_ci_runs_the_readme_test_commands():
