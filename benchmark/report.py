@@ -758,19 +758,19 @@ def machine() -> str:
 
 
 def git_revision(output: Path) -> str:
-    """The commit the code runs at, "(uncommitted changes)" added if a tracked file outside `output`
-    has changed."""
+    """The commit the code runs at, "(uncommitted changes)" added if a tracked file that can run has
+    changed: one outside `output`, docs/, tests/ and the Markdown files."""
     # A benchmark rewrites its own output folder (tracked where its results are committed, as under
-    # docs/benchmark/): that is no change to the code that ran.
-    outside_output = (
-        ["--", ".", f":(exclude){output.relative_to(REPO)}"] if output.is_relative_to(REPO) else []
-    )
+    # docs/benchmark/), and a long one runs while its pages are written: no change to what ran.
+    code = ["--", ".", ":(exclude)docs", ":(exclude)tests", ":(exclude,glob)**/*.md"]
+    if output.is_relative_to(REPO):
+        code.append(f":(exclude){output.relative_to(REPO)}")
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", *outside_output],
+            ["git", "status", "--porcelain", "--untracked-files=no", *code],
             cwd=REPO,
             capture_output=True,
             text=True,

@@ -1224,7 +1224,7 @@ def test_stored_baseline_runs_are_reused_with_the_scripts(tmp_path, monkeypatch,
     assert not (tmp_path / "second" / "runs").exists()
 
 
-def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(
+def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output_docs_and_tests(
     tmp_path, monkeypatch
 ):
     def git(*args: str) -> None:
@@ -1242,6 +1242,11 @@ def test_the_commit_a_benchmark_names_is_dirty_only_for_code_outside_its_output(
     monkeypatch.setattr("benchmark.report.REPO", tmp_path)
     (output / "results.md").write_text("new\n")  # the benchmark rewriting its own committed output
     (tmp_path / "notes.txt").write_text("untracked\n")
+    (tmp_path / "README.md").write_text("a page written while it runs\n")
+    (tmp_path / "docs" / "page.md").write_text("a page\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_it.py").write_text("a test\n")
+    git("add", "README.md", "docs/page.md", "tests/test_it.py")
     clean = git_revision(output)
     assert clean and "uncommitted" not in clean and clean != "unknown"
     (tmp_path / "script.py").write_text("x = 2\n")
