@@ -7,7 +7,6 @@ defaults."""
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from torch import Tensor
 
 import onefile_rl  # noqa: F401  (a copy kept outside the checkout finds common/ through it)
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import cli
+from common import cli, distributed
 from common.envs import flat_observations, vector_observations_only
 from common.errors import UsageError
 from common.run_start import Run, TrainResult
@@ -412,10 +411,7 @@ def train(args: Args) -> TrainResult:
 
 def check_args(args: Args) -> None:
     """Reject bad settings (ValueError) before anything is built or written."""
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # no data parallelism here (docs/ddpg.md)
-        raise ValueError(
-            "ddpg.py runs in one process: start it with python, or torchrun --nproc-per-node 1"
-        )
+    distributed.single_process("ddpg.py")  # no data parallelism here (docs/ddpg.md)
     positive = ("total_timesteps", "num_envs", "buffer_size", "batch_size", "policy_frequency")
     positive += ("hidden_size", "video_every", "learning_rate", "updates_per_step")
     non_negative = ("seed", "eval_episodes", "checkpoint_every", "torch_threads", "eval_every")
