@@ -415,6 +415,9 @@ def train(args: Args) -> TrainResult:
         optimizer.step()
         return tuple(x.detach() for x in (logratio, ratio, pg_loss, v_loss, entropy_loss))
 
+    # dropout, batch norm: one notice that the update's ratios start away from 1
+    forward = lambda net, obs: net(observation_tensor(obs, device))  # noqa: E731
+    stand_in.acts_otherwise_in_training(agent, forward, next_obs)
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -584,13 +587,9 @@ def rollout_policy(
     calls it: a NumPy copy (with `numpy_rollout`: recorded from the torch policy and checked against
     it on the rollout's `first` observations and noise) or a torch call (`fast` with --compile or
     --cuda-graphs). It keeps what it was given and gave, for the check after the rollout against
-    what the loop `stored` (its observations and noise, (steps, envs, ...)). Before the first
-    rollout, one notice where the network computes otherwise in train mode (dropout, batch norm)."""
+    what the loop `stored` (its observations and noise, (steps, envs, ...))."""
     device = next(agent.parameters()).device
     fast = fast or capture.StandIn(compile=False, cuda_graph=False)
-    if "_trial_of_modes" not in agent.__dict__:  # once: the update's ratios start away from 1
-        forward = lambda net, obs: net(observation_tensor(obs, device))  # noqa: E731
-        agent._trial_of_modes = stand_in.acts_otherwise_in_training(agent, forward, first[0])
 
     @torch.no_grad()
     def policy(obs: Tensor, noise: Tensor) -> Tensor:
