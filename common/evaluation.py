@@ -15,6 +15,7 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 
 from common import distributed
+from common.cli import notice
 from common.envs import evaluation_env, resolve_env_id
 from common.errors import UsageError
 from common.run_folder import create_run_folder, run_name
@@ -24,6 +25,12 @@ from common.trajectories import TrajectoryRecording, check_destination, new_reco
 Act = Callable[
     [np.ndarray, np.ndarray], np.ndarray | tuple[np.ndarray, Mapping[str, Mapping[str, Any]]]
 ]
+
+
+EPISODE_STEP_LIMIT = 100_000
+"""An evaluation episode that has not ended after this many steps is cut there, as truncated: an env
+with no time limit (dm_control's lqr tasks) would otherwise be played forever. Above the limits of
+the envs this project runs (Atari's 27,000 steps of 4 frames, MuJoCo's and dm_control's 1,000)."""
 
 
 def play_episodes(
@@ -48,11 +55,22 @@ def play_episodes(
     lengths: list[int] = []
     observations, _ = env.reset(seed=seed)
     episode_starts = np.ones(1, dtype=bool)
+    steps, summed_rewards = 0, 0.0  # of the episode under way: for one cut at the step limit
     while len(returns) < episodes:
         actions, agents = act(observations, episode_starts), None
         if isinstance(actions, tuple):
             actions, agents = actions
         next_observations, rewards, terminations, truncations, infos = env.step(actions)
+        steps, summed_rewards = steps + 1, summed_rewards + float(rewards[0])
+        ended = "_episode" in infos and bool(infos["_episode"][0])
+        cut = steps >= EPISODE_STEP_LIMIT and not ended
+        if cut:
+            truncations = np.ones_like(truncations)
+            notice(
+                f"an evaluation episode had not ended after {EPISODE_STEP_LIMIT:,} steps (the env sets no time "
+                "limit): each is cut there, and its return is of those steps; give the env a limit in make_env "
+                "(gym.make's max_episode_steps) for shorter ones"
+            )
         if recorder is not None:
             recorder.add_step(
                 observations,
@@ -63,9 +81,15 @@ def play_episodes(
                 agents=agents,
                 infos=infos,
             )
-        if "_episode" in infos and infos["_episode"][0]:
+        if ended:
             returns.append(float(infos["episode"]["r"][0]))
             lengths.append(int(infos["episode"]["l"][0]))
+        if cut:
+            returns.append(summed_rewards)
+            lengths.append(steps)
+            next_observations, _ = env.reset()
+        if ended or cut:
+            steps, summed_rewards = 0, 0.0
         observations, episode_starts = next_observations, terminations | truncations
     if isinstance(env.unwrapped, gym.vector.SyncVectorEnv):
         _drop_unplayed_video(env.unwrapped.envs[0])

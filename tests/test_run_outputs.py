@@ -7,13 +7,17 @@ import signal
 import subprocess
 import sys
 import time
+from argparse import Namespace
 from collections import Counter
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from common import evaluation
+from common.envs import evaluation_env
 from common.trajectories import load_trajectories, split_episodes
 from common.wandb_file import TransactionLog
 from tests.helpers import REPO, read_scalars, read_wandb_runs, run_script
@@ -594,3 +598,45 @@ def test_wandb_holds_every_row_once_after_kills_long_after_and_just_after_a_chec
     assert episodes == shown and sum(shown.values()) > 0
     for key in ("charts/learning_rate", "charts/SPS"):
         assert steps_by_key(rows, [key]) == tensorboard_steps(scalars, [key])
+
+
+class EndlessEnv(gym.Env):
+    """An env with no time limit whose episodes never end (as dm_control's lqr tasks under a policy that does not
+    reach the goal): one reward a step."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 1.0, False, False, {}
+
+
+def test_evaluation_cuts_an_episode_that_never_ends_at_its_step_limit_and_records_it_truncated(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(evaluation, "EPISODE_STEP_LIMIT", 30)
+    calls = []
+
+    def act(observations, episode_starts):
+        calls.append(bool(episode_starts[0]))
+        assert len(calls) <= 100, "evaluation played on past its step limit"
+        return np.zeros(1, dtype=np.int64)
+
+    env = evaluation_env(EndlessEnv, Namespace())
+    path = tmp_path / "eval.npz"
+    returns, lengths = evaluation.play_episodes(
+        env, act, 2, 1, path, {"args": {"env_id": "Endless"}}
+    )
+
+    assert (returns, lengths) == ([30.0, 30.0], [30, 30])
+    assert [k for k, start in enumerate(calls) if start] == [0, 30]  # the second starts afresh
+    data = load_trajectories(path)
+    assert np.flatnonzero(data["/truncations"][0]).tolist() == [29, 59]
+    episodes = [(episode.total_reward, episode.finished) for episode in split_episodes(data)]
+    assert episodes == [(30.0, True), (30.0, True)]
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice:")]
+    assert len(notices) == 1 and "had not ended after 30 steps" in notices[0], notices
