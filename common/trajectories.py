@@ -94,6 +94,11 @@ class TrajectoryFileError(ValueError):
     """A trajectory file is missing, corrupt, or not in this format."""
 
 
+def _absent(value: Any) -> bool:
+    """An info entry that no env has at this step: an object array of None only."""
+    return isinstance(value, np.ndarray) and value.dtype == object and all(v is None for v in value)
+
+
 def _numeric_info(value: Any, num_envs: int) -> np.ndarray | None:
     """An info entry as a numeric ``(num_envs, ...)`` array, or None when it has no numeric form.
 
@@ -217,6 +222,8 @@ class TrajectoryWriter:
             array = _numeric_info(value, self.num_envs)
             if array is not None:
                 numeric[key] = array
+            elif _absent(value):  # at this step only, as dm_env's discount at a reset: NaN there
+                continue
             elif key not in self._skipped_info_keys and key not in SILENTLY_SKIPPED_INFOS:
                 self._skipped_info_keys.add(key)
                 warnings.warn(

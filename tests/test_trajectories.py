@@ -77,6 +77,23 @@ def test_info_entries_without_numeric_form_are_left_out_with_one_warning():
     assert not {"/infos/final_info", "/infos/mission"} & set(writer.to_dict())
 
 
+def test_an_info_entry_no_env_has_at_a_step_reads_back_nan_there_without_a_warning():
+    """dm_control's tasks through Shimmy: `timestep.discount` is None where an episode starts (dm_env's first
+    step), a float elsewhere."""
+    writer = TrajectoryWriter(2)
+    zeros = np.zeros(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for discount in ([1.0, 0.5], [None, None], [1.0, 1.0]):
+            infos = {
+                "timestep.discount": np.array(discount, dtype=None if None in discount else float)
+            }
+            writer.add_step(zeros, zeros, zeros, zeros, zeros, infos=infos)
+    np.testing.assert_array_equal(
+        writer.to_dict()["/infos/timestep.discount"], [[1.0, np.nan, 1.0], [0.5, np.nan, 1.0]]
+    )
+
+
 def test_round_trip_keeps_keys_shapes_dtypes_and_values(tmp_path):
     writer, _ = record()
     written = writer.to_dict()
