@@ -267,17 +267,86 @@ class Acting:
         # batch norm's statistics as the rollout acts with them, before a train-mode pass moves them
         self.buffers = {name: buffer.clone() for name, buffer in network.named_buffers()}
         self.action_of, self.starts, self.start_state = action_of, starts, start_state
-        self.given: list[tuple[Any, ...]] = []
-        self.gave: list[Any] = []
+        # What each call was given and gave, copied then: where every input is an array (of a stored
+        # one's shape) and the output an array or a tuple of arrays, into the next row of arrays as
+        # long as the rollout, one per input and output part, made at the first call (a row costs
+        # less to write than a copy, and `check` compares whole arrays); from a call that does not
+        # fit them on, as copies in the lists.
+        self.calls, self._rows_filled = 0, 0
+        self._input_rows: list[np.ndarray] | None = None
+        self._output_rows: list[np.ndarray] = []
+        self._tuple_output = False
+        self._given_copies: list[tuple[Any, ...]] = []
+        self._gave_copies: list[Any] = []
 
     def __call__(self, *inputs: Any) -> Any:
         outputs = self.function(*inputs)
-        given = []  # a loop, not a comprehension: no function call per step on the action's path
-        for x in inputs:
-            given.append(x.copy() if type(x) is np.ndarray else _copied(x))
-        self.given.append(tuple(given))
-        self.gave.append(outputs.copy() if type(outputs) is np.ndarray else _copied(outputs))
+        k = self.calls
+        self.calls = k + 1
+        if k == 0:
+            self._make_rows(inputs, outputs)
+        if self._input_rows is not None and k == self._rows_filled:
+            try:  # loops, not comprehensions: no function call per step on the action's path
+                for row, x in zip(self._input_rows, inputs, strict=True):
+                    row[k] = x
+                if self._tuple_output:
+                    for row, part in zip(self._output_rows, outputs, strict=True):
+                        row[k] = part
+                else:
+                    self._output_rows[0][k] = outputs
+                self._rows_filled = k + 1
+                return outputs
+            except (IndexError, ValueError, TypeError):  # another shape, or past the rollout's end
+                pass
+        self._given_copies.append(tuple(_copied(x) for x in inputs))
+        self._gave_copies.append(_copied(outputs))
         return outputs
+
+    def _make_rows(self, inputs: tuple[Any, ...], outputs: Any) -> None:
+        parts = outputs if type(outputs) is tuple else (outputs,)
+        lengths = {len(saved) for saved in self.stored if type(saved) is np.ndarray}
+        if len(lengths) != 1 or len(inputs) != len(self.stored):
+            return
+        if not all(type(x) is np.ndarray for x in (*inputs, *parts)):
+            return
+        for x, saved in zip(inputs, self.stored, strict=True):
+            if type(saved) is np.ndarray and x.shape != saved.shape[1:]:
+                return
+        (length,) = lengths
+        # a stored input's row in its dtype: `check` compares them there, as the update reads them
+        self._input_rows = [
+            np.empty((length, *x.shape), saved.dtype if type(saved) is np.ndarray else x.dtype)
+            for x, saved in zip(inputs, self.stored, strict=True)
+        ]
+        self._output_rows = [np.empty((length, *part.shape), part.dtype) for part in parts]
+        self._tuple_output = type(outputs) is tuple
+
+    @property
+    def given(self) -> list[tuple[Any, ...]]:
+        """Each call's inputs, in order."""
+        rows = self._input_rows or []
+        in_rows = [tuple(row[k] for row in rows) for k in range(self._rows_filled)]
+        return in_rows + self._given_copies
+
+    @property
+    def gave(self) -> list[Any]:
+        """Each call's output, in order."""
+        rows = self._output_rows
+        in_rows = [tuple(row[k] for row in rows) for k in range(self._rows_filled)]
+        if not self._tuple_output:
+            in_rows = [output for (output,) in in_rows]
+        return in_rows + self._gave_copies
+
+    def _stacked(self) -> tuple[list[np.ndarray], Any] | None:
+        """Every call's inputs, an array each, and outputs (an array, or a tuple of them for the
+        parts of a tuple), where all calls are in the rows; else None."""
+        if self._input_rows is None or self._given_copies:
+            return None
+        filled = self._rows_filled
+        outputs = tuple(row[:filled] for row in self._output_rows)
+        return [row[:filled] for row in self._input_rows], (
+            outputs if self._tuple_output else outputs[0]
+        )
 
     @property
     def code(self) -> str:
@@ -295,15 +364,19 @@ class Acting:
                 f"trains: the update scores each action under its own policy, so rollout_policy must be given the "
                 f"agent that trains {self.section}"
             )
-        if not self.given or len(actions) % len(self.given):
+        if not self.calls or len(actions) % self.calls:
             raise PolicyMismatch(
-                f"the loop called its policy `act` (from rollout_policy) {len(self.given)} times for {len(actions)} "
+                f"the loop called its policy `act` (from rollout_policy) {self.calls} times for {len(actions)} "
                 f"actions: the update draws each action from Agent.distribution and scores it there, so the loop "
                 f"must take its actions from one call of `act` per step; a change to how actions are drawn belongs "
                 f"in Agent.distribution {self.section}"
             )
-        for k, (name, saved) in enumerate(zip(self.names, self.stored, strict=True)):
-            place = None if saved is None else _first_difference([x[k] for x in self.given], saved)
+        stacked = self._stacked()
+        given = (
+            stacked[0] if stacked else [[x[k] for x in self.given] for k in range(len(self.names))]
+        )
+        for name, saved, given_to_act in zip(self.names, self.stored, given, strict=True):
+            place = None if saved is None else _first_difference(given_to_act, saved)
             if place is not None and name.startswith("noise"):
                 raise PolicyMismatch(
                     f"the loop gave `act` other noise than Agent.sampling_noise drew ({name}, first at step "
@@ -317,8 +390,13 @@ class Acting:
                     f"something else (a bonus, a feature), change the observation in make_env, with a wrapper, so "
                     f"that the rollout, the update and evaluation all see it {self.section}"
                 )
-        steps = len(self.given)
-        gave = torch.as_tensor(np.stack([self.action_of(output) for output in self.gave]))
+        steps = self.calls
+        gave = (
+            self.action_of(stacked[1])
+            if stacked
+            else np.stack([self.action_of(x) for x in self.gave])
+        )
+        gave = torch.as_tensor(gave)
         gave, stored_actions = gave.reshape(steps, -1, gave[0, 0].numel()), actions.cpu()
         stored_actions = stored_actions.reshape(gave.shape).to(gave.dtype)
         changed = (gave != stored_actions).any(-1)
@@ -431,15 +509,17 @@ def _copied(value: Any) -> Any:
     return copy_module.deepcopy(value)
 
 
-def _first_difference(given: list[Any], stored: Any) -> tuple[int, int] | None:
-    """The first (step, env) where the inputs `given` at each step differ from `stored` (steps,
-    envs, ...) read in its dtype, part by part of a dict; None where they agree."""
+def _first_difference(given: list[Any] | np.ndarray, stored: Any) -> tuple[int, int] | None:
+    """The first (step, env) where the inputs `given` at each step (a list, or one array of them)
+    differ from `stored` (steps, envs, ...) read in its dtype, part by part of a dict; None where
+    they agree."""
     if isinstance(stored, dict):
         places = [_first_difference([g[key] for g in given], stored[key]) for key in stored]
         return min((place for place in places if place is not None), default=None)
     stored = np.asarray(stored)
     try:
-        same = np.asarray(np.stack(given), stored.dtype).reshape(stored.shape) == stored
+        given = given if type(given) is np.ndarray else np.stack(given)
+        same = np.asarray(given, stored.dtype).reshape(stored.shape) == stored
     except ValueError:  # shapes that do not fit: the first step is as good as any
         return 0, 0
     if same.all():

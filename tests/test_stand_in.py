@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch.distributions import Categorical, Normal
 
 from common import stand_in
+from common.errors import PolicyMismatch
 from common.stand_in import LAYERS, NoNumpyForm, numpy_cell, numpy_copy, record_numpy_copy
 
 
@@ -379,3 +380,50 @@ def test_ordinary_operations_a_review_found_refused_are_copied():
         (np.random.default_rng(seed).normal(size=(8, 8)).astype(np.float32),) for seed in (1, 2, 3)
     ]
     assert_copies(network, network, x, later=later)
+
+
+def acting_on(steps=3, envs=2):
+    """An `Acting` of a two-input policy as a rollout of `steps` steps calls it, and the loop's arrays."""
+    obs = np.zeros((steps, envs, 2), np.float32)
+    noise = np.random.default_rng(0).standard_normal((steps, envs)).astype(np.float32)
+
+    def policy(o, n):
+        return (o[:, 0] > n.mean()).astype(np.int64)
+
+    names = ("obs[step]", "noise[step]")
+    act = stand_in.Acting(policy, policy, True, nn.Linear(2, 2), None, names, (obs, noise), "p.md")
+    return act, obs, noise, np.zeros((steps, envs), np.int64)
+
+
+def test_the_record_keeps_what_act_was_given_then_not_what_the_loop_wrote_after():
+    act, obs, noise, actions = acting_on()
+    for step in range(len(obs)):
+        obs[step] = step
+        actions[step] = act(obs[step], noise[step])
+    act.check(act.network, torch.as_tensor(actions.reshape(-1)))  # as the loop stored it
+    obs[1] += (
+        0.5  # written after `act` read it: the update would train on what the policy never saw
+    )
+    with pytest.raises(
+        PolicyMismatch, match=r"another obs\[step\] than it stored .*first at step 1, env 0"
+    ):
+        act.check(act.network, torch.as_tensor(actions.reshape(-1)))
+
+
+def test_calls_that_do_not_fit_the_record_s_arrays_are_kept_and_checked_all_the_same():
+    act, obs, noise, actions = acting_on()
+    for step in range(len(obs)):
+        given = (
+            obs[step] if step != 1 else np.ones((3, 2), np.float32)
+        )  # another shape: a third env
+        actions[step] = act(given, noise[step])[:2]
+    assert [x[0].shape for x in act.given] == [(2, 2), (3, 2), (2, 2)]
+    with pytest.raises(PolicyMismatch, match=r"another obs\[step\] than it stored"):
+        act.check(act.network, torch.as_tensor(actions.reshape(-1)))
+    act, obs, noise, actions = acting_on()
+    for step in range(len(obs)):
+        actions[step] = act(obs[step], noise[step])
+    act(obs[0], noise[0])  # a call past the rollout's length
+    assert act.calls == len(act.given) == len(act.gave) == 4
+    with pytest.raises(PolicyMismatch, match=r"called its policy `act` .* 4 times for 6 actions"):
+        act.check(act.network, torch.as_tensor(actions.reshape(-1)))
