@@ -283,10 +283,28 @@ class Acting:
         outputs = self.function(*inputs)
         k = self.calls
         self.calls = k + 1
-        if k == 0:
-            self._make_rows(inputs, outputs)
+        # Loops, not comprehensions, and no helper: no function call on the action's path.
+        if k == 0:  # the rows, where the first call's inputs are arrays of the stored shapes
+            parts = outputs if type(outputs) is tuple else (outputs,)
+            kept = (*self.stored, *(None,) * len(parts))  # a stored input's row in its dtype
+            lengths = {len(saved) for saved in self.stored if type(saved) is np.ndarray}
+            rows: list[np.ndarray] | None = []
+            if len(lengths) != 1 or len(inputs) != len(self.stored):
+                rows = None
+            for x, saved in zip((*inputs, *parts), kept, strict=True):
+                if rows is None or type(x) is not np.ndarray:
+                    rows = None
+                    break
+                if type(saved) is np.ndarray and x.shape != saved.shape[1:]:
+                    rows = None
+                    break
+                dtype = saved.dtype if type(saved) is np.ndarray else x.dtype
+                rows.append(np.empty((*lengths, *x.shape), dtype))
+            if rows is not None:
+                self._input_rows, self._output_rows = rows[: len(inputs)], rows[len(inputs) :]
+                self._tuple_output = type(outputs) is tuple
         if self._input_rows is not None and k == self._rows_filled:
-            try:  # loops, not comprehensions: no function call per step on the action's path
+            try:
                 for row, x in zip(self._input_rows, inputs, strict=True):
                     row[k] = x
                 if self._tuple_output:
@@ -301,25 +319,6 @@ class Acting:
         self._given_copies.append(tuple(_copied(x) for x in inputs))
         self._gave_copies.append(_copied(outputs))
         return outputs
-
-    def _make_rows(self, inputs: tuple[Any, ...], outputs: Any) -> None:
-        parts = outputs if type(outputs) is tuple else (outputs,)
-        lengths = {len(saved) for saved in self.stored if type(saved) is np.ndarray}
-        if len(lengths) != 1 or len(inputs) != len(self.stored):
-            return
-        if not all(type(x) is np.ndarray for x in (*inputs, *parts)):
-            return
-        for x, saved in zip(inputs, self.stored, strict=True):
-            if type(saved) is np.ndarray and x.shape != saved.shape[1:]:
-                return
-        (length,) = lengths
-        # a stored input's row in its dtype: `check` compares them there, as the update reads them
-        self._input_rows = [
-            np.empty((length, *x.shape), saved.dtype if type(saved) is np.ndarray else x.dtype)
-            for x, saved in zip(inputs, self.stored, strict=True)
-        ]
-        self._output_rows = [np.empty((length, *part.shape), part.dtype) for part in parts]
-        self._tuple_output = type(outputs) is tuple
 
     @property
     def given(self) -> list[tuple[Any, ...]]:
