@@ -247,3 +247,64 @@ def test_trailing_mean_equals_a_plain_loop():
     for window in (1, 20, 100, 300):
         expected = [np.mean(values[max(0, i + 1 - window) : i + 1]) for i in range(len(values))]
         np.testing.assert_allclose(trailing_mean(values, window), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_cleanrl_run_is_stored_as_the_harness_stores_its_own_and_compared_window_by_window(
+    tmp_path, capsys
+):
+    from benchmark.cleanrl_runs import comparison_table, store_cleanrl_run
+    from benchmark.stored import load_run
+
+    # CleanRL logs an episode at the index of its last step (from 0), ddpg.py at the steps taken (from 1):
+    # a 1,000-step episode ends at 999 in one and at 1,000 in the other, in the same window of 2,000 steps.
+    cleanrl_dir = tmp_path / "runs" / "HalfCheetah-v5__ddpg_continuous_action__2__1795965431"
+    writer = SummaryWriter(str(cleanrl_dir))
+    for episode, value in enumerate([1.0, 3.0, 10.0, 20.0, 30.0]):
+        writer.add_scalar(
+            "charts/episodic_return", value, episode * 1_000 + 999, walltime=1_000.0 + episode
+        )
+        writer.add_scalar("charts/SPS", 100, episode * 1_000 + 999, walltime=1_000.0 + episode)
+    writer.close()
+    path, _ = store_cleanrl_run(cleanrl_dir, 5_000, tmp_path / "stored")
+    assert path.name == "cleanrl_ddpg_continuous_action__HalfCheetah-v5__5000__2.json"
+    stored, made = load_run(tmp_path / "stored", path.stem)
+    assert stored.episode_returns.tolist() == [1.0, 3.0, 10.0, 20.0, 30.0]
+    assert made["command"].endswith(
+        "--env-id HalfCheetah-v5 --seed 2 --total-timesteps 5000 --no-cuda"
+    )
+
+    ours_dir = tmp_path / "HalfCheetah-v5__ddpg__2"
+    writer = SummaryWriter(str(ours_dir))
+    for episode, value in enumerate([5.0, 7.0, 100.0, 200.0, 300.0], start=1):
+        writer.add_scalar(
+            "charts/episodic_return", value, episode * 1_000, walltime=2_000.0 + episode
+        )
+    writer.close()
+    ours, _ = store_cleanrl_run(ours_dir, 5_000, tmp_path / "ours")
+    table = comparison_table([path, ours], window=2_000).splitlines()
+    assert table[2] == "| 0-2,000 | 2 | 6 |"
+    assert table[3] == "| 2,000-4,000 | 15 | 150 |"
+    assert table[4] == "| 4,000-6,000 | 30 | 300 |"
+    assert table[5] == "| last 100 episodes | 12.8 | 122.4 |"
+
+
+def test_storing_cleanrl_runs_from_a_folder_without_any_is_one_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    command = [
+        sys.executable,
+        "-m",
+        "benchmark.cleanrl_runs",
+        "store",
+        str(tmp_path),
+        "--steps",
+        "10",
+    ]
+    command += ["--out", str(tmp_path / "stored")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"error: no TensorBoard run folder in {tmp_path}\n",
+    )
+    assert not (tmp_path / "stored").exists()
