@@ -19,7 +19,6 @@ over each run's last 100 episodes (`charts/episodic_return`, read the same way f
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 
 from benchmark.events import LAST_EPISODES, RunSummary, find_run_dirs, summarise_run
 from benchmark.report import machine
-from benchmark.stored import store_run
+from benchmark.stored import load_run, store_run
 from common.errors import UsageError
 
 CLEANRL = "CleanRL fe8d8a0, its script ported to gymnasium 1.x (docs/benchmark.md)"
@@ -71,14 +70,17 @@ def comparison_table(paths: list[Path], window: int) -> str:
     """A markdown table: a column per stored run, a row per window of steps, then the last-100 mean."""
     runs = []
     for path in paths:
-        try:
-            record = json.loads(path.read_text())["run"]
-            steps, returns = (
-                np.asarray(record[key]) for key in ("episode_steps", "episode_returns")
+        stored = load_run(path.parent, path.stem)  # UsageError: a file there that is not one
+        if stored is None:
+            raise UsageError(f"{path} is not a stored run's file")
+        summary, _ = stored
+        runs.append(
+            (
+                f"{summary.script} seed {summary.seed}",
+                summary.episode_steps,
+                summary.episode_returns,
             )
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise UsageError(f"{path} is not a stored run: {error}") from None
-        runs.append((f"{record['script']} seed {record['seed']}", steps, returns))
+        )
     last_step = max(int(steps.max()) for _, steps, _ in runs if len(steps))
     end = -(-last_step // window) * window
     columns = [window_means(steps, returns, window, end) for _, steps, returns in runs]

@@ -250,10 +250,10 @@ def test_trailing_mean_equals_a_plain_loop():
 
 
 def test_a_cleanrl_run_is_stored_as_the_harness_stores_its_own_and_compared_window_by_window(
-    tmp_path, capsys
+    tmp_path,
 ):
     from benchmark.cleanrl_runs import comparison_table, store_cleanrl_run
-    from benchmark.stored import load_run
+    from benchmark.stored import load_run, store_run
 
     # CleanRL logs an episode at the index of its last step (from 0), ddpg.py at the steps taken (from 1):
     # a 1,000-step episode ends at 999 in one and at 1,000 in the other, in the same window of 2,000 steps.
@@ -280,7 +280,9 @@ def test_a_cleanrl_run_is_stored_as_the_harness_stores_its_own_and_compared_wind
             "charts/episodic_return", value, episode * 1_000, walltime=2_000.0 + episode
         )
     writer.close()
-    ours, _ = store_cleanrl_run(ours_dir, 5_000, tmp_path / "ours")
+    ours = store_run(
+        tmp_path / "ours", "ddpg__HalfCheetah-v5__5000__x__2", summarise_run(ours_dir), {}
+    )
     table = comparison_table([path, ours], window=2_000).splitlines()
     assert table[2] == "| 0-2,000 | 2 | 6 |"
     assert table[3] == "| 2,000-4,000 | 15 | 150 |"
