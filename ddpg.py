@@ -321,7 +321,7 @@ def train(args: Args) -> TrainResult:
     high = action_space.high.ravel()
     observation_size = int(np.prod(run.envs.single_observation_space.shape))
     rb = ReplayBuffer(args.buffer_size, observation_size, action_size)
-    if run.checkpoint is not None:
+    if run.checkpoint is not None and not run.training_ended:  # a run that ended samples no more
         restore_buffer(rb, run)
     log_every = max(1, 100 // args.num_envs)  # CleanRL logs the losses every 100 steps
 
@@ -400,7 +400,7 @@ def train(args: Args) -> TrainResult:
             # a checkpoint if one is due; Ctrl-C: the run stops after a whole iteration
             if run.iteration_done(iteration, global_step, **carried):
                 break
-        run.end(iteration)
+        run.end()
     eval_returns = evaluate(agent, run)
     return run.finish(agent, eval_returns)
 

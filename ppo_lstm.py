@@ -598,7 +598,7 @@ def train(args: Args) -> TrainResult:
             })  # fmt: skip
             if run.iteration_done(iteration, global_step, **carried):  # a checkpoint if due; Ctrl-C
                 break
-        run.end(iteration)
+        run.end()
     eval_returns = evaluate(agent, run)  # rank 0 alone
     return run.finish(agent, eval_returns)
 

@@ -757,7 +757,7 @@ def train(args: Args) -> TrainResult:
             })  # fmt: skip
             if run.iteration_done(iteration, global_step, **vars(carried)):  # a checkpoint if due
                 break
-        run.end(iteration)
+        run.end()
     eval_returns = evaluate(agent, run)  # rank 0 alone
     return run.finish(agent, eval_returns)
 

@@ -95,6 +95,17 @@ def save(
     return folder / "latest.pt"
 
 
+def record_evaluation(path: Path, returns: list[float]) -> None:
+    """Add the returns of a run's evaluation to its checkpoint `path` of the run's last step, as
+    `evaluation`, atomically (`latest.pt`: what --resume auto reads; the step file stays as the
+    training left it)."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint["evaluation"] = [float(value) for value in returns]
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    write_atomically(path, buffer.getbuffer())
+
+
 def load(path: str | Path, required: Iterable[str] = ()) -> dict:
     """Read a checkpoint with `weights_only=True` (nothing is unpickled); a missing or corrupt file,
     or one without the run's keys (its settings, step and generators) and `required`, is a

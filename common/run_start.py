@@ -33,7 +33,7 @@ __all__ = ["Run", "TrainResult"]
 
 Config = TypeVar("Config")
 
-RUN_KEYS = ("iteration", "reward_rms", "episodes", "trajectories", "wandb")
+RUN_KEYS = ("iteration", "reward_rms", "episodes", "trajectories", "wandb", "evaluation")
 """What `Run.save` adds to a checkpoint beside the script's `saved`: keys `saved` may not use"""
 
 
@@ -116,6 +116,11 @@ class Run:
     writer: SummaryWriter | None
     global_step: int
     iterations_done: int
+    training_ended: bool = False
+    """--resume auto found the run's training ended (its loop runs no iteration)"""
+    evaluation: list[float] | None = None
+    """and the run evaluated: the returns of that evaluation (its last checkpoint holds them),
+    played no more"""
 
     def __init__(
         self,
@@ -185,8 +190,14 @@ class Run:
         self.saving = checkpoints.CheckpointSchedule(
             write or self._write, args, self.iterations_done
         )
+        if self.training_ended:
+            self.saving.path = Path(args.resume)  # its last checkpoint
         self.stopped = False
-        self._loop_state: tuple[int, dict[str, Any]] = (self.global_step, {})
+        self._loop_state: tuple[int, int, dict[str, Any]] = (
+            self.iterations_done,
+            self.global_step,
+            {},
+        )
         return self.next_obs
 
     def carry(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -240,8 +251,19 @@ class Run:
                 f"batches of {batch_size}"
             )
         if self.iterations_done >= num_iterations:
-            raise UsageError(
-                f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)"
+            if self.flags.resume != "auto":
+                raise UsageError(
+                    f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)"
+                )
+            # The same command again (a requeued job, a restart, a benchmark killed before it
+            # stored the run): no step is trained, and the run is evaluated once.
+            self.training_ended, self.evaluation = True, checkpoint.get("evaluation")
+            if self.evaluation is not None:
+                notice(f"the run {self.path} has ended: nothing is left to do")
+                self.writer = None  # nothing to log
+                return self.path / "videos" / f"from_step_{self.global_step}"
+            notice(
+                f"the run {self.path} ended its training, not its evaluation: it is evaluated now"
             )
         purge_step, tail = self.global_step + 1, checkpoint.get("wandb")
         self.writer = start_tracking(self.path, args, purge_step, tail) if main else None
@@ -287,7 +309,7 @@ class Run:
         after the same iteration, and `end` writes its checkpoint; else a checkpoint of `saved` if
         one is due (--checkpoint-every, --checkpoint-minutes; see `save`). The next iteration's
         timing starts."""
-        self._loop_state = (global_step, carried)
+        self._loop_state = (iteration, global_step, carried)
         self.global_step = global_step
         # one decision for every rank, whether a signal reached one or all of them
         signum, time_due = distributed.max_over_ranks(self.interrupt.signum, self.saving.time_due())
@@ -304,11 +326,11 @@ class Run:
         self.log.iteration_started()  # the next one's
         return self.stopped
 
-    def end(self, iteration: int) -> None:
+    def end(self) -> None:
         """After the loop: the last checkpoint (--save-model, or a stop signal: `stopped` is then
         True as it is written), and the trajectory recording's last steps. `global_step` is then
         the loop's last."""
-        self.global_step = self._loop_state[0]
+        iteration, self.global_step, _ = self._loop_state
         self.saving.run_ended(iteration, self.stopped)
         self.recorder.save()
 
@@ -351,7 +373,10 @@ class Run:
     ) -> list[float]:  # fmt: skip
         """Play --eval-episodes episodes with `act(obs, episode_starts)` (see
         `common.evaluation.play_episodes`) in eval mode, log them at `step` (default: the run's
-        `global_step`), and return their returns: rank 0 alone under torchrun."""
+        `global_step`), and return their returns: rank 0 alone under torchrun. A run that had
+        ended (`evaluation`) is not evaluated again: its returns are those of its evaluation."""
+        if step is None and self.evaluation is not None:
+            return list(self.evaluation) if distributed.is_main() else []
         step = self.global_step if step is None else step
         return evaluation.evaluate(
             agent, act, self.make_env, self.args, self.writer, step, record_to
@@ -373,7 +398,7 @@ class Run:
         return evaluation.evaluate_checkpoint(self.flags, self.args, in_folder)
 
     def _write(self, iteration: int) -> Path:
-        global_step, carried = self._loop_state
+        _, global_step, carried = self._loop_state
         return self.save(iteration, global_step, self.saved, **carried)
 
     def __enter__(self) -> Run:
@@ -390,7 +415,12 @@ class Run:
 
     def finish(self, agent: torch.nn.Module, eval_returns: list[float]) -> TrainResult:
         """Close the log (and the wandb run) and return what `train()` returns, with the last
-        checkpoint `end` or `iteration_done` wrote."""
+        checkpoint `end` or `iteration_done` wrote. A checkpoint of the run's last step keeps
+        `eval_returns`: the same command with --resume auto then finds the run ended."""
+        iteration, ended_with = self._loop_state[0], self.saving.saved_iteration
+        if self.saving.path is not None and ended_with == iteration and self.evaluation is None:
+            if distributed.is_main():
+                checkpoints.record_evaluation(self.saving.path, eval_returns)
         self.log.finish()
         episodes = self.log.episodes
         return TrainResult(

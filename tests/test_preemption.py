@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -370,8 +371,52 @@ def test_the_same_command_starts_a_run_then_continues_it_after_a_kill(tmp_path):
     assert episodes == whole_episodes  # TensorBoard: each step once, over three writers
     for name, value in whole_parameters.items():
         torch.testing.assert_close(parameters[name], value, rtol=0, atol=0, msg=name)
-    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)  # the run has ended
-    assert again.returncode == 2 and "is the end of its run" in again.stderr
+    # the run has ended (evaluated, with --eval-episodes 0): the same command does nothing, writes nothing
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0 and "has ended: nothing is left to do" in again.stderr, (
+        again.stderr
+    )
+    assert episodes_and_parameters(folder)[0] == whole_episodes
+    assert len(list(folder.glob("events.*"))) == 3
+
+
+def test_the_same_command_evaluates_a_run_killed_during_its_evaluation_once(tmp_path):
+    # Killed after its last checkpoint, before its evaluation was done (or before a benchmark stored it): the same
+    # command trains no more, evaluates it once, then finds it ended.
+    flags = ["--env-id", "Pendulum-v1", "--num-steps", "256", "--total-timesteps", "2048"]
+    flags += [
+        "--eval-episodes",
+        "60",
+        "--no-progress",
+        "--run-dir",
+        str(tmp_path),
+        "--run-name",
+        "job",
+    ]
+    command = [sys.executable, "ppo_fc.py", *flags, "--resume", "auto"]
+    latest = tmp_path / "job" / "checkpoints" / "latest.pt"
+    process = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not latest.is_file() and time.time() < deadline:
+        time.sleep(0.02)
+    process.kill()
+    assert process.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    assert "evaluation" not in torch.load(latest, weights_only=True)
+    training = read_scalars(latest.parent.parent)["charts/episodic_return"]
+
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert again.returncode == 0 and "it is evaluated now" in again.stderr, again.stderr[-3000:]
+    scalars = read_scalars(latest.parent.parent)
+    assert scalars["charts/episodic_return"] == training  # no step trained again
+    evaluated = scalars["eval/episodic_return"]
+    assert len(evaluated) == 60 and {step for step, _ in evaluated} == {2048}
+    recorded = torch.load(latest, weights_only=True)["evaluation"]
+    assert recorded == pytest.approx([value for _, value in evaluated])
+
+    last = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert last.returncode == 0 and "nothing is left to do" in last.stderr, last.stderr[-3000:]
+    assert f"eval return {np.mean(recorded):.2f}" in last.stdout
+    assert read_scalars(latest.parent.parent)["eval/episodic_return"] == evaluated  # not twice
 
 
 @pytest.mark.parametrize("name", [None, "a/b", ".."])
