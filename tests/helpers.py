@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,47 @@ def run_script(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def run_in_one_process(
+    calls: list[list[str]], env: dict | None = None, timeout: int = 600
+) -> list[subprocess.CompletedProcess]:
+    """Each of `calls` (`[SCRIPT, FLAGS...]` or `["-m", MODULE, FLAGS...]`, as `python` takes them) run from the
+    repository's root in turn in one fresh Python process (tests/one_process.py), each with its own exit status,
+    stdout and stderr: one start of the interpreter, torch and gymnasium for all, where `run_script` pays one a call
+    (about 3 seconds). For calls that end before a run starts: bad input, --help."""
+    with tempfile.TemporaryDirectory() as folder:
+        listed, results = Path(folder) / "calls.json", Path(folder) / "results.json"
+        listed.write_text(json.dumps(calls))
+        runner = [sys.executable, str(REPO / "tests" / "one_process.py"), str(listed), str(results)]
+        done = subprocess.run(
+            runner,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+        assert done.returncode == 0 and results.exists(), done.stderr[-3000:]
+        return [
+            subprocess.CompletedProcess([sys.executable, *call], status, out, err)
+            for call, (status, out, err) in zip(calls, json.loads(results.read_text()), strict=True)
+        ]
+
+
+def each_in_one_process(
+    command: list[str], flag_lists: list[list[str]], folder: Path, folder_flag: str = "--run-dir"
+) -> dict[tuple[str, ...], tuple[subprocess.CompletedProcess, Path]]:
+    """`python COMMAND FLAGS FOLDER_FLAG FOLDER/i` for each of `flag_lists` (`run_in_one_process`), by the flags: the
+    completed call, and the folder it was given to write in."""
+    calls = [
+        [*command, *flags, folder_flag, str(folder / str(i))] for i, flags in enumerate(flag_lists)
+    ]
+    done = run_in_one_process(calls)
+    return {
+        tuple(flags): (completed, folder / str(i))
+        for i, (flags, completed) in enumerate(zip(flag_lists, done, strict=True))
+    }
 
 
 def reference_gae(rewards, values, next_value, terminations, truncations, final_values, gamma, lam):

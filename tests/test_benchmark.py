@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import gymnasium as gym
 import numpy as np
 import pytest
+from helpers import each_in_one_process
 from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import ScalarEvent
 
@@ -804,38 +805,39 @@ def test_tiny_suite_results_json_figures_and_failures(tmp_path, monkeypatch, cap
     assert (tmp_path / "plots" / "return_vs_steps_Probe2-v0.png").read_bytes()[:8] == PNG_MAGIC
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["run", "--scripts", "no_such_script"], "no script no_such_script.py"),
-        (["run", "--seeds", "1", "1"], "distinct"),
-        (
-            ["run", "--suite", "quick", "--envs", "Acrobot-v1"],
-            "--suite quick sets the scripts, envs, steps and",
-        ),
-        (["run", "--suite", "full", "--total-timesteps", "1000"], "drop --total-timesteps"),
-        (["run", "--suite", "distributed", "--nproc", "2"], "drop --nproc"),
-        (["run", "--nproc", "0"], "--nproc must be at least 1"),
-        (["run", "--script-flags", "ppo_fc"], "write SCRIPT=FLAGS"),
-        (
-            ["run", "--script-flags", "ppo_lstm=--no-norm-adv"],
-            "no case of this benchmark runs ppo_lstm",
-        ),
-        (["run", "--script-flags", "ppo_fc=--no-such-flag"], "the flags of case"),
-        (["plot", "/nonexistent-folder"], "no TensorBoard event files"),
-    ],
-)
-def test_bad_input_is_one_error_line(argv, message, tmp_path):
-    process = subprocess.run(
-        [sys.executable, "-m", "benchmark", *argv, "--out", str(tmp_path / "out")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+BAD_INPUT = [
+    (["run", "--scripts", "no_such_script"], "no script no_such_script.py"),
+    (["run", "--seeds", "1", "1"], "distinct"),
+    (
+        ["run", "--suite", "quick", "--envs", "Acrobot-v1"],
+        "--suite quick sets the scripts, envs, steps and",
+    ),
+    (["run", "--suite", "full", "--total-timesteps", "1000"], "drop --total-timesteps"),
+    (["run", "--suite", "distributed", "--nproc", "2"], "drop --nproc"),
+    (["run", "--nproc", "0"], "--nproc must be at least 1"),
+    (["run", "--script-flags", "ppo_fc"], "write SCRIPT=FLAGS"),
+    (
+        ["run", "--script-flags", "ppo_lstm=--no-norm-adv"],
+        "no case of this benchmark runs ppo_lstm",
+    ),
+    (["run", "--script-flags", "ppo_fc=--no-such-flag"], "the flags of case"),
+    (["plot", "/nonexistent-folder"], "no TensorBoard event files"),
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    argvs = [argv for argv, _ in BAD_INPUT]
+    return each_in_one_process(["-m", "benchmark"], argvs, tmp_path_factory.mktemp("bad"), "--out")
+
+
+@pytest.mark.parametrize("argv, message", BAD_INPUT)
+def test_bad_input_is_one_error_line(refused, argv, message):
+    process, out = refused[tuple(argv)]
     assert process.returncode == 2
     assert process.stderr.startswith("error: ") and message in process.stderr
     assert len(process.stderr.strip().splitlines()) == 1 and "Traceback" not in process.stderr
-    assert not (tmp_path / "out").exists()
+    assert not out.exists()
 
 
 def test_every_suite_can_be_named_on_the_command_line():

@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import NanRewardEnv, read_scalars, run_script, visit_states
+from helpers import NanRewardEnv, each_in_one_process, read_scalars, visit_states
 
 import ddpg
 import ppo_fc
@@ -290,26 +290,32 @@ def test_checkpoints_of_the_other_scripts_are_refused(tmp_path):
         ppo_fc.train(ppo_fc.Args(resume=str(result.checkpoint), progress=False))
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--env-id", "CartPole-v1"], "Discrete action space"),
-        (["--batch-size", "0"], "--batch-size"),
-        (["--tau", "1.5"], "--tau"),
-        (["--total-timesteps", "1", "--num-envs", "2"], "less than one vector step"),
-        (["--eval-checkpoint", "missing.pt"], "does not exist"),
-        (["--eval-every", "100", "--eval-episodes", "0"], "--eval-every needs"),
-    ],
-)
-def test_bad_input_is_one_error_line(tmp_path, flags, message):
-    process = run_script("ddpg.py", *flags, "--run-dir", str(tmp_path), "--no-progress")
+BAD_INPUT = [
+    (["--env-id", "CartPole-v1"], "Discrete action space"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--tau", "1.5"], "--tau"),
+    (["--total-timesteps", "1", "--num-envs", "2"], "less than one vector step"),
+    (["--eval-checkpoint", "missing.pt"], "does not exist"),
+    (["--eval-every", "100", "--eval-episodes", "0"], "--eval-every needs"),
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    flag_lists = [[*flags, "--no-progress"] for flags, _ in BAD_INPUT]
+    return each_in_one_process(["ddpg.py"], flag_lists, tmp_path_factory.mktemp("bad"))
+
+
+@pytest.mark.parametrize(("flags", "message"), BAD_INPUT)
+def test_bad_input_is_one_error_line(refused, flags, message):
+    process, runs = refused[(*flags, "--no-progress")]
     assert process.returncode == 2, process.stderr
     assert (
         process.stderr.startswith("error:")
         and message in process.stderr
         and "Traceback" not in process.stderr
     )
-    assert not any(tmp_path.iterdir())
+    assert not runs.exists()
 
 
 def test_eval_checkpoint_plays_the_deterministic_actor(tmp_path):

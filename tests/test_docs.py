@@ -13,11 +13,11 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from helpers import run_in_one_process
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -147,18 +147,18 @@ def help_flags(help_text: str) -> set[str]:
 def programs_and_their_help():
     programs = documented_commands()
     env = {**os.environ, "COLUMNS": "1000", "NO_COLOR": "1", "TERM": "dumb"}
-    started = {}
-    for program, uses in programs.items():
-        if not uses or (program[0].endswith(".py") and not (REPO / program[0]).is_file()):
-            continue  # no flag to check, or no such script (which the test reports)
-        started[program] = subprocess.Popen(
-            [sys.executable, *program, "--help"], cwd=REPO, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    # no flag to check, or no such script (which the test reports)
+    asked = [
+        program
+        for program, uses in programs.items()
+        if uses and not (program[0].endswith(".py") and not (REPO / program[0]).is_file())
+    ]
     helps = {}
-    for program, process in started.items():
-        output, _ = process.communicate(timeout=120)
-        assert process.returncode == 0, f"python {' '.join(program)} --help failed:\n{output}"
+    for program, done in zip(
+        asked, run_in_one_process([[*p, "--help"] for p in asked], env), strict=True
+    ):
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, f"python {' '.join(program)} --help failed:\n{output}"
         helps[program] = help_flags(output)
     return programs, helps
 
@@ -255,15 +255,16 @@ def test_the_documented_modules_are_found():
     )
 
 
+@pytest.fixture(scope="module")
+def helps() -> dict[str, subprocess.CompletedProcess]:
+    modules = documented_modules()
+    done = run_in_one_process([["-m", module, "--help"] for module in modules])
+    return dict(zip(modules, done, strict=True))
+
+
 @pytest.mark.parametrize("module", documented_modules())
-def test_every_documented_module_answers_help(module):
+def test_every_documented_module_answers_help(helps, module):
     # `python -m benchmark.readability --help` once read "--help" as a script's name and ended in a traceback.
-    done = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = helps[module]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage" in (done.stdout + done.stderr).lower()

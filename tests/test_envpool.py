@@ -10,7 +10,7 @@ import pytest
 from common import envs
 from common.errors import UsageError
 from common.trajectories import load_trajectories
-from tests.helpers import read_scalars, run_script
+from tests.helpers import each_in_one_process, read_scalars, run_script
 
 pytest.importorskip("envpool")
 pytest.importorskip("ale_py")
@@ -162,26 +162,25 @@ def test_each_script_trains_on_envpool_logs_one_score_a_game_and_resumes_with_a_
     assert read_scalars(run)["charts/learning_rate"][-1][0] == 1536
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env-id", "CartPole-v1"], "runs Atari games only"),
-        (["--capture-video"], "--capture-video with --env-backend envpool"),
-        (["--async-envs"], "--async-envs with --env-backend envpool"),
-        (["--env-backend", "gym"], "--env-backend"),
-    ],
-)
-def test_what_envpool_cannot_run_is_one_error_line(flags, message, tmp_path):
-    runs = tmp_path / "runs"
-    base = [
-        "--env-id",
-        "BreakoutNoFrameskip-v4",
-        "--env-backend",
-        "envpool",
-        "--run-dir",
-        str(runs),
-    ]
-    completed = run_script("ppo_fc.py", *base, *flags)
+REFUSED = [
+    (["--env-id", "CartPole-v1"], "runs Atari games only"),
+    (["--capture-video"], "--capture-video with --env-backend envpool"),
+    (["--async-envs"], "--async-envs with --env-backend envpool"),
+    (["--env-backend", "gym"], "--env-backend"),
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    base = ["ppo_fc.py", "--env-id", "BreakoutNoFrameskip-v4", "--env-backend", "envpool"]
+    return each_in_one_process(
+        base, [flags for flags, _ in REFUSED], tmp_path_factory.mktemp("bad")
+    )
+
+
+@pytest.mark.parametrize("flags, message", REFUSED)
+def test_what_envpool_cannot_run_is_one_error_line(refused, flags, message):
+    completed, runs = refused[tuple(flags)]
     lines = [line for line in completed.stderr.splitlines() if line.startswith("error:")]
     assert completed.returncode == 2 and len(lines) == 1 and message in lines[0], completed.stderr
     assert "Traceback" not in completed.stderr and not runs.exists()

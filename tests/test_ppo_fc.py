@@ -19,6 +19,7 @@ import pytest
 import torch
 from helpers import (
     NanRewardEnv,
+    each_in_one_process,
     on_policy_value,
     read_scalars,
     reference_gae,
@@ -642,7 +643,7 @@ def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
     incomplete = tmp_path / "checkpoints" / "incomplete.pt"
     incomplete.parent.mkdir()
     torch.save({"script": "ppo_fc", "format": 1, "model": {}, "args": {}}, incomplete)
-    for path, message in [
+    refused = [
         (corrupt, "cannot read checkpoint"),
         (
             foreign,
@@ -651,12 +652,18 @@ def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
         (pickled, "cannot read checkpoint"),
         (incomplete, "it has no ['global_step', 'rng'"),
         (tmp_path / "missing.pt", "does not exist"),
-    ]:
-        for flag in ("--eval-checkpoint", "--resume"):
-            completed = run_cli(flag, str(path), "--run-dir", str(tmp_path / "runs"))
-            assert completed.returncode == 2, completed.stderr
-            assert completed.stderr.startswith("error: ") and message in completed.stderr
-            assert len(completed.stderr.strip().splitlines()) == 1
+    ]
+    calls = [
+        ([flag, str(path)], message)
+        for path, message in refused
+        for flag in ("--eval-checkpoint", "--resume")
+    ]
+    done = each_in_one_process(["ppo_fc.py"], [flags for flags, _ in calls], tmp_path / "runs")
+    for flags, message in calls:
+        completed, _ = done[tuple(flags)]
+        assert completed.returncode == 2, completed.stderr
+        assert completed.stderr.startswith("error: ") and message in completed.stderr
+        assert len(completed.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()  # nothing was written
 
 
@@ -841,34 +848,41 @@ def test_capture_video_writes_an_mp4(tmp_path):
     assert videos and all(video.stat().st_size > 0 for video in videos)
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
-        (["--env-id", "CartPole-v9"], "It provides versioned environments"),
-        (["--num-minibatches", "3"], "must divide"),
-        (["--num-envs", "-2"], "must be positive"),
-        (["--total-timesteps", "100"], "less than one batch"),
-        (["--gamma", "1.5"], "[0, 1]"),
-        (["--num-envs", "four"], "--num-envs"),
-        (["--end-learning-rate", "-1"], "--end-learning-rate"),
-        (["--env-id", "no_such_module:Env-v0"], "'no_such_module' cannot be imported"),
-        (["--no-such-flag"], "no-such-flag"),
-        (["--total-timestep", "30000"], "Perhaps you meant: --total-timesteps"),
-        (["--norm-reward-clip", "0"], "--norm-reward-clip must be positive"),
-        (["--seed", "-1"], "--seed must be zero or more"),
-        (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
-        (["--cuda-graphs"], "--cuda-graphs needs a CUDA GPU"),  # CI has none
-    ],
-)
-def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, message):
-    completed = run_cli(*flags, "--run-dir", str(tmp_path / "runs"))
+BAD_INPUT = [
+    (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+    (["--env-id", "CartPole-v9"], "It provides versioned environments"),
+    (["--num-minibatches", "3"], "must divide"),
+    (["--num-envs", "-2"], "must be positive"),
+    (["--total-timesteps", "100"], "less than one batch"),
+    (["--gamma", "1.5"], "[0, 1]"),
+    (["--num-envs", "four"], "--num-envs"),
+    (["--end-learning-rate", "-1"], "--end-learning-rate"),
+    (["--env-id", "no_such_module:Env-v0"], "'no_such_module' cannot be imported"),
+    (["--no-such-flag"], "no-such-flag"),
+    (["--total-timestep", "30000"], "Perhaps you meant: --total-timesteps"),
+    (["--norm-reward-clip", "0"], "--norm-reward-clip must be positive"),
+    (["--seed", "-1"], "--seed must be zero or more"),
+    (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
+    (["--cuda-graphs"], "--cuda-graphs needs a CUDA GPU"),  # CI has none
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    return each_in_one_process(
+        ["ppo_fc.py"], [flags for flags, _ in BAD_INPUT], tmp_path_factory.mktemp("bad")
+    )
+
+
+@pytest.mark.parametrize(("flags", "message"), BAD_INPUT)
+def test_bad_input_gives_one_error_line_and_exit_status_2(refused, flags, message):
+    completed, runs = refused[tuple(flags)]
     assert completed.returncode == 2
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
         completed.stderr
     )
-    assert not (tmp_path / "runs").exists()
+    assert not runs.exists()
 
 
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):

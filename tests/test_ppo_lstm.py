@@ -13,10 +13,12 @@ import pytest
 import torch
 from helpers import (
     NanRewardEnv,
+    each_in_one_process,
     on_policy_value,
     play_optimally,
     read_scalars,
     reference_gae,
+    run_in_one_process,
     run_script,
     sharp_agent,
 )
@@ -547,17 +549,22 @@ def test_checkpoints_of_the_other_ppo_script_are_refused(tmp_path):
     lstm_checkpoint = ppo_lstm.train(
         quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True)
     )
-    for script, path, other in [
+    refused = [
         ("ppo_lstm.py", fc_checkpoint, "ppo_fc"),
         ("ppo_fc.py", lstm_checkpoint.checkpoint, "ppo_lstm"),
-    ]:
-        for flag in ("--eval-checkpoint", "--resume"):
-            completed = run_script(script, flag, str(path), "--run-dir", str(tmp_path / "refused"))
-            assert completed.returncode == 2, completed.stderr
-            lines = completed.stderr.strip().splitlines()
-            assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], (
-                completed.stderr
-            )
+    ]
+    calls = [
+        [script, flag, str(path), "--run-dir", str(tmp_path / "refused")]
+        for script, path, _ in refused
+        for flag in ("--eval-checkpoint", "--resume")
+    ]
+    others = [other for _, _, other in refused for _ in range(2)]
+    for completed, other in zip(run_in_one_process(calls), others, strict=True):
+        assert completed.returncode == 2, completed.stderr
+        lines = completed.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], (
+            completed.stderr
+        )
     assert not (tmp_path / "refused").exists()
 
 
@@ -692,31 +699,38 @@ def test_track_with_wandb_offline_and_capture_video(tmp_path):
     assert [video for video in run.glob("videos/*.mp4") if video.stat().st_size > 0]
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
-        (["--num-minibatches", "3"], "must divide the number of training sequences"),
-        (["--bptt-len", "5"], "--bptt-len 5 must divide --num-steps 128"),
-        (["--bptt-len", "-1"], "--bptt-len"),
-        (["--rnn-hidden-size", "0"], "--rnn-hidden-size must be positive"),
-        (["--rnn-layers", "0"], "--rnn-layers must be positive"),
-        (["--rnn-type", "rnn"], "--rnn-type"),
-        (["--num-envs", "-2"], "must be positive"),
-        (["--total-timesteps", "100"], "less than one batch"),
-        (["--gamma", "1.5"], "[0, 1]"),
-        (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
-        (["--env-id", "Pendulum-v1", "--sampling-method", "topk"], "needs a discrete action space"),
-    ],
-)
-def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, message):
-    completed = run_cli(*flags, "--run-dir", str(tmp_path / "runs"))
+BAD_INPUT = [
+    (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+    (["--num-minibatches", "3"], "must divide the number of training sequences"),
+    (["--bptt-len", "5"], "--bptt-len 5 must divide --num-steps 128"),
+    (["--bptt-len", "-1"], "--bptt-len"),
+    (["--rnn-hidden-size", "0"], "--rnn-hidden-size must be positive"),
+    (["--rnn-layers", "0"], "--rnn-layers must be positive"),
+    (["--rnn-type", "rnn"], "--rnn-type"),
+    (["--num-envs", "-2"], "must be positive"),
+    (["--total-timesteps", "100"], "less than one batch"),
+    (["--gamma", "1.5"], "[0, 1]"),
+    (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
+    (["--env-id", "Pendulum-v1", "--sampling-method", "topk"], "needs a discrete action space"),
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    return each_in_one_process(
+        ["ppo_lstm.py"], [flags for flags, _ in BAD_INPUT], tmp_path_factory.mktemp("bad")
+    )
+
+
+@pytest.mark.parametrize(("flags", "message"), BAD_INPUT)
+def test_bad_input_gives_one_error_line_and_exit_status_2(refused, flags, message):
+    completed, runs = refused[tuple(flags)]
     assert completed.returncode == 2
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
         completed.stderr
     )
-    assert not (tmp_path / "runs").exists()
+    assert not runs.exists()
 
 
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):

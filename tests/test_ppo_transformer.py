@@ -13,9 +13,11 @@ import torch
 from helpers import (
     NanRewardEnv,
     NoiseEnv,
+    each_in_one_process,
     on_policy_value,
     read_scalars,
     reference_gae,
+    run_in_one_process,
     run_script,
     sharp_agent,
 )
@@ -556,17 +558,22 @@ def test_checkpoints_of_another_script_are_refused(tmp_path):
     own = ppo_transformer.train(
         quick_args(tmp_path, env_id="Probe1-v0", total_timesteps=512, save_model=True)
     )
-    for script, path, other in [
+    refused = [
         ("ppo_transformer.py", lstm_checkpoint, "ppo_lstm"),
         ("ppo_lstm.py", own.checkpoint, "ppo_transformer"),
-    ]:
-        for flag in ("--eval-checkpoint", "--resume"):
-            completed = run_script(script, flag, str(path), "--run-dir", str(tmp_path / "refused"))
-            assert completed.returncode == 2, completed.stderr
-            lines = completed.stderr.strip().splitlines()
-            assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], (
-                completed.stderr
-            )
+    ]
+    calls = [
+        [script, flag, str(path), "--run-dir", str(tmp_path / "refused")]
+        for script, path, _ in refused
+        for flag in ("--eval-checkpoint", "--resume")
+    ]
+    others = [other for _, _, other in refused for _ in range(2)]
+    for completed, other in zip(run_in_one_process(calls), others, strict=True):
+        assert completed.returncode == 2, completed.stderr
+        lines = completed.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], (
+            completed.stderr
+        )
     assert not (tmp_path / "refused").exists()
 
 
@@ -718,31 +725,38 @@ def test_track_with_wandb_offline_and_capture_video(tmp_path):
     assert [video for video in run.glob("videos/*.mp4") if video.stat().st_size > 0]
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
-        (["--num-minibatches", "3"], "must divide --num-envs 8"),
-        (["--n-heads", "3"], "--n-heads 3 must divide --d-model 64"),
-        (["--d-model", "36", "--n-heads", "4"], "even width"),
-        (["--d-model", "0"], "--d-model must be positive"),
-        (["--context-len", "0"], "--context-len must be positive"),
-        (["--n-layers", "-1"], "--n-layers must be positive"),
-        (["--num-envs", "-2"], "must be positive"),
-        (["--total-timesteps", "100"], "less than one batch"),
-        (["--gamma", "1.5"], "[0, 1]"),
-        (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
-        (["--env-id", "Pendulum-v1", "--sampling-method", "topk"], "needs a discrete action space"),
-    ],
-)
-def test_bad_input_gives_one_error_line_and_exit_status_2(tmp_path, flags, message):
-    completed = run_cli(*flags, "--run-dir", str(tmp_path / "runs"))
+BAD_INPUT = [
+    (["--env-id", "NoSuchEnv-v0"], "unknown env id 'NoSuchEnv-v0'"),
+    (["--num-minibatches", "3"], "must divide --num-envs 8"),
+    (["--n-heads", "3"], "--n-heads 3 must divide --d-model 64"),
+    (["--d-model", "36", "--n-heads", "4"], "even width"),
+    (["--d-model", "0"], "--d-model must be positive"),
+    (["--context-len", "0"], "--context-len must be positive"),
+    (["--n-layers", "-1"], "--n-layers must be positive"),
+    (["--num-envs", "-2"], "must be positive"),
+    (["--total-timesteps", "100"], "less than one batch"),
+    (["--gamma", "1.5"], "[0, 1]"),
+    (["--env-id", "Probe1-v0", "--capture-video"], "cannot render"),
+    (["--env-id", "Pendulum-v1", "--sampling-method", "topk"], "needs a discrete action space"),
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    return each_in_one_process(
+        ["ppo_transformer.py"], [flags for flags, _ in BAD_INPUT], tmp_path_factory.mktemp("bad")
+    )
+
+
+@pytest.mark.parametrize(("flags", "message"), BAD_INPUT)
+def test_bad_input_gives_one_error_line_and_exit_status_2(refused, flags, message):
+    completed, runs = refused[tuple(flags)]
     assert completed.returncode == 2
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
         completed.stderr
     )
-    assert not (tmp_path / "runs").exists()
+    assert not runs.exists()
 
 
 def test_nan_stops_training_and_keeps_the_last_good_checkpoint(tmp_path):

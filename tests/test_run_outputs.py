@@ -20,7 +20,7 @@ from common import evaluation
 from common.envs import evaluation_env
 from common.trajectories import load_trajectories, split_episodes
 from common.wandb_file import TransactionLog
-from tests.helpers import REPO, read_scalars, read_wandb_runs, run_script
+from tests.helpers import REPO, read_scalars, read_wandb_runs, run_in_one_process, run_script
 
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "SDL_VIDEODRIVER": "dummy"}
 EPISODE_KEYS = ("charts/episodic_return", "charts/episodic_length")
@@ -325,21 +325,35 @@ def test_recording_300k_steps_holds_a_fixed_amount_of_memory(tmp_path):
     assert load_trajectories(tmp_path / "recording")["/rewards"].shape == (16, 299008 // 16)
 
 
-@pytest.mark.parametrize("script", ["ppo_fc.py", "ppo_lstm.py", "ppo_transformer.py", "ddpg.py"])
-def test_a_recording_below_a_file_is_one_error_line_with_nothing_written(tmp_path, script):
-    (tmp_path / "file").write_text("")
-    env_id = "Pendulum-v1" if script == "ddpg.py" else "CartPole-v1"
-    flags = ["--env-id", env_id, "--run-dir", str(tmp_path / "runs"), "--no-progress"]
-    completed = run_script(
-        script, *flags, "--save-trajectories", str(tmp_path / "file" / "recording")
+SCRIPTS = ["ppo_fc.py", "ppo_lstm.py", "ppo_transformer.py", "ddpg.py"]
+
+
+@pytest.fixture(scope="module")
+def below_a_file(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Each script run with --save-trajectories below a file: the completed call, and the folder holding only the
+    file before it."""
+    folders = {script: tmp_path_factory.mktemp("below") for script in SCRIPTS}
+    calls = []
+    for script, folder in folders.items():
+        (folder / "file").write_text("")
+        env_id = "Pendulum-v1" if script == "ddpg.py" else "CartPole-v1"
+        flags = ["--env-id", env_id, "--run-dir", str(folder / "runs"), "--no-progress"]
+        calls.append([script, *flags, "--save-trajectories", str(folder / "file" / "recording")])
+    return dict(
+        zip(SCRIPTS, zip(run_in_one_process(calls), folders.values(), strict=True), strict=True)
     )
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_recording_below_a_file_is_one_error_line_with_nothing_written(below_a_file, script):
+    completed, folder = below_a_file[script]
     assert completed.returncode == 2, completed.stderr[-3000:]
     assert (
         completed.stderr.startswith("error: --save-trajectories")
         and len(completed.stderr.splitlines()) == 1
     )
     assert "is a file, not a folder" in completed.stderr
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]
+    assert sorted(path.name for path in folder.iterdir()) == ["file"]
 
 
 def test_a_checkpoint_writes_the_logs_up_to_it(tmp_path):
@@ -423,7 +437,9 @@ def assert_whole_in_minari(recording: Path, dataset_id: str) -> None:
 def test_image_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(tmp_path, monkeypatch):
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     # Killed: the files written before the kill read back, frames and final frames uint8.
-    flags = ["--env-id", "ImageMemory-v0", "--run-dir", str(tmp_path / "runs"), "--no-progress"]
+    # two envs, not four: a file is 2,048 steps of each, and the kill comes after two
+    flags = ["--env-id", "ImageMemory-v0", "--num-envs", "2", "--run-dir", str(tmp_path / "runs")]
+    flags.append("--no-progress")
     assert_whole_in_minari(
         killed_recording("ppo_fc.py", flags, tmp_path / "killed"), "images/killed-v0"
     )
