@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import sys
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -260,11 +261,20 @@ def with_flags(label: str, flags: Sequence[str]) -> str:
     return label + (f" `{' '.join(flags)}`" if flags else "")
 
 
-def plain_name(row: Row) -> str:
+LEGEND_WIDTH = 60
+BAR_LABEL_WIDTH = 32
+"""characters a line of a row's name takes in a legend, and under a bar"""
+
+
+def plain_name(row: Row, width: int | None = None) -> str:
     """A row's name in a figure: the script, its flags and its processes (when more than one), which
-    tell apart two rows of one script on one env."""
+    tell apart two rows of one script on one env; in lines of `width` characters at most, where given
+    (a flag and its value stay whole), so that a case's long flags stay inside the figure."""
     flags = f" {' '.join(row.flags)}" if row.flags else ""
-    return row.label + flags + (f", {row.nproc} processes" if row.nproc > 1 else "")
+    name = row.label + flags + (f", {row.nproc} processes" if row.nproc > 1 else "")
+    if width is None:
+        return name
+    return textwrap.fill(name, width, break_on_hyphens=False, break_long_words=False)
 
 
 def spread(mean: float | None, std: float | None, digits: int = 1) -> str:
@@ -600,13 +610,13 @@ def plot_learning_curves(rows: Sequence[Row], out: Path) -> list[Path]:
             ("episode_steps", "environment steps", "return_vs_steps"),
             ("episode_seconds", "wall-clock time of training (s)", "return_vs_time"),
         ):
-            figure, axes = plt.subplots(figsize=(7, 4.5))
+            figure, axes = plt.subplots(figsize=(7, 4.5), layout="constrained")
             for row in env_rows:
                 curve = _curve(row.runs, x_of)
                 if curve is None:
                     continue
                 grid, curves = curve
-                name = plain_name(row) + (
+                name = plain_name(row, LEGEND_WIDTH) + (
                     f" ({row.total_timesteps:,} steps)" if row.total_timesteps else ""
                 )
                 line = axes.plot(grid, curves.mean(0), label=f"{name}, {len(curves)} seeds")[0]
@@ -622,7 +632,6 @@ def plot_learning_curves(rows: Sequence[Row], out: Path) -> list[Path]:
             if axes.has_data():
                 axes.legend()
             path = out / f"{stem}_{safe_name(env_id)}.png"
-            figure.tight_layout()
             figure.savefig(path, dpi=100)
             plt.close(figure)
             written.append(path)
@@ -630,10 +639,13 @@ def plot_learning_curves(rows: Sequence[Row], out: Path) -> list[Path]:
 
 
 def plot_sps(bars: Sequence[tuple[str, list[float]]], path: Path) -> Path:
-    """A bar per (label, SPS of each seed): the mean, with the lowest and highest seed as the error
-    bar."""
+    """A bar per (label, SPS of each seed), top to bottom: the mean, with the lowest and highest seed
+    as the error bar. Horizontal, so that a label of several lines (a case's flags) has room."""
     plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(max(5, 1.4 * len(bars) + 2), 4.5))
+    lines = [label.count("\n") + 1 for label, _ in bars]
+    # each bar as tall as its label's lines
+    heights = [0.25 + 0.17 * count for count in lines]
+    figure, axes = plt.subplots(figsize=(8, 1.2 + sum(heights)), layout="constrained")
     means = [float(np.mean(values)) if values else 0.0 for _, values in bars]
     low = [
         mean - min(values) if values else 0.0 for mean, (_, values) in zip(means, bars, strict=True)
@@ -641,24 +653,20 @@ def plot_sps(bars: Sequence[tuple[str, list[float]]], path: Path) -> Path:
     high = [
         max(values) - mean if values else 0.0 for mean, (_, values) in zip(means, bars, strict=True)
     ]
-    positions = np.arange(len(bars))
-    axes.bar(positions, means, yerr=[low, high], capsize=4, color="tab:blue")
-    for position, mean in zip(positions, means, strict=True):
+    centres = np.cumsum(heights) - np.asarray(heights) / 2
+    axes.barh(centres, means, height=np.asarray(heights) * 0.7, xerr=[low, high], capsize=4)
+    for centre, mean, top in zip(centres, means, np.add(means, high), strict=True):
         axes.annotate(
-            f"{mean:,.0f}",
-            (position, mean),
-            ha="center",
-            va="bottom",
-            xytext=(0, 3),
-            textcoords="offset points",
+            f"{mean:,.0f}", (top, centre), va="center", xytext=(4, 0), textcoords="offset points"
         )
-    axes.set_xticks(positions, [label for label, _ in bars], rotation=20, ha="right")
+    axes.set_yticks(centres, [label for label, _ in bars])
+    axes.set_ylim(sum(heights), 0)  # the first bar on top
+    axes.set_xlim(0, max([*np.add(means, high), 1.0]) * 1.15)  # room for the numbers
     axes.set(
-        ylabel="environment steps per second",
+        xlabel="environment steps per second",
         title="speed (bar: mean over seeds; whiskers: min to max)",
     )
-    axes.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
+    axes.grid(axis="x", alpha=0.3)
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
@@ -703,7 +711,7 @@ def plot_aggregate(values: Sequence[Aggregate], path: Path) -> Path:
     """One point per label: the IQM of the threshold-normalised returns, with its 95% interval where
     known."""
     plt = _pyplot()
-    figure, axes = plt.subplots(figsize=(7, 1.2 + 0.6 * len(values)))
+    figure, axes = plt.subplots(figsize=(7, 1.2 + 0.6 * len(values)), layout="constrained")
     for position, value in enumerate(values):
         error = None
         if value.low is not None and value.high is not None:
@@ -719,7 +727,6 @@ def plot_aggregate(values: Sequence[Aggregate], path: Path) -> Path:
         title="aggregate",
     )
     axes.grid(axis="x", alpha=0.3)
-    figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
@@ -727,7 +734,10 @@ def plot_aggregate(values: Sequence[Aggregate], path: Path) -> Path:
 
 def draw(rows: list[Row], raw_bars: list[tuple[str, list[float]]], out: Path) -> list[Path]:
     bars = [
-        (f"{plain_name(row)}\n{row.env_id}", [run.sps for run in row.runs if run.sps is not None])
+        (
+            f"{plain_name(row, BAR_LABEL_WIDTH)}\n{row.env_id}",
+            [run.sps for run in row.runs if run.sps is not None],
+        )
         for row in rows
     ]
     figures = [*plot_learning_curves(rows, out), plot_sps([*bars, *raw_bars], out / "sps.png")]

@@ -1567,3 +1567,33 @@ def test_rss_growth_reads_the_peak_at_100k_and_at_the_end_beside_ddpgs_buffer_ro
     # Pendulum: 3 + 3 + 1 + 2 float32 values a row, 200k rows written after step 100k
     assert ddpg["buffer_growth_mb"] == pytest.approx(200_000 * 36 / 2**20)
     assert ppo["growth_mb"] == 0 and ppo["buffer_growth_mb"] is None
+
+
+def test_a_cases_long_flags_stay_inside_its_figures(tmp_path, monkeypatch):
+    # The MuJoCo suite's ppo_fc case names 13 flags: on one line its name ran off the legend and the SPS figure.
+    from benchmark.events import RunSummary
+
+    runs = [
+        RunSummary(
+            "run", "ppo_fc", "Hopper-v5", seed, 2048, np.arange(1, 101) * 20.0, np.arange(1, 101) * 1.0,
+            np.linspace(0, 1000, 100), sps=900.0 + seed,
+        )
+        for seed in (1, 2)
+    ]  # fmt: skip
+    rows = [
+        Row("ppo_fc", env_id, env_id, 2048, cases.PPO_CONTINUOUS_FLAGS, runs=runs)
+        for env_id in ("Hopper-v5", "Walker2d-v5")
+    ]
+    plt = report._pyplot()
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)  # kept open, to be measured
+    report.draw(rows, [], tmp_path)
+    monkeypatch.undo()
+    assert len(drawn) == 5  # a return against steps and time per env, and the SPS
+    for figure in drawn:
+        drawn_on = figure.get_tightbbox(figure.canvas.get_renderer())  # what is drawn, in inches
+        width, height = figure.get_size_inches()
+        title = figure.axes[0].get_title()
+        assert drawn_on.x0 >= -0.01 and drawn_on.y0 >= -0.01, title
+        assert drawn_on.x1 <= width + 0.01 and drawn_on.y1 <= height + 0.01, title
+        plt.close(figure)
