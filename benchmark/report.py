@@ -654,14 +654,15 @@ def plot_sps(bars: Sequence[tuple[str, list[float]]], path: Path) -> Path:
         max(values) - mean if values else 0.0 for mean, (_, values) in zip(means, bars, strict=True)
     ]
     centres = np.cumsum(heights) - np.asarray(heights) / 2
+    ends = np.add(means, high)
     axes.barh(centres, means, height=np.asarray(heights) * 0.7, xerr=[low, high], capsize=4)
-    for centre, mean, top in zip(centres, means, np.add(means, high), strict=True):
+    for centre, mean, end in zip(centres, means, ends, strict=True):
         axes.annotate(
-            f"{mean:,.0f}", (top, centre), va="center", xytext=(4, 0), textcoords="offset points"
+            f"{mean:,.0f}", (end, centre), va="center", xytext=(4, 0), textcoords="offset points"
         )
     axes.set_yticks(centres, [label for label, _ in bars])
     axes.set_ylim(sum(heights), 0)  # the first bar on top
-    axes.set_xlim(0, max([*np.add(means, high), 1.0]) * 1.15)  # room for the numbers
+    axes.set_xlim(0, max([*ends, 1.0]) * 1.15)  # room for the numbers
     axes.set(
         xlabel="environment steps per second",
         title="speed (bar: mean over seeds; whiskers: min to max)",

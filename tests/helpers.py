@@ -142,6 +142,30 @@ def each_in_one_process(
     }
 
 
+def assert_one_error_line(completed: subprocess.CompletedProcess, message: str) -> None:
+    """Bad input's contract: exit status 2 and one line on stderr, `error: ...` holding `message`."""
+    lines = completed.stderr.strip().splitlines()
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+        completed.stderr
+    )
+
+
+def assert_checkpoints_refused(refused: list[tuple[str, Path, str]], run_dir: Path) -> None:
+    """`python SCRIPT --eval-checkpoint PATH` and `--resume PATH` for each (script, path, message) of `refused`, in
+    one process: each is one error line holding its message, and nothing is written in `run_dir`."""
+    flags = ("--eval-checkpoint", "--resume")
+    calls = [
+        [script, flag, str(path), "--run-dir", str(run_dir)]
+        for script, path, _ in refused
+        for flag in flags
+    ]
+    messages = [message for _, _, message in refused for _ in flags]
+    for completed, message in zip(run_in_one_process(calls), messages, strict=True):
+        assert_one_error_line(completed, message)
+    assert not run_dir.exists()
+
+
 def reference_gae(rewards, values, next_value, terminations, truncations, final_values, gamma, lam):
     """GAE one env and one step at a time, straight from the definition."""
     num_steps, num_envs = rewards.shape

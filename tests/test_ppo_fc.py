@@ -19,6 +19,8 @@ import pytest
 import torch
 from helpers import (
     NanRewardEnv,
+    assert_checkpoints_refused,
+    assert_one_error_line,
     each_in_one_process,
     on_policy_value,
     read_scalars,
@@ -645,26 +647,14 @@ def test_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
     torch.save({"script": "ppo_fc", "format": 1, "model": {}, "args": {}}, incomplete)
     refused = [
         (corrupt, "cannot read checkpoint"),
-        (
-            foreign,
-            "(written by ddpg.py) is not a run's checkpoint: it has no ['args'",
-        ),
+        (foreign, "(written by ddpg.py) is not a run's checkpoint: it has no ['args'"),
         (pickled, "cannot read checkpoint"),
         (incomplete, "it has no ['global_step', 'rng'"),
         (tmp_path / "missing.pt", "does not exist"),
     ]
-    calls = [
-        ([flag, str(path)], message)
-        for path, message in refused
-        for flag in ("--eval-checkpoint", "--resume")
-    ]
-    done = each_in_one_process(["ppo_fc.py"], [flags for flags, _ in calls], tmp_path / "runs")
-    for flags, message in calls:
-        completed, _ = done[tuple(flags)]
-        assert completed.returncode == 2, completed.stderr
-        assert completed.stderr.startswith("error: ") and message in completed.stderr
-        assert len(completed.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "runs").exists()  # nothing was written
+    assert_checkpoints_refused(
+        [("ppo_fc.py", path, message) for path, message in refused], tmp_path / "runs"
+    )
 
 
 def test_checkpoint_of_another_shape_is_refused(tmp_path):
@@ -877,11 +867,7 @@ def refused(tmp_path_factory):
 @pytest.mark.parametrize(("flags", "message"), BAD_INPUT)
 def test_bad_input_gives_one_error_line_and_exit_status_2(refused, flags, message):
     completed, runs = refused[tuple(flags)]
-    assert completed.returncode == 2
-    lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
-        completed.stderr
-    )
+    assert_one_error_line(completed, message)
     assert not runs.exists()
 
 

@@ -13,12 +13,13 @@ import pytest
 import torch
 from helpers import (
     NanRewardEnv,
+    assert_checkpoints_refused,
+    assert_one_error_line,
     each_in_one_process,
     on_policy_value,
     play_optimally,
     read_scalars,
     reference_gae,
-    run_in_one_process,
     run_script,
     sharp_agent,
 )
@@ -553,19 +554,7 @@ def test_checkpoints_of_the_other_ppo_script_are_refused(tmp_path):
         ("ppo_lstm.py", fc_checkpoint, "ppo_fc"),
         ("ppo_fc.py", lstm_checkpoint.checkpoint, "ppo_lstm"),
     ]
-    calls = [
-        [script, flag, str(path), "--run-dir", str(tmp_path / "refused")]
-        for script, path, _ in refused
-        for flag in ("--eval-checkpoint", "--resume")
-    ]
-    others = [other for _, _, other in refused for _ in range(2)]
-    for completed, other in zip(run_in_one_process(calls), others, strict=True):
-        assert completed.returncode == 2, completed.stderr
-        lines = completed.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], (
-            completed.stderr
-        )
-    assert not (tmp_path / "refused").exists()
+    assert_checkpoints_refused(refused, tmp_path / "refused")
 
 
 def test_eval_checkpoint_reproduces_the_evaluation_after_training_and_records_hidden_states(
@@ -725,11 +714,7 @@ def refused(tmp_path_factory):
 @pytest.mark.parametrize(("flags", "message"), BAD_INPUT)
 def test_bad_input_gives_one_error_line_and_exit_status_2(refused, flags, message):
     completed, runs = refused[tuple(flags)]
-    assert completed.returncode == 2
-    lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
-        completed.stderr
-    )
+    assert_one_error_line(completed, message)
     assert not runs.exists()
 
 

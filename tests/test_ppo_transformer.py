@@ -13,11 +13,12 @@ import torch
 from helpers import (
     NanRewardEnv,
     NoiseEnv,
+    assert_checkpoints_refused,
+    assert_one_error_line,
     each_in_one_process,
     on_policy_value,
     read_scalars,
     reference_gae,
-    run_in_one_process,
     run_script,
     sharp_agent,
 )
@@ -562,19 +563,7 @@ def test_checkpoints_of_another_script_are_refused(tmp_path):
         ("ppo_transformer.py", lstm_checkpoint, "ppo_lstm"),
         ("ppo_lstm.py", own.checkpoint, "ppo_transformer"),
     ]
-    calls = [
-        [script, flag, str(path), "--run-dir", str(tmp_path / "refused")]
-        for script, path, _ in refused
-        for flag in ("--eval-checkpoint", "--resume")
-    ]
-    others = [other for _, _, other in refused for _ in range(2)]
-    for completed, other in zip(run_in_one_process(calls), others, strict=True):
-        assert completed.returncode == 2, completed.stderr
-        lines = completed.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and other in lines[0], (
-            completed.stderr
-        )
-    assert not (tmp_path / "refused").exists()
+    assert_checkpoints_refused(refused, tmp_path / "refused")
 
 
 def test_a_checkpoint_of_other_module_names_is_refused_with_one_error_line_naming_them(tmp_path):
@@ -751,11 +740,7 @@ def refused(tmp_path_factory):
 @pytest.mark.parametrize(("flags", "message"), BAD_INPUT)
 def test_bad_input_gives_one_error_line_and_exit_status_2(refused, flags, message):
     completed, runs = refused[tuple(flags)]
-    assert completed.returncode == 2
-    lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
-        completed.stderr
-    )
+    assert_one_error_line(completed, message)
     assert not runs.exists()
 
 
