@@ -1,0 +1,63 @@
+"""`python -m benchmark.reward_terms`: the terms of a MuJoCo task's returns, read from a ppo_fc recording."""
+
+import pytest
+
+from benchmark.reward_terms import episode_terms
+from common.data_helpers import split_episodes
+from common.trajectories import load_trajectories
+from tests.helpers import assert_one_error_line, run_in_one_process, run_script
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory):
+    """A ppo_fc training run's recording on Hopper-v5, whose step infos carry reward terms, and one on
+    CartPole-v1, whose do not."""
+    folder = tmp_path_factory.mktemp("reward_terms")
+    for env_id in ("Hopper-v5", "CartPole-v1"):
+        flags = [
+            "--env-id",
+            env_id,
+            "--num-envs",
+            "2",
+            "--num-steps",
+            "256",
+            "--total-timesteps",
+            "512",
+        ]
+        flags += ["--eval-episodes", "0", "--no-progress", "--run-dir", str(folder / "runs")]
+        completed = run_script("ppo_fc.py", *flags, "--save-trajectories", str(folder / env_id))
+        assert completed.returncode == 0, completed.stderr[-3000:]
+    return folder
+
+
+def test_the_terms_add_up_to_each_episodes_return(recordings):
+    # Hopper-v5 pays no healthy reward on the step that ends an episode, but its forward and control terms are in
+    # that step's final_info: without it the terms fall short of the return.
+    episodes = [
+        e for e in split_episodes(load_trajectories(recordings / "Hopper-v5")) if e.finished
+    ]
+    assert len(episodes) >= 4
+    for episode in episodes:
+        terms = episode_terms(episode)
+        assert set(terms) == {"reward_forward", "reward_ctrl", "reward_survive"}
+        assert sum(terms.values()) == pytest.approx(episode.total_reward, abs=1e-6)
+        assert terms["reward_survive"] == pytest.approx(1.0 * (episode.length - 1))
+
+
+def test_the_command_line_gives_the_table_and_refuses_a_recording_without_terms(recordings):
+    table, no_terms, missing = run_in_one_process(
+        [
+            ["-m", "benchmark.reward_terms", str(recordings / "Hopper-v5")],
+            ["-m", "benchmark.reward_terms", str(recordings / "CartPole-v1")],
+            ["-m", "benchmark.reward_terms", str(recordings / "nowhere")],
+        ]
+    )
+    assert table.returncode == 0, table.stderr
+    header, _, numbers = table.stdout.splitlines()[1:4]
+    columns = [name.strip() for name in header.strip("|").split("|")]
+    means = [float(cell.split("±")[0].replace(",", "")) for cell in numbers.strip("|").split("|")]
+    assert columns[:3] == ["reward_ctrl", "reward_forward", "reward_survive"]
+    values = dict(zip(columns, means, strict=True))
+    assert values["sum of the terms"] == pytest.approx(values["return"], abs=0.1)
+    assert_one_error_line(no_terms, "hold no reward_* terms")
+    assert_one_error_line(missing, "does not exist")
