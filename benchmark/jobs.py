@@ -109,6 +109,8 @@ class Run:
     """the same for the scripts' runs (default <out>/finished): a comparison reuses its yardstick's runs"""
     only_baselines: bool = False
     """run the references, baselines and random-policy measurements only, not the scripts (to fill --reuse-baselines)"""
+    stored_only: bool = False
+    """run nothing: the table and figures of the runs already stored, each case judged on the seeds it has"""
     out: str | None = None
     """output folder (default benchmark/results/<date>_<time>): the same command with the same --out after a stop
     runs only what is missing and continues the runs it cut"""

@@ -271,6 +271,10 @@ def run(args: Run) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    not_stored = to_run if args.stored_only else []
+    if not_stored:
+        jobs = [job for job in jobs if job not in not_stored]
+        to_run = []
     (out / "logs").mkdir(parents=True, exist_ok=True)
     print(
         f"benchmark: {len(to_run)} jobs of {sum(job.nproc for job in to_run)} processes, {args.workers} processes at a "
@@ -343,6 +347,11 @@ def run(args: Run) -> int:
         for job in failures:
             tables += [f"### {job.id}", "", "```", shlex.join(job.command), job.error, "```", ""]
     header = run_header(args, cases, seeds, out)
+    if not_stored:
+        header.append(
+            f"- --stored-only: {len(not_stored)} runs not yet stored are left out "
+            f"({', '.join(job.id for job in not_stored)}); a case short of its seeds is judged on those it has"
+        )
     if stopped is not None:
         header.append(
             f"- stopped part-way by {signal.Signals(stopped.signum).name}: {len(cut)} runs cut or not started are "
