@@ -619,7 +619,8 @@ def plot_learning_curves(rows: Sequence[Row], out: Path) -> list[Path]:
                 name = plain_name(row, LEGEND_WIDTH) + (
                     f" ({row.total_timesteps:,} steps)" if row.total_timesteps else ""
                 )
-                line = axes.plot(grid, curves.mean(0), label=f"{name}, {len(curves)} seeds")[0]
+                seeds = f"{len(curves)} seed{'s' if len(curves) > 1 else ''}"
+                line = axes.plot(grid, curves.mean(0), label=f"{name}, {seeds}")[0]
                 axes.fill_between(
                     grid, curves.min(0), curves.max(0), color=line.get_color(), alpha=0.2
                 )
