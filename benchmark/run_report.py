@@ -8,7 +8,7 @@ import json
 import shlex
 import signal
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +31,7 @@ from benchmark.jobs import (
     Job,
     Run,
     Stores,
+    case_seeds,
     cases_to_run,
     check,
     make_jobs,
@@ -394,6 +395,17 @@ def run(args: Run) -> int:
     return 1 if failed else 0
 
 
+def seeds_text(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> str:
+    """The seeds run, or each case's where cases set their own (the mujoco suite's)."""
+    cases_by_seeds = Counter(case_seeds(args, case, seeds) for case in cases)
+    if len(cases_by_seeds) == 1:
+        return " ".join(map(str, next(iter(cases_by_seeds))))
+    return "as each case sets them: " + "; ".join(
+        f"{' '.join(map(str, run))} for {count} case{'s' if count > 1 else ''}"
+        for run, count in cases_by_seeds.items()
+    )
+
+
 def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -> list[str]:
     """Date, machine, command, cases and seeds: what is needed to reproduce the results."""
     command = (
@@ -406,5 +418,5 @@ def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) 
         f"- machine: {machine()}",
         f"- command: `{command}`",
         "- cases: " + "; ".join(f"{case.name} (id {case.key})" for case in cases),
-        f"- seeds {' '.join(map(str, seeds))}; {args.workers} process{'es' if args.workers > 1 else ''} at a time",
+        f"- seeds {seeds_text(args, cases, seeds)}; {args.workers} process{'es' if args.workers > 1 else ''} at a time",
     ]

@@ -50,7 +50,7 @@ from benchmark.report import (
     speed_numbers,
     speed_table,
 )
-from benchmark.run_report import against_reference, rows_of, speed_rows
+from benchmark.run_report import against_reference, rows_of, seeds_text, speed_rows
 from benchmark.statistics import iqm, iqm_interval, mean_std, median_steps_to_threshold
 from common.envs import env_spaces, resolve_env_id
 from common.seeding import available_cores
@@ -863,6 +863,18 @@ def test_script_flags_reach_every_case_of_their_script_and_the_cases_others_are_
 def test_a_suite_honours_seeds():
     assert cases_to_run(Run(suite="quick", seeds=(7, 8, 9)))[1] == (7, 8, 9)
     assert cases_to_run(Run(suite="quick"))[1] == cases.SUITES["quick"][1]
+
+
+def test_the_header_gives_the_seeds_each_case_runs():
+    # the mujoco suite's cases set their own seeds: its results once said "seeds 1", the suite's default
+    args = Run(suite="mujoco")
+    suite_cases, seeds = cases_to_run(args)
+    assert (
+        seeds_text(args, suite_cases, seeds)
+        == "as each case sets them: 1 2 3 for 11 cases; 1 for 4 cases"
+    )
+    args = Run(suite="mujoco", seeds=(4, 5))
+    assert seeds_text(args, *cases_to_run(args)) == "4 5"
 
 
 @pytest.mark.parametrize(
