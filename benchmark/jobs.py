@@ -110,10 +110,14 @@ class Run:
     only_baselines: bool = False
     """run the references, baselines and random-policy measurements only, not the scripts (to fill --reuse-baselines)"""
     stored_only: bool = False
-    """run nothing: the table and figures of the runs already stored, each case judged on the seeds it has"""
+    """train nothing: the table and figures of the runs already stored, each case judged on the seeds it has"""
     out: str | None = None
     """output folder (default benchmark/results/<date>_<time>): the same command with the same --out after a stop
     runs only what is missing and continues the runs it cut"""
+
+
+MEASUREMENTS = ("raw-env", "random-policy")
+"""the kinds of job that measure an env and print one JSON line: quick, and never stored"""
 
 
 @dataclass
@@ -387,7 +391,7 @@ def run_job(job: Job, logs: Path, threads: int | None = None, runs: PassedOn | N
     (logs / f"{job.id}.stderr").write_text(process.stderr)
     if process.returncode != 0:
         job.error = f"exit status {process.returncode}: {stderr_tail(process.stderr)}"
-    elif job.kind in ("raw-env", "random-policy"):
+    elif job.kind in MEASUREMENTS:
         try:
             job.output = json.loads(process.stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):

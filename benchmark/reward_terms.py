@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from benchmark.report import markdown_table, spread
+from benchmark.statistics import mean_std
 from common.data_helpers import Episode, split_episodes
 from common.trajectories import TrajectoryFileError, load_trajectories
 
@@ -29,15 +31,14 @@ INFO_PREFIXES = ("/infos/", "/infos/final_info/")
 
 def episode_terms(episode: Episode) -> dict[str, float]:
     """Each reward term of the step infos summed over one episode; the last step's, with gymnasium's
-    same-step autoreset, is in `final_info`. Steps whose info lacks the term add nothing."""
+    same-step autoreset, is in `final_info`. A step whose info lacks the term adds nothing (NaN where
+    the recording has no entry, 0 where the vector env filled one in)."""
     terms: dict[str, float] = {}
     for key, values in episode.data.items():
         for prefix in INFO_PREFIXES:
             name = key[len(prefix) :]
             if key.startswith(prefix) and name.startswith(TERM_PREFIX) and "/" not in name:
-                mask = episode.data.get(f"{prefix}_{name}")  # NaN where the step was not recorded
-                present = np.isfinite(values) & (True if mask is None else mask == 1)
-                terms[name] = terms.get(name, 0.0) + float(np.sum(values[present]))
+                terms[name] = terms.get(name, 0.0) + float(np.nansum(values))
     return terms
 
 
@@ -49,12 +50,7 @@ def terms_table(episodes: Sequence[Episode]) -> list[str]:
     columns["sum of the terms"] = [sum(terms.values()) for terms in per_episode]
     columns["return"] = [episode.total_reward for episode in episodes]
     columns["length"] = [float(episode.length) for episode in episodes]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    cells = []
-    for values in columns.values():
-        std = np.std(values, ddof=1) if len(values) > 1 else 0.0
-        cells.append(f"{np.mean(values):,.1f} ± {std:,.1f}")
-    return [*lines, "| " + " | ".join(cells) + " |"]
+    return markdown_table(list(columns), [[spread(*mean_std(v)) for v in columns.values()]])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        print(f"{recording}: {len(episodes)} finished episodes")
+        print(f"{recording}: {len(episodes)} finished episode{'s' if len(episodes) > 1 else ''}")
         print("\n".join(terms_table(episodes)))
     return 0
 

@@ -27,6 +27,7 @@ from benchmark.cases import (
 )
 from benchmark.jobs import (
     FINISHED,
+    MEASUREMENTS,
     CasePlan,
     Job,
     Run,
@@ -272,10 +273,17 @@ def run(args: Run) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    not_stored = to_run if args.stored_only else []
-    if not_stored:
+    not_stored = []
+    if args.stored_only:  # the measurements, never stored and quick, still run: verdicts need them
+        not_stored = [job for job in to_run if job.kind not in MEASUREMENTS]
+        if all(job.stored is None for job in jobs if job.kind not in MEASUREMENTS):
+            print(
+                f"error: --stored-only: none of the benchmark's runs is stored in {stores.scripts}",
+                file=sys.stderr,
+            )
+            return 2
         jobs = [job for job in jobs if job not in not_stored]
-        to_run = []
+        to_run = [job for job in to_run if job.kind in MEASUREMENTS]
     (out / "logs").mkdir(parents=True, exist_ok=True)
     print(
         f"benchmark: {len(to_run)} jobs of {sum(job.nproc for job in to_run)} processes, {args.workers} processes at a "
@@ -401,8 +409,8 @@ def seeds_text(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> str:
     if len(cases_by_seeds) == 1:
         return " ".join(map(str, next(iter(cases_by_seeds))))
     return "as each case sets them: " + "; ".join(
-        f"{' '.join(map(str, run))} for {count} case{'s' if count > 1 else ''}"
-        for run, count in cases_by_seeds.items()
+        f"{' '.join(map(str, case_run))} for {count} case{'s' if count > 1 else ''}"
+        for case_run, count in cases_by_seeds.items()
     )
 
 

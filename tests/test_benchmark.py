@@ -822,6 +822,10 @@ BAD_INPUT = [
     ),
     (["run", "--script-flags", "ppo_fc=--no-such-flag"], "the flags of case"),
     (["plot", "/nonexistent-folder"], "no TensorBoard event files"),
+    (
+        ["run", "--scripts", "ppo_fc", "--envs", "CartPole-v1", "--stored-only"],
+        "--stored-only: none of the benchmark's runs is stored in",
+    ),
 ]
 
 

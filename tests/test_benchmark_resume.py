@@ -79,20 +79,38 @@ def test_the_same_suite_command_after_a_stop_runs_what_is_missing_and_continues_
     stdout = first.communicate()[0]
     assert "(ppo_fc): " in stdout and "stored in" in stdout, stdout
 
-    # Part-way, --stored-only reports what is stored and runs nothing: the cut ddpg run is left as it was.
+    # Part-way, --stored-only reports what is stored and trains nothing: the cut ddpg run is left as it was, and the
+    # baselines are not started; the env measurements (never stored, quick) still run.
     (cut_run,) = (out / "runs").glob("ddpg__*/*")
     cut_files = sorted((path.name, path.stat().st_size) for path in cut_run.rglob("*"))
     report = subprocess.run(
-        [sys.executable, "-m", "benchmark", *TINY_SUITE, "--out", str(out), "--stored-only"],
+        [
+            sys.executable,
+            "-m",
+            "benchmark",
+            *TINY_SUITE,
+            "--out",
+            str(out),
+            "--stored-only",
+            "--baselines",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert report.returncode == 0 and "benchmark: 0 jobs" in report.stdout, report.stderr[-3000:]
+    assert report.returncode == 0 and "benchmark: 2 jobs" in report.stdout, report.stderr[-3000:]
     partial = json.loads((out / "results.json").read_text())
     assert [row["label"] for row in partial["rows"]] == ["ppo_fc"]
-    assert "--stored-only: 1 runs not yet stored are left out (ddpg__" in "".join(partial["header"])
+    assert (
+        sorted(job["kind"] for job in partial["jobs"] if job["returncode"] is not None)
+        == ["raw-env"] * 2
+    )
+    left_out = next(line for line in partial["header"] if line.startswith("- --stored-only"))
+    listed = left_out.split("(", 1)[1].split(")")[0].split(", ")
+    assert sorted(job_id.split("__")[0] for job_id in listed) == ["ddpg", "sb3_ppo", "sb3_td3"], (
+        left_out
+    )
     assert sorted((path.name, path.stat().st_size) for path in cut_run.rglob("*")) == cut_files
 
     again = suite(out)
