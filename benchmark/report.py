@@ -742,7 +742,9 @@ def draw(rows: list[Row], raw_bars: list[tuple[str, list[float]]], out: Path) ->
         )
         for row in rows
     ]
-    figures = [*plot_learning_curves(rows, out), plot_sps([*bars, *raw_bars], out / "sps.png")]
+    figures = plot_learning_curves(rows, out)
+    if bars or raw_bars:  # a benchmark stopped before any run finished has none to draw
+        figures.append(plot_sps([*bars, *raw_bars], out / "sps.png"))
     values = aggregates(rows)
     if values:
         figures.append(plot_aggregate(values, out / "aggregate_iqm.png"))

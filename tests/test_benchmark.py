@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 import typing
+import warnings
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -1609,3 +1610,11 @@ def test_a_cases_long_flags_stay_inside_its_figures(tmp_path, monkeypatch):
         assert drawn_on.x0 >= -0.01 and drawn_on.y0 >= -0.01, title
         assert drawn_on.x1 <= width + 0.01 and drawn_on.y1 <= height + 0.01, title
         plt.close(figure)
+
+
+def test_a_benchmark_stopped_before_any_run_finished_draws_no_empty_figure(tmp_path):
+    # a suite stopped by SIGTERM with only cut runs once drew an empty SPS chart, with matplotlib's warning on stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert report.draw([], [], tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
