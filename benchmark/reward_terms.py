@@ -42,9 +42,9 @@ def episode_terms(episode: Episode) -> dict[str, float]:
     return terms
 
 
-def terms_table(episodes: Sequence[Episode]) -> list[str]:
-    """A markdown table of each term's mean ± std over `episodes`, with the return and the length."""
-    per_episode = [episode_terms(episode) for episode in episodes]
+def terms_table(episodes: Sequence[Episode], per_episode: Sequence[dict[str, float]]) -> list[str]:
+    """A markdown table of each term's mean ± std over `episodes` (`per_episode`: their
+    `episode_terms`), with the return and the length."""
     names = sorted({name for terms in per_episode for name in terms})
     columns = {name: [terms.get(name, 0.0) for terms in per_episode] for name in names}
     columns["sum of the terms"] = [sum(terms.values()) for terms in per_episode]
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         if not episodes:
             print(f"error: {recording!r} holds no finished episode", file=sys.stderr)
             return 2
-        if not any(episode_terms(episode) for episode in episodes):
+        per_episode = [episode_terms(episode) for episode in episodes]
+        if not any(per_episode):
             print(
                 f"error: the step infos of {recording!r} hold no {TERM_PREFIX}* terms "
                 "(gymnasium's MuJoCo tasks give them)",
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         print(f"{recording}: {len(episodes)} finished episode{'s' if len(episodes) > 1 else ''}")
-        print("\n".join(terms_table(episodes)))
+        print("\n".join(terms_table(episodes, per_episode)))
     return 0
 
 

@@ -1,6 +1,8 @@
 """tests/one_process.py: command lines run in one process give what each gives in a process of its own."""
 
-from helpers import run_in_one_process, run_script
+import sys
+
+from helpers import assert_one_error_line, run_in_one_process, run_script
 
 WARNER = """
 import warnings
@@ -50,9 +52,15 @@ def test_a_module_runs_as_python_m_runs_it(tmp_path):
     (module,) = run_in_one_process(
         [["-m", "benchmark", "run", "--seeds", "1", "1", "--out", str(tmp_path)]]
     )
-    assert (
-        module.returncode == 2
-        and module.stderr.startswith("error: ")
-        and "distinct" in module.stderr
-    )
-    assert module.args[1:4] == ["-m", "benchmark", "run"]
+    assert_one_error_line(module, "distinct")
+    assert module.args == [
+        sys.executable,
+        "-m",
+        "benchmark",
+        "run",
+        "--seeds",
+        "1",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]

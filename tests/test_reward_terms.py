@@ -5,27 +5,23 @@ import pytest
 from benchmark.reward_terms import episode_terms
 from common.data_helpers import split_episodes
 from common.trajectories import load_trajectories
-from tests.helpers import assert_one_error_line, run_in_one_process, run_script
+from tests.helpers import assert_one_error_line, run_in_one_process
+
+# ppo_fc's recordings: Hopper-v5's step infos carry reward terms, CartPole-v1's do not, and Pendulum-v1's 200-step
+# episodes do not end in 128 steps.
+RECORDED = {"Hopper-v5": 256, "CartPole-v1": 256, "Pendulum-v1": 64}
 
 
 @pytest.fixture(scope="module")
 def recordings(tmp_path_factory):
-    """A ppo_fc training run's recording on Hopper-v5, whose step infos carry reward terms, and one on
-    CartPole-v1, whose do not."""
     folder = tmp_path_factory.mktemp("reward_terms")
-    for env_id in ("Hopper-v5", "CartPole-v1"):
-        flags = [
-            "--env-id",
-            env_id,
-            "--num-envs",
-            "2",
-            "--num-steps",
-            "256",
-            "--total-timesteps",
-            "512",
-        ]
-        flags += ["--eval-episodes", "0", "--no-progress", "--run-dir", str(folder / "runs")]
-        completed = run_script("ppo_fc.py", *flags, "--save-trajectories", str(folder / env_id))
+    common = "--num-envs 2 --eval-episodes 0 --no-progress".split()
+    calls = [
+        ["ppo_fc.py", "--env-id", env_id, "--num-steps", str(steps), "--total-timesteps", str(4 * steps), *common,
+         "--run-dir", str(folder / "runs"), "--save-trajectories", str(folder / env_id)]
+        for env_id, steps in RECORDED.items()
+    ]  # fmt: skip
+    for completed in run_in_one_process(calls):
         assert completed.returncode == 0, completed.stderr[-3000:]
     return folder
 
@@ -45,11 +41,10 @@ def test_the_terms_add_up_to_each_episodes_return(recordings):
 
 
 def test_the_command_line_gives_the_table_and_refuses_a_recording_without_terms(recordings):
-    table, no_terms, missing = run_in_one_process(
+    table, no_terms, unfinished, missing = run_in_one_process(
         [
-            ["-m", "benchmark.reward_terms", str(recordings / "Hopper-v5")],
-            ["-m", "benchmark.reward_terms", str(recordings / "CartPole-v1")],
-            ["-m", "benchmark.reward_terms", str(recordings / "nowhere")],
+            ["-m", "benchmark.reward_terms", str(recordings / name)]
+            for name in ("Hopper-v5", "CartPole-v1", "Pendulum-v1", "nowhere")
         ]
     )
     assert table.returncode == 0, table.stderr
@@ -60,4 +55,5 @@ def test_the_command_line_gives_the_table_and_refuses_a_recording_without_terms(
     values = dict(zip(columns, means, strict=True))
     assert values["sum of the terms"] == pytest.approx(values["return"], abs=0.1)
     assert_one_error_line(no_terms, "hold no reward_* terms")
+    assert_one_error_line(unfinished, "holds no finished episode")
     assert_one_error_line(missing, "does not exist")
