@@ -497,9 +497,9 @@ MUJOCO_DDPG_CASES: tuple[Case, ...] = (
             env_id,
             CleanRLPublished("ddpg_continuous_action.py", env_id, *CLEANRL_DDPG[env_id]),
             flags=DDPG_SUITE_FLAGS,
-            # a second seed where seed 1 fell short of the table; the machine's time did not allow one
-            # on the others (docs/benchmark.md)
-            seeds=(1, 2) if env_id == "HalfCheetah-v4" else (1,),
+            # three seeds where seed 1 fell short of the table; the machine's time did not allow more
+            # than one on the others (docs/benchmark.md)
+            seeds=(1, 2, 3) if env_id == "HalfCheetah-v4" else (1,),
         )
         for env_id in DDPG_TASKS_AT_1M
     ),

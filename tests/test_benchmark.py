@@ -643,10 +643,10 @@ def test_the_mujoco_suite_holds_cleanrls_published_table_on_v5_with_the_readmes_
         if case.script == "ddpg"
     }
     at_1m = {"HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "InvertedPendulum-v5"}
-    assert ddpg == {**{(env_id, 1_000_000): (1, 2) if env_id == "HalfCheetah-v5" else (1,) for env_id in at_1m},
+    assert ddpg == {**{(env_id, 1_000_000): (1, 2, 3) if env_id == "HalfCheetah-v5" else (1,) for env_id in at_1m},
                     **{(env_id, 300_000): (1, 2, 3) for env_id in ("HalfCheetah-v5", "Hopper-v5")}}  # fmt: skip
     jobs, _ = make_jobs(Run(suite="mujoco"), suite_cases, (1,), Path("out"))
-    assert len(jobs) == 9 * 3 + 4 + 1 + 2 * 3
+    assert len(jobs) == 9 * 3 + 4 + 2 + 2 * 3
     assert len(make_jobs(Run(suite="mujoco", seeds=(7,)), suite_cases, (7,), Path("out"))[0]) == 15
 
 
@@ -876,7 +876,7 @@ def test_the_header_gives_the_seeds_each_case_runs():
     suite_cases, seeds = cases_to_run(args)
     assert (
         seeds_text(args, suite_cases, seeds)
-        == "as each case sets them: 1 2 3 for 11 cases; 1 2 for 1 case; 1 for 3 cases"
+        == "as each case sets them: 1 2 3 for 12 cases; 1 for 3 cases"
     )
     args = Run(suite="mujoco", seeds=(4, 5))
     assert seeds_text(args, *cases_to_run(args)) == "4 5"
