@@ -1,4 +1,4 @@
-"""The command line of the benchmark harness: ``python -m benchmark run|plot|tune|tune-report ...``,
+"""The command line of the benchmark harness: ``python -m benchmark run|report|plot|tune|tune-report ...``,
 each subcommand's flags parsed by tyro and handed to its function."""
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import tyro
 from benchmark.jobs import Run
 from benchmark.report import Plot, plot
 from benchmark.run_report import run
+from benchmark.slurm import Report, report
 from benchmark.tune import Tune, TuneReport, tune, tune_report
 
 
 def main() -> int:
     commands = {
         "run": (Run, run),
+        "report": (Report, report),
         "plot": (Plot, plot),
         "tune": (Tune, tune),
         "tune-report": (TuneReport, tune_report),

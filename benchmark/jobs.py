@@ -36,6 +36,7 @@ from benchmark.registry import (
     same_settings_flags,
 )
 from benchmark.report import fmt, git_revision, machine
+from benchmark.slurm import SlurmFlags
 from benchmark.stored import load_run, store_run, stored_path
 from common.errors import UsageError
 from common.seeding import available_cores
@@ -49,7 +50,7 @@ RANDOM_POLICY_EPISODES = 100
 
 
 @dataclass
-class Run:
+class Run(SlurmFlags):
     """Train scripts on envs with several seeds, then write the table and the figures."""
 
     scripts: tuple[str, ...] | None = None
@@ -209,6 +210,7 @@ FINISHED = "finished"
 """the folder in a benchmark's --out that keeps its finished runs (benchmark/stored.py), unless
 --reuse-runs names another"""
 RESUMABLE = ("--resume", "auto", "--run-name")
+TORCH_THREADS = "--torch-threads"
 """how a script's job starts: its run folder's name follows, a name of its own in the job's
 --run-dir, so that the same job in the same --out goes on from the run's latest checkpoint"""
 
@@ -378,22 +380,36 @@ def make_jobs(
 def run_job(job: Job, logs: Path, threads: int | None = None, runs: PassedOn | None = None) -> Job:
     """Run the job's process, with `threads` as each of its processes' share of the cores
     (OMP_NUM_THREADS, which the scripts' default --torch-threads reads, where not set already), and
-    reached by the harness's stop signals through `runs`; record how it ended, then what it printed
-    (raw env) or the run it made (the rest)."""
-    if job.kind == "sb3" and job.run_dir.exists():  # a baseline cut by a stop starts again
-        shutil.rmtree(job.run_dir)
-    job.revision, start = git_revision(logs.parent), time.perf_counter()
+    reached by the harness's stop signals through `runs`; record how it ended (`read_back`)."""
+    prepare(job, logs)
+    start = time.perf_counter()
     environment = {"OMP_NUM_THREADS": str(threads)} if threads else {}
     environment = {**environment, **os.environ}
     process = (runs or PassedOn()).run(job.command, cwd=REPO, env=environment)
-    job.wall_seconds, job.returncode = time.perf_counter() - start, process.returncode
     (logs / f"{job.id}.stdout").write_text(process.stdout)
     (logs / f"{job.id}.stderr").write_text(process.stderr)
-    if process.returncode != 0:
-        job.error = f"exit status {process.returncode}: {stderr_tail(process.stderr)}"
+    return read_back(
+        job, process.returncode, time.perf_counter() - start, process.stdout, process.stderr
+    )
+
+
+def prepare(job: Job, logs: Path) -> None:
+    """Before the job's process starts: a baseline cut by a stop starts again, and the job records
+    the commit it starts at (a background benchmark can outlive a commit)."""
+    if job.kind == "sb3" and job.run_dir.exists():
+        shutil.rmtree(job.run_dir)
+    job.revision = git_revision(logs.parent)
+
+
+def read_back(job: Job, returncode: int, wall_seconds: float, stdout: str, stderr: str) -> Job:
+    """Record how the job's process ended (`returncode`, after `wall_seconds`), then what it
+    printed (a measurement's JSON line in `stdout`) or the run it made (the rest)."""
+    job.wall_seconds, job.returncode = wall_seconds, returncode
+    if returncode != 0:
+        job.error = f"exit status {returncode}: {stderr_tail(stderr)}"
     elif job.kind in MEASUREMENTS:
         try:
-            job.output = json.loads(process.stdout.strip().splitlines()[-1])
+            job.output = json.loads(stdout.strip().splitlines()[-1])
         except (IndexError, json.JSONDecodeError):
             job.error = "printed no JSON result"
     else:
@@ -412,10 +428,13 @@ def run_job(job: Job, logs: Path, threads: int | None = None, runs: PassedOn | N
 
 def portable(command: list[str]) -> list[str]:
     """A job's command less the interpreter, the run folder and the checkout's folder of a script,
-    which differ between machines and benchmarks, and less how the harness names and resumes its
-    run (`RESUMABLE`: runs stored before it had them match)."""
+    which differ between machines and benchmarks, less how the harness names and resumes its run
+    (`RESUMABLE`: runs stored before it had them match), and less the threads a cluster's element
+    gives it (its allocation: a run-time flag)."""
     parts = command[1:]
-    for option, values in (("--run-dir", 1), (RESUMABLE[0], 1), (RESUMABLE[2], 1)):
+    for option, values in (
+        ("--run-dir", 1), (RESUMABLE[0], 1), (RESUMABLE[2], 1), (TORCH_THREADS, 1)
+    ):  # fmt: skip
         if option in parts:
             at = parts.index(option)
             parts = parts[:at] + parts[at + 1 + values :]

@@ -9,7 +9,7 @@ import shlex
 import signal
 import sys
 from collections import Counter, defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -244,19 +244,24 @@ def speed_rows(
     return rows
 
 
-def run(args: Run) -> int:
-    """Start every job (a script's run, a baseline's run, a raw-env measurement) as its own process
-    (a case's ``nproc`` processes under torchrun), ``--workers`` processes at a time, each in a
-    folder named by its job id; a crashed run is reported and the others go on. With ``--baselines``
-    it also measures each script's env stack under random actions and its Stable-Baselines3
-    counterpart, with settings derived from the script's own (`benchmark.registry`). Then write
-    ``results.md``, ``results.json`` (every number results.md shows) and PNG figures to the output
-    folder."""
-    try:
-        cases, seeds = cases_to_run(args)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+@dataclass
+class Planned:
+    """A benchmark's plan: its cases and seeds, output folder, jobs and their plans, where finished
+    runs are kept, and the jobs whose runs are not kept there yet (`to_run`)."""
+
+    cases: list[Case]
+    seeds: tuple[int, ...]
+    out: Path
+    jobs: list[Job]
+    plans: list[CasePlan]
+    stores: Stores
+    to_run: list[Job]
+
+
+def plan_benchmark(args: Run) -> Planned:
+    """Every job of the benchmark, and which of them are still to run (UsageError: bad input; the
+    flags' own checks end the process with status 2, `check`)."""
+    cases, seeds = cases_to_run(args)
     check(args, cases, seeds)
     out = Path(
         args.out or REPO / "benchmark" / "results" / datetime.now().strftime("%Y-%m-%d_%H%M%S")
@@ -268,12 +273,29 @@ def run(args: Run) -> int:
         Path(args.reuse_baselines).resolve() if args.reuse_baselines else None,
         Path(args.reuse_runs).resolve() if args.reuse_runs else out / FINISHED,
     )
+    return Planned(cases, seeds, out, jobs, plans, stores, take_stored(jobs, stores))
+
+
+def run(args: Run) -> int:
+    """Start every job (a script's run, a baseline's run, a raw-env measurement) as its own process
+    (a case's ``nproc`` processes under torchrun), ``--workers`` processes at a time, each in a
+    folder named by its job id; a crashed run is reported and the others go on. With ``--baselines``
+    it also measures each script's env stack under random actions and its Stable-Baselines3
+    counterpart, with settings derived from the script's own (`benchmark.registry`). Then write
+    ``results.md``, ``results.json`` (every number results.md shows) and PNG figures to the output
+    folder. With ``--launcher slurm``, the runs go to one SLURM job array instead
+    (`benchmark.slurm`)."""
     try:
-        to_run = take_stored(jobs, stores)
+        planned = plan_benchmark(args)
+        if args.launcher == "slurm":
+            from benchmark import slurm
+
+            return slurm.submit(args, planned)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    not_stored = []
+    jobs, to_run, out, stores = planned.jobs, planned.to_run, planned.out, planned.stores
+    notes = []
     if args.stored_only:  # the measurements, never stored and quick, still run: verdicts need them
         not_stored = [job for job in to_run if job.kind not in MEASUREMENTS]
         if all(job.stored is None for job in jobs if job.kind not in MEASUREMENTS):
@@ -284,6 +306,11 @@ def run(args: Run) -> int:
             return 2
         jobs = [job for job in jobs if job not in not_stored]
         to_run = [job for job in to_run if job.kind in MEASUREMENTS]
+        if not_stored:
+            notes.append(
+                f"- --stored-only: {len(not_stored)} runs not yet stored are left out "
+                f"({', '.join(job.id for job in not_stored)}); a case short of its seeds is judged on those it has"
+            )
     (out / "logs").mkdir(parents=True, exist_ok=True)
     print(
         f"benchmark: {len(to_run)} jobs of {sum(job.nproc for job in to_run)} processes, {args.workers} processes at a "
@@ -303,7 +330,23 @@ def run(args: Run) -> int:
             f"benchmark: stopped; {len(cut)} runs to go: the same command goes on with them",
             flush=True,
         )
+        notes.append(
+            f"- stopped part-way by {signal.Signals(stopped.signum).name}: {len(cut)} runs cut or not started are "
+            "left out (the same command goes on with them); a case short of its seeds is judged on those it has"
+        )
+    failed = write_report(args, planned, jobs, notes)
+    if stopped is not None:
+        raise stopped
+    return 1 if failed else 0
 
+
+def write_report(
+    args: Run, planned: Planned, jobs: list[Job], notes: list[str], command: str | None = None
+) -> bool:
+    """Write results.md, results.json and the figures of `jobs` (those that ran or were taken from
+    a store; a failed one has its `error`), with `notes` under the header (`command`: the one that
+    made the benchmark, default this process's). Whether anything failed: a run, or a verdict."""
+    cases, seeds, out, plans = planned.cases, planned.seeds, planned.out, planned.plans
     rows = rows_of(jobs, plans)
     numbers = {row.key: row_numbers(row) for row in rows}
     speed = speed_rows(jobs, plans, numbers)
@@ -355,17 +398,7 @@ def run(args: Run) -> int:
         tables += ["", "## Failures", ""]
         for job in failures:
             tables += [f"### {job.id}", "", "```", shlex.join(job.command), job.error, "```", ""]
-    header = run_header(args, cases, seeds, out)
-    if not_stored:
-        header.append(
-            f"- --stored-only: {len(not_stored)} runs not yet stored are left out "
-            f"({', '.join(job.id for job in not_stored)}); a case short of its seeds is judged on those it has"
-        )
-    if stopped is not None:
-        header.append(
-            f"- stopped part-way by {signal.Signals(stopped.signum).name}: {len(cut)} runs cut or not started are "
-            "left out (the same command goes on with them); a case short of its seeds is judged on those it has"
-        )
+    header = [*run_header(args, cases, seeds, out, command), *notes]
     report("Benchmark", header, tables, figures, out)
     record = {
         "header": header,
@@ -398,9 +431,14 @@ def run(args: Run) -> int:
     (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
     failed = failures or any(value.verdict == "FAIL" for value in numbers.values())
     print(f"{'FAIL' if failed else 'PASS'}: wrote {out / 'results.md'}", flush=True)
-    if stopped is not None:
-        raise stopped
-    return 1 if failed else 0
+    return bool(failed)
+
+
+def this_command() -> str:
+    """The `python -m benchmark run` command this process runs, as typed."""
+    if sys.argv[1:2] == ["run"]:
+        return "python -m benchmark " + shlex.join(sys.argv[1:])
+    return "(called from Python)"
 
 
 def seeds_text(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> str:
@@ -414,17 +452,20 @@ def seeds_text(args: Run, cases: list[Case], seeds: tuple[int, ...]) -> str:
     )
 
 
-def run_header(args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path) -> list[str]:
+def run_header(
+    args: Run, cases: list[Case], seeds: tuple[int, ...], out: Path, command: str | None = None
+) -> list[str]:
     """Date, machine, command, cases and seeds: what is needed to reproduce the results."""
-    command = (
-        "python -m benchmark " + shlex.join(sys.argv[1:])
-        if sys.argv[1:2] == ["run"]
-        else "(called from Python)"
-    )
+    command = command or this_command()
     return [
         f"- date: {datetime.now().astimezone().isoformat(timespec='seconds')}; git {git_revision(out)}",
         f"- machine: {machine()}",
         f"- command: `{command}`",
         "- cases: " + "; ".join(f"{case.name} (id {case.key})" for case in cases),
-        f"- seeds {seeds_text(args, cases, seeds)}; {args.workers} process{'es' if args.workers > 1 else ''} at a time",
+        f"- seeds {seeds_text(args, cases, seeds)}; "
+        + (
+            "each run an element of a SLURM job array"
+            if args.launcher == "slurm"
+            else f"{args.workers} process{'es' if args.workers > 1 else ''} at a time"
+        ),
     ]

@@ -38,6 +38,14 @@ from benchmark.cases import SUITES, suite_cases
 from benchmark.events import LAST_EPISODES, RunSummary, find_run_dirs, safe_name, summarise_run
 from benchmark.processes import start_stoppable, stderr_tail, stop
 from benchmark.registry import HARNESS_SET, REPO, SCRIPTS, resolve_args
+from benchmark.slurm import (
+    FOLDER,
+    SlurmFlags,
+    check_cluster,
+    elements_by_name,
+    submit_array,
+    wait_for,
+)
 from benchmark.tune_space import Param, build_space, space_lines
 from common.envs import resolve_env_id
 from common.errors import UsageError
@@ -63,9 +71,9 @@ def default_storage(study: str) -> str:
 
 
 @dataclass
-class Tune:
+class Tune(SlurmFlags):
     """Sweep a script's flags with Optuna, each trial judged on every env and seed given
-    (docs/tune.md)."""
+    (docs/tune.md; with --launcher slurm, --workers elements of a job array, docs/cluster.md)."""
 
     script: Annotated[str, tyro.conf.Positional]
     """the script to sweep (ppo_lstm.py or ppo_lstm)"""
@@ -78,7 +86,7 @@ class Tune:
     trials: int = 20
     """trials this command runs (more on a rerun or in another process: they add up in the study)"""
     workers: int = 1
-    """trials at a time in this process (each runs its envs and seeds at once)"""
+    """trials at a time in this process (each runs its envs and seeds at once); --launcher slurm: elements, one each"""
     study: str | None = None
     """the study's name in the storage (default: the script's name)"""
     storage: str | None = None
@@ -105,6 +113,8 @@ class Tune:
     """a running trial records a heartbeat this often; one silent for 3 of them is failed by the next process"""
     out: str | None = None
     """the folder of the trials' run folders (default runs/tune/<study>)"""
+    worker: str | None = None
+    """a name for this process's trials: run again under it, it runs what is left of its --trials (a requeued worker)"""
 
 
 @dataclass
@@ -139,6 +149,8 @@ class Plan:
     threads: int
     """each run's OMP_NUM_THREADS: the cores shared between every run of every worker"""
     heartbeat_seconds: float
+    worker: str | None = None
+    """--worker: the name on this process's trials"""
 
     def score(self, env_id: str, value: float) -> float:
         """`value`, a return on `env_id`, as a share of the way from the random policy's return to
@@ -335,6 +347,7 @@ def make_plan(args: Tune, out: Path) -> Plan:
         out,
         max(1, available_cores() // runs_at_once),
         args.heartbeat_seconds,
+        args.worker,
     )
 
 
@@ -345,7 +358,16 @@ def open_storage(location: str) -> Any:
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     if "://" in location:
-        return optuna.storages.RDBStorage(location)
+        import sqlalchemy
+
+        try:
+            return optuna.storages.RDBStorage(location)
+        except (sqlalchemy.exc.SQLAlchemyError, ImportError) as error:
+            shown = sqlalchemy.engine.make_url(location).render_as_string(hide_password=True)
+            cause = str(error.__cause__ or error).strip().splitlines()[0]
+            if isinstance(error, ImportError):
+                cause = "no driver for it: pip install -e '.[postgres]' (PostgreSQL)"
+            raise UsageError(f"the database {shown} cannot be reached: {cause}") from None
     Path(location).parent.mkdir(parents=True, exist_ok=True)
     return JournalStorage(JournalFileBackend(location))
 
@@ -403,6 +425,8 @@ def run_trial(trial: Any, plan: Plan, stopping: threading.Event) -> float:
     trial.set_user_attr("flags", shlex.join(flags))
     trial.set_user_attr("folder", str(folder.resolve()))
     trial.set_user_attr("host", f"{platform.node()} pid {os.getpid()}")
+    if plan.worker is not None:
+        trial.set_user_attr("worker", plan.worker)
     trial.set_user_attr("heartbeat_seconds", plan.heartbeat_seconds)
     trial.set_user_attr("heartbeat", time.time())
     environment = {**os.environ, "OMP_NUM_THREADS": str(plan.threads)}
@@ -488,6 +512,7 @@ def fail_stale_trials(study: Any, storage: Any) -> None:
             error = f"no heartbeat since {datetime.fromtimestamp(last).isoformat(timespec='seconds')} (process ended)"
             # no public setter for another's trial
             storage.set_trial_user_attr(trial._trial_id, "error", error)
+            storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
             study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
             print(
                 f"tune: trial {trial.number} of {trial.user_attrs.get('host', '?')} failed: {error}",
@@ -521,7 +546,7 @@ def work(
                 if isinstance(error, RunFailed)
                 else "interrupted (Ctrl-C, SIGTERM or SIGHUP)"
             )
-            fail(study, trial, reason)
+            fail(study, trial, reason, interrupted=isinstance(error, Interrupted))
             print(f"tune: trial {trial.number} failed: {reason.splitlines()[0]}", flush=True)
         except BaseException as error:  # a bug of the harness: the trial must not stay running
             fail(study, trial, repr(error))
@@ -534,13 +559,16 @@ def work(
             )
 
 
-def fail(study: Any, trial: Any, reason: str) -> None:
+def fail(study: Any, trial: Any, reason: str, interrupted: bool = False) -> None:
     """Record `trial` as failed for `reason` (unless it has finished already: failed by another
-    process as stale)."""
+    process as stale); an `interrupted` one (a stop, not its runs) does not count against a
+    --worker's trials."""
     from optuna.trial import TrialState
 
     try:
         trial.set_user_attr("error", reason)
+        if interrupted:
+            trial.set_user_attr("interrupted", True)
     finally:
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
@@ -627,18 +655,22 @@ def tune(args: Tune) -> int:
     name = args.study or args.script
     storage_location = args.storage or default_storage(name)
     try:
+        template = check_cluster(args) if args.launcher == "slurm" else None
         study, storage, plan = load_study(args, name, storage_location)
+        if template is not None:
+            return submit_sweep(args, template, study, plan, storage_location)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     fail_stale_trials(study, storage)
+    trials = args.trials - worker_done(study, storage, args.worker)
     runs = len(plan.env_ids) * len(plan.seeds)
     print(
-        f"tune: {args.trials} trials, {args.workers} at a time, each {runs} runs of {plan.steps:,} steps "
+        f"tune: {trials} trials, {args.workers} at a time, each {runs} runs of {plan.steps:,} steps "
         f"({plan.threads} thread{'s' if plan.threads > 1 else ''} each); runs in {plan.out}",
         flush=True,
     )
-    trials_left = iter(range(args.trials))
+    trials_left = iter(range(trials))
     lock = threading.Lock()
 
     def next_trial() -> Iterator[int]:
@@ -658,8 +690,122 @@ def tune(args: Tune) -> int:
         wait(workers)
     for worker in workers:
         worker.result()  # a harness bug: its traceback
-    report(study, plan.out / "report")
+    # a sweep's workers end together: tune-report reports once
+    if args.worker is None:
+        report(study, plan.out / "report")
     return 128 + getattr(stopping, "signum", 2) if stopping.is_set() else 0
+
+
+def worker_done(study: Any, storage: Any, worker: str | None) -> int:
+    """The trials `worker` has run to an end of their own (complete, pruned, or failed by their
+    runs) in earlier starts; its trials still running are failed as interrupted (their process
+    was this worker's, stopped)."""
+    from optuna.trial import TrialState
+
+    if worker is None:
+        return 0
+    done = 0
+    for trial in study.get_trials(deepcopy=False):
+        if trial.user_attrs.get("worker") != worker:
+            continue
+        if trial.state == TrialState.RUNNING:
+            storage.set_trial_user_attr(trial._trial_id, "error", "its worker stopped (requeued)")
+            storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        elif not trial.user_attrs.get("interrupted"):
+            done += 1
+    if done:
+        print(f"tune: worker {worker} ran {done} of its trials before", flush=True)
+    return done
+
+
+def element_flags(
+    args: Tune, storage_location: str, trials: int, worker: str, index: int
+) -> list[str]:
+    """The command line of `tune` for one worker of a sweep's array: the sweep's own flags, every
+    path made absolute (an element runs in the checkout), its share of the trials and its name."""
+
+    def absolute(path: str) -> str:
+        return path if "://" in path else str(Path(path).resolve())
+
+    flags = [args.script, "--steps", str(args.steps), "--trials", str(trials), "--workers", "1"]
+    flags += ["--seeds", *map(str, args.seeds), "--study", args.study or args.script]
+    flags += ["--storage", absolute(storage_location), "--worker", worker]
+    flags += [
+        f"--flags={args.flags}",
+        "--objective",
+        args.objective,
+        "--eval-episodes",
+        str(args.eval_episodes),
+    ]
+    flags += ["--pruner", args.pruner, "--heartbeat-seconds", str(args.heartbeat_seconds)]
+    for flag, values in (("--env-id", args.env_id), ("--space", args.space), ("--random", args.random),
+                         ("--target", args.target)):  # fmt: skip
+        flags += [token for value in values for token in (flag, value)]
+    if args.space_file:
+        flags += ["--space-file", *map(absolute, args.space_file)]
+    if (
+        args.sampler_seed is not None
+    ):  # each worker its own: the same seed would propose the same settings
+        flags += ["--sampler-seed", str(args.sampler_seed + index)]
+    if args.out is not None:
+        flags += ["--out", absolute(args.out)]
+    return flags
+
+
+def submit_sweep(args: Tune, template: str, study: Any, plan: Plan, storage_location: str) -> int:
+    """Submit the sweep as --workers elements of one job array (`template`: its batch script),
+    sharing --trials and the study, and return at once (with --wait: then wait and report)."""
+    if "://" not in storage_location:
+        print(
+            f"notice: the journal file {storage_location} is shared only where every node sees it, and file locks "
+            "hold there: a database URL (postgresql://...) is safer on a cluster",
+            file=sys.stderr,
+        )
+    name = datetime.now().strftime("sweep-%Y%m%d-%H%M%S-%f")
+    shares = [
+        args.trials // args.workers + (index < args.trials % args.workers)
+        for index in range(args.workers)
+    ]
+    elements = []
+    for index, share in enumerate(shares):
+        worker = f"{name}-{index}"
+        flags = element_flags(args, storage_location, share, worker, index)
+        elements.append(
+            {"worker": worker, "command": [sys.executable, "-m", "benchmark", "tune", *flags]}
+        )
+    folder = plan.out / FOLDER
+    array_job, _ = submit_array(args, template, folder, name, elements)
+    print(f"tune: submitted job array {array_job}: {args.workers} workers sharing {args.trials} trials of study "
+          f"{study.study_name!r}; each worker's log:", flush=True)  # fmt: skip
+    for index, share in enumerate(shares):
+        print(
+            f"  {array_job}_{index} ({share} trials): {folder / 'logs' / f'{array_job}_{index}.log'}",
+            flush=True,
+        )
+    report_command = (
+        f"python -m benchmark tune-report --study {study.study_name} --storage {storage_location}"
+    )
+    if not args.wait:
+        print(
+            f"tune: {report_command} reports on it, from any machine that reaches the storage",
+            flush=True,
+        )
+        return 0
+
+    def active() -> bool:
+        found = elements_by_name(folder, "worker").values()
+        return any(
+            element.active
+            for elements in found
+            for element in elements
+            if element.array_job == array_job
+        )
+
+    if not wait_for(active, f"job array {array_job}"):
+        return 130
+    report(study, plan.out / "report")
+    return 0
 
 
 def trial_table(trials: list[Any], params: list[str]) -> list[str]:
@@ -771,6 +917,9 @@ def tune_report(args: TuneReport) -> int:
         return 2
     try:
         study = optuna.load_study(study_name=args.study, storage=open_storage(location))
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except KeyError:
         print(f"error: no study {args.study!r} in {location}", file=sys.stderr)
         return 2

@@ -33,7 +33,15 @@ __all__ = ["Run", "TrainResult"]
 
 Config = TypeVar("Config")
 
-RUN_KEYS = ("iteration", "reward_rms", "episodes", "trajectories", "wandb", "evaluation")
+RUN_KEYS = (
+    "iteration",
+    "reward_rms",
+    "episodes",
+    "trajectories",
+    "wandb",
+    "evaluation",
+    "finished",
+)
 """What `Run.save` adds to a checkpoint beside the script's `saved`: keys `saved` may not use"""
 
 
@@ -295,6 +303,13 @@ class Run:
         state["reward_rms"] = checkpoints.reward_normalizer_state(self.reward_normalizer)
         state["episodes"] = env_state.capture(self.envs, self.next_obs, **carried)
         state["trajectories"] = self.recorder.checkpoint_state()
+        count, returns = self._earlier_episodes()
+        this_session = self.log.episodes.returns
+        # for a resumed run's summary: the run's episodes, not its last session's
+        state["finished"] = {
+            "count": count + len(this_session),
+            "last_returns": [float(value) for value in [*returns, *this_session][-100:]],
+        }
         self.log.flush(global_step)
         history = wandb_history(self.writer)  # the rows its transaction log may lack (after flush)
         state["wandb"] = history.checkpoint_state() if history is not None else None
@@ -423,6 +438,7 @@ class Run:
                 checkpoints.record_evaluation(self.saving.path, eval_returns)
         self.log.finish()
         episodes = self.log.episodes
+        start_step = int(self.checkpoint["global_step"]) if self.checkpoint else 0
         return TrainResult(
             agent,
             self.global_step,
@@ -431,4 +447,11 @@ class Run:
             episodes.lengths,
             eval_returns,
             self.saving.path,
+            start_step,
+            *self._earlier_episodes(),
         )
+
+    def _earlier_episodes(self) -> tuple[int, list[float]]:
+        """The episodes the run finished before this session, and the returns of the last 100."""
+        earlier = self.checkpoint.get("finished", {}) if self.checkpoint else {}
+        return earlier.get("count", 0), list(earlier.get("last_returns", []))

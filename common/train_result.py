@@ -27,12 +27,23 @@ class TrainResult:
     """returns of the evaluation episodes after training"""
     checkpoint: Path | None = None
     """the last checkpoint written, if any"""
+    start_step: int = 0
+    """the step this session started from: a resumed run's checkpoint's"""
+    earlier_episodes: int = 0
+    """episodes the run finished before this session"""
+    earlier_returns: list[float] = field(default_factory=list)
+    """the returns of the last 100 of them"""
 
     def summary(self) -> str:
-        """One line for the end of a command-line run."""
-        line = f"{self.run_dir}: {self.global_step} steps, {len(self.episode_returns)} episodes"
-        if self.episode_returns:
-            line += f", last-100 return {np.mean(self.episode_returns[-100:]):.2f}"
+        """One line for the end of a command-line run: the run's, over all its sessions."""
+        episodes = self.earlier_episodes + len(self.episode_returns)
+        line = f"{self.run_dir}: {self.global_step} steps, {episodes} episodes"
+        if self.start_step == self.global_step and self.start_step:
+            line += " (it had ended: this session trained nothing)"
+        elif self.start_step:
+            line += f" ({len(self.episode_returns)} in this session, from step {self.start_step})"
+        if recent := [*self.earlier_returns, *self.episode_returns][-100:]:
+            line += f", last-100 return {np.mean(recent):.2f}"
         if self.eval_returns:
             line += (
                 f", eval return {np.mean(self.eval_returns):.2f} +- {np.std(self.eval_returns):.2f}"

@@ -521,6 +521,10 @@ def test_resume_continues_the_cut_episodes_as_an_uninterrupted_run(tmp_path):
         value for step, value in read_scalars(whole.run_dir)["charts/episodic_return"] if step > 96
     ]
     assert resumed.episode_returns == ended_after
+    # Its summary line is the run's, not its session's: every episode, and the last 100 returns of the run.
+    run_line = f"{len(whole.episode_returns)} episodes ({len(ended_after)} in this session, from step 96), "
+    run_line += f"last-100 return {np.mean(whole.episode_returns[-100:]):.2f}"
+    assert run_line in resumed.summary(), resumed.summary()
     logged = read_scalars(copy)["charts/learning_rate"]
     assert [step for step, _ in logged] == [32 * k for k in range(1, 7)]  # each step once
     np.testing.assert_allclose(
