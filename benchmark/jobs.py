@@ -472,7 +472,8 @@ def take_stored(jobs: list[Job], stores: Stores) -> list[Job]:
         if portable(stored_command) != portable(job.command):
             message = "was made by another command than this benchmark's (its made.command): delete it to run it again"
             raise UsageError(f"{stored_path(store, job.id)} {message}")
-        job.summary, job.stored = kept
+        # the window is the case's, not the store's: a stored run keeps every episode, not its case
+        job.summary, job.stored = replace(kept[0], window=job.window), kept[1]
         print(
             f"[stored] {job.id} ({job.label}): made {job.stored['date']} at {job.stored['git']}",
             flush=True,

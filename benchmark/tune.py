@@ -460,14 +460,16 @@ def watch_trial(trial: Any, plan: Plan, runs: list[TrialRun], stopping: threadin
     reported, last_read, last_beat = 0, 0.0, time.time()
     while True:
         ended = all(run.process.poll() is not None for run in runs)
+        # A scheduler's stop reaches the runs too: one it ended was stopped, it did not fail.
+        stopped = {-signum for signum in STOP_SIGNALS} | {128 + signum for signum in STOP_SIGNALS}
+        if stopping.is_set() or any(run.process.poll() in stopped for run in runs):
+            raise Interrupted
         for run in runs:
             if run.process.poll() not in (None, 0):
                 stderr = stderr_tail(Path(f"{run.run_dir}.stderr").read_text())
                 raise RunFailed(
                     f"{run.env_id} seed {run.seed}: exit status {run.process.returncode}: {stderr}"
                 )
-        if stopping.is_set():
-            raise Interrupted
         now = time.time()
         if now - last_beat >= plan.heartbeat_seconds:
             try:

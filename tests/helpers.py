@@ -31,6 +31,21 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
+MEASURED = {"sps_mean", "sps_std", "peak_rss_mb", "wall_minutes_mean", "seconds_to_threshold"}
+"""a benchmark row's numbers that are measured, not learnt: they differ between two runs of the same settings"""
+
+
+def learnt(out: Path) -> tuple[list[dict], dict[str, list]]:
+    """A benchmark's rows less what is measured, and every episode return of each of its runs."""
+    record = json.loads((out / "results.json").read_text())
+    rows = [{k: v for k, v in row.items() if k not in MEASURED} for row in record["rows"]]
+    runs = {
+        job["id"]: read_scalars(Path(job["run_dir"]))["charts/episodic_return"]
+        for job in record["jobs"]
+    }
+    return rows, runs
+
+
 @dataclass
 class WandbRun:
     """One offline wandb run as its `run-<id>.wandb` file recorded it (config and summary include wandb's `_wandb`)."""

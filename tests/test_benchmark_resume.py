@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, read_scalars
+from tests.helpers import REPO, learnt
 
 # A tiny suite: ppo_fc, then ddpg, one at a time. ddpg's checkpoint at step 1000 (with its buffer: exact after a
 # SIGKILL too) says when to stop it: past its random steps, well before its end.
@@ -20,8 +20,6 @@ TINY_SUITE += ["--total-timesteps", "4096", "--eval-episodes", "2", "--workers",
 TINY_SUITE += ["--script-flags", "ddpg=--learning-starts 500 --buffer-size 5000 --hidden-size 64"]
 TINY_SUITE += ["--script-flags", "ddpg=--checkpoint-every 1000 --save-buffer"]
 TINY_SUITE += ["--script-flags", "ppo_fc=--num-steps 256"]
-# measured, not learnt: they differ between two runs of the same settings
-MEASURED = {"sps_mean", "sps_std", "peak_rss_mb", "wall_minutes_mean", "seconds_to_threshold"}
 
 
 def suite(out: Path, **popen: object) -> subprocess.Popen:
@@ -29,17 +27,6 @@ def suite(out: Path, **popen: object) -> subprocess.Popen:
     return subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
     )
-
-
-def learnt(out: Path) -> tuple[list[dict], dict[str, list]]:
-    """A benchmark's rows less what is measured, and every episode return of each of its runs."""
-    record = json.loads((out / "results.json").read_text())
-    rows = [{k: v for k, v in row.items() if k not in MEASURED} for row in record["rows"]]
-    runs = {
-        job["id"]: read_scalars(Path(job["run_dir"]))["charts/episodic_return"]
-        for job in record["jobs"]
-    }
-    return rows, runs
 
 
 @pytest.fixture(scope="module")
