@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -109,8 +110,10 @@ def test_a_tiny_suite_goes_from_submission_to_table_through_two_requeues_and_equ
     # The same suite, run locally beside it: two processes, one thread each, as each element has one CPU.
     local = harness(dict(os.environ), "run", *TINY, "--workers", "2", "--out", tmp_path / "local")
     out = tmp_path / "cluster"
+    settings = ["--slurm-partition", "debug", "--slurm-time", "30:00", "--slurm-max-running", "4"]
+    settings += ["--slurm-signal-seconds", "120"]
     returncode, stdout, stderr = finished(
-        harness(slurm.environment, "run", *TINY, *ON_SLURM, "--out", out)
+        harness(slurm.environment, "run", *TINY, *ON_SLURM, *settings, "--out", out)
     )
     assert returncode == 0, stderr
     assert "0 runs finished, 0 queued or running, 4 to submit" in stdout
@@ -118,6 +121,16 @@ def test_a_tiny_suite_goes_from_submission_to_table_through_two_requeues_and_equ
     submitted = elements(stdout)
     assert sorted(submitted.values()) == [f"{array}_{index}" for index in range(4)], stdout
     assert f"{out / 'slurm' / 'logs' / array}_0.log" in stdout
+    # SLURM holds the settings the flags gave: partition, time limit, CPUs, the array's limit, signal and requeue
+    job = slurm.run("scontrol", "show", "job", f"{array}_0").stdout
+    for setting in ("Partition=debug", "TimeLimit=00:30:00", "NumCPUs=1", "Requeue=1"):
+        assert setting in job, job
+    job = slurm.run("scontrol", "show", "job", array).stdout
+    assert "ArrayTaskThrottle=4" in job, job
+    script = (next((out / "slurm").glob("submission-*.sbatch"))).read_text()
+    assert script.endswith(
+        f"exec {shlex.quote(sys.executable)} -m benchmark.slurm {next((out / 'slurm').glob('submission-*.json'))}\n"
+    )
 
     # ddpg's seed 1 is requeued part-way as `scontrol requeue` (or a preemption) does it: SIGTERM, then SLURM
     # requeues it. Its seed 2 gets SLURM's warning before its time limit, as --signal=B:USR1@S sends it: the element
