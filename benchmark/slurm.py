@@ -302,6 +302,10 @@ def elements_by_name(folder: Path, key: str) -> dict[str, list[Element]]:
     for record in found:
         array_job = record["array_job"]
         for index, entry in enumerate(record["elements"]):
+            if (
+                key not in entry
+            ):  # another kind of array in the same folder (a sweep's, a benchmark's)
+                continue
             state = listed.get((array_job, index), (None, ""))[0]
             log = folder / "logs" / f"{array_job}_{index}.log"
             by_name.setdefault(entry[key], []).append(Element(array_job, index, state, log))
@@ -459,6 +463,7 @@ def gather(out: Path, wait: bool = False) -> int:
         if left_out:
             notes.append(f"- {len(left_out)} runs {why} are left out ({', '.join(job.id for job in left_out)}); a "
                          "case short of its seeds is judged on those it has")  # fmt: skip
+    notes += timings(folder, [job.id for job in planned.jobs])
     jobs = [job for job in planned.jobs if job not in queued and job not in never]
     for job in failed:
         print(f"slurm: FAILED {job.id}: {job.error}", flush=True)
@@ -468,6 +473,27 @@ def gather(out: Path, wait: bool = False) -> int:
         )
     failures = write_report(args, planned, jobs, notes, command)
     return 1 if failures else 0
+
+
+def timings(folder: Path, names: list[str]) -> list[str]:
+    """A note on how long the elements of `names` waited, from their stories: from the submission
+    to their first start, from a stop to the next start, and from a stop signal to its checkpoint."""
+    waits: dict[str, list[float]] = {"first": [], "again": [], "checkpoint": []}
+    for name in names:
+        for event in read_story(story_path(folder, name)):
+            if event["event"] == "start":
+                waits["again" if event["restarts"] else "first"].append(event["waited_seconds"])
+            elif event["event"] == "stop" and event.get("checkpoint_seconds") is not None:
+                waits["checkpoint"].append(event["checkpoint_seconds"])
+
+    def spread(values: list[float], what: str) -> str:
+        values = sorted(values)
+        return f"{what} {values[len(values) // 2]:.1f} s (median of {len(values)}; {values[0]:.1f} to {values[-1]:.1f})"
+
+    parts = [spread(waits[key], what) for key, what in (
+        ("first", "from the submission to the first start"), ("again", "from a stop to the next start"),
+        ("checkpoint", "from the stop signal to the checkpoint written")) if waits[key]]  # fmt: skip
+    return [f"- elements' timings: {'; '.join(parts)}"] if parts else []
 
 
 def describe_failure(job: Job, element: Element, ended: dict, folder: Path, command: str) -> None:

@@ -303,6 +303,8 @@ def check_tune(args: Tune) -> None:
         problems.append(
             "--steps, --workers and --heartbeat-seconds must be positive, --trials at least 0"
         )
+    if args.launcher == "slurm" and args.trials < 1:
+        problems.append("--launcher slurm submits workers for --trials: give at least 1")
     if args.eval_episodes < (1 if args.objective == "eval" else 0):
         problems.append("--objective eval needs --eval-episodes of at least 1")
     if problems:
@@ -769,6 +771,7 @@ def submit_sweep(args: Tune, template: str, study: Any, plan: Plan, storage_loca
         args.trials // args.workers + (index < args.trials % args.workers)
         for index in range(args.workers)
     ]
+    shares = [share for share in shares if share]  # no worker without a trial
     elements = []
     for index, share in enumerate(shares):
         worker = f"{name}-{index}"
@@ -778,7 +781,7 @@ def submit_sweep(args: Tune, template: str, study: Any, plan: Plan, storage_loca
         )
     folder = plan.out / FOLDER
     array_job, _ = submit_array(args, template, folder, name, elements)
-    print(f"tune: submitted job array {array_job}: {args.workers} workers sharing {args.trials} trials of study "
+    print(f"tune: submitted job array {array_job}: {len(shares)} workers sharing {args.trials} trials of study "
           f"{study.study_name!r}; each worker's log:", flush=True)  # fmt: skip
     for index, share in enumerate(shares):
         print(

@@ -1,5 +1,6 @@
-"""A one-node SLURM cluster (slurmctld, slurmd and munged from Debian's packages) and a PostgreSQL
-server (initdb and pg_ctl), each started in a folder of its own on loopback, for the tests of
+"""A one-node SLURM cluster (slurmctld, slurmd and munged from Debian's packages, with accounting:
+slurmdbd on a MariaDB server) and a PostgreSQL server (initdb and pg_ctl), each started in a folder
+of its own on loopback, for the tests of
 benchmark/slurm.py (tests/test_cluster.py). Where the packages are missing, or the tests do not run
 as root (slurmd must), the tests skip with one line that says how to install them; where
 CLUSTER_TESTS=required (.ci/run sets it), they fail instead."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -18,12 +20,20 @@ from pathlib import Path
 
 import pytest
 
-SLURM_PROGRAMS = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "scontrol", "scancel")
-POSTGRES_PROGRAMS = ("initdb", "pg_ctl")
-INSTALL = (
-    "as root: apt-get install slurm-wlm munge postgresql (Debian's packages; .ci/run installs them), "
-    "then run the tests as root"
+SLURM_PROGRAMS = (
+    "slurmctld",
+    "slurmd",
+    "munged",
+    "sbatch",
+    "squeue",
+    "scontrol",
+    "scancel",
+    "sacct",
 )
+SLURM_PROGRAMS += ("slurmdbd", "mariadbd", "mariadb-install-db")
+POSTGRES_PROGRAMS = ("initdb", "pg_ctl")
+PACKAGES = "slurm-wlm slurmdbd munge mariadb-server postgresql"
+INSTALL = f"as root: apt-get install {PACKAGES} (Debian's packages; .ci/run installs them), then run the tests as root"
 POSTGRES_BIN = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
 """where Debian keeps initdb and pg_ctl (off the PATH)"""
 START_SECONDS = 60.0
@@ -55,6 +65,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def log_text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
 def wait_until(ready, what: str, seconds: float = START_SECONDS) -> None:
     deadline = time.monotonic() + seconds
     while not ready():
@@ -69,7 +83,7 @@ class Slurm:
     def __init__(self, folder: Path, cpus: int = 4):
         self.folder = folder
         node = socket.gethostname().split(".")[0]
-        ports = free_port(), free_port()
+        ports = free_port(), free_port(), free_port(), free_port()
         for name in ("state", "spool"):
             (folder / name).mkdir(parents=True, exist_ok=True)
         key = folder / "munge.key"
@@ -77,6 +91,24 @@ class Slurm:
         key.chmod(0o400)
         socket_path = folder / "munge.socket"
         self.conf = folder / "slurm.conf"
+        # accounting (sacct): slurmdbd, on a MariaDB server of its own
+        (folder / "slurmdbd.conf").write_text(
+            f"""AuthType=auth/munge
+AuthInfo=socket={socket_path}
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={ports[2]}
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={ports[3]}
+StorageUser=root
+StorageLoc=slurm_acct_db
+PidFile={folder / "slurmdbd.pid"}
+LogFile={folder / "slurmdbd.log"}
+"""
+        )
+        (folder / "slurmdbd.conf").chmod(0o600)
         # cred_expire is also how long a requeued job waits before it starts again (120 s by default)
         self.conf.write_text(
             f"""ClusterName=onefile-test
@@ -103,11 +135,14 @@ SchedulerParameters=sched_interval=2
 MpiDefault=none
 ReturnToService=2
 JobCompType=jobcomp/none
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={ports[2]}
+AccountingStoragePass={socket_path}
 JobAcctGatherType=jobacct_gather/none
 SlurmdParameters=config_overrides
 KillWait=30
-MinJobAge=300
+MinJobAge=2
 NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
@@ -120,6 +155,21 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             env=self.environment,
             check=True,
         )  # fmt: skip
+        database = folder / "mariadb"
+        subprocess.run(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={database}",
+                        "--auth-root-authentication-method=normal", "--skip-test-db"],
+                       env=self.environment, check=True, capture_output=True)  # fmt: skip
+        self.mariadb = subprocess.Popen(
+            ["mariadbd", "--no-defaults", "--user=root", f"--datadir={database}", f"--port={ports[3]}",
+             "--bind-address=127.0.0.1", f"--socket={folder / 'mariadb.socket'}", "--skip-grant-tables",
+             f"--log-error={folder / 'mariadb.log'}"],
+            env=self.environment,
+        )  # fmt: skip
+        wait_until(lambda: (folder / "mariadb.socket").exists(), f"MariaDB (log in {folder})")
+        subprocess.run(["slurmdbd"], env=self.environment, check=True)
+        wait_until(
+            lambda: "started" in log_text(folder / "slurmdbd.log"), f"slurmdbd (log in {folder})"
+        )
         subprocess.run(["slurmctld", "-i"], env=self.environment, check=True)
         subprocess.run(["slurmd"], env=self.environment, check=True)
         wait_until(self.node_idle, f"the SLURM node (logs in {folder})")
@@ -138,16 +188,39 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return self.run("squeue", "-h", "-r", "-o", "%i").stdout.split()
 
     def stop(self) -> None:
+        """Cancel every job, wait for it to end, then stop the daemons, and kill whatever of this
+        cluster is left (an orphaned slurmstepd: every process of it has its SLURM_CONF)."""
         self.run("scancel", "-u", "root", check=False)
+        deadline = time.monotonic() + 30
+        while self.run("squeue", "-h", check=False).stdout.strip() and time.monotonic() < deadline:
+            time.sleep(0.5)
         self.run("scontrol", "shutdown", check=False)
-        time.sleep(1)
-        for pid_file in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
+        for pid_file in ("slurmdbd.pid", "munged.pid"):
             path = self.folder / pid_file
-            if path.is_file():
-                try:
-                    os.kill(int(path.read_text().split()[0]), 15)
-                except (ProcessLookupError, ValueError):
-                    pass
+            try:
+                os.kill(int(path.read_text().split()[0]), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        self.mariadb.terminate()
+        self.mariadb.wait(timeout=30)
+        time.sleep(2)
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def processes(self) -> list[int]:
+        """The processes started with this cluster's SLURM_CONF."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and mine in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+        return [pid for pid in found if pid != os.getpid()]
 
 
 class Postgres:
