@@ -302,9 +302,8 @@ def elements_by_name(folder: Path, key: str) -> dict[str, list[Element]]:
     for record in found:
         array_job = record["array_job"]
         for index, entry in enumerate(record["elements"]):
-            if (
-                key not in entry
-            ):  # another kind of array in the same folder (a sweep's, a benchmark's)
+            # another kind of array in the same folder (a sweep's, a benchmark's)
+            if key not in entry:
                 continue
             state = listed.get((array_job, index), (None, ""))[0]
             log = folder / "logs" / f"{array_job}_{index}.log"
