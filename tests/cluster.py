@@ -81,6 +81,8 @@ class Slurm:
     """A one-node cluster whose client commands find it through SLURM_CONF (`environment`)."""
 
     def __init__(self, folder: Path, cpus: int = 4):
+        """Start it: its jobs go to partition `debug`, whose jobs a job of partition `urgent`
+        preempts (requeued)."""
         self.folder = folder
         node = socket.gethostname().split(".")[0]
         ports = free_port(), free_port(), free_port(), free_port()
@@ -143,8 +145,11 @@ JobAcctGatherType=jobacct_gather/none
 SlurmdParameters=config_overrides
 KillWait=30
 MinJobAge=2
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2
 """
         )
         self.environment = {**os.environ, "PATH": PATH, "SLURM_CONF": str(self.conf)}

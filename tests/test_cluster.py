@@ -184,6 +184,35 @@ def test_a_tiny_suite_goes_from_submission_to_table_through_two_requeues_and_equ
     assert "requeue" not in [event["event"] for event in story(out, requeued)]  # SLURM's own
 
 
+def test_a_preempted_element_is_requeued_and_resumes_as_the_uninterrupted_run(slurm, tmp_path):
+    suite = ["run", "--scripts", "ppo_fc", "--envs", "Pendulum-v1", "--seeds", "1"]
+    suite += ["--total-timesteps", "32768", "--eval-episodes", "2"]
+    suite += ["--script-flags", "ppo_fc=--num-steps 256 --checkpoint-every 1"]
+    local = harness(dict(os.environ), *suite, "--out", tmp_path / "local")
+    out = tmp_path / "cluster"
+    returncode, stdout, stderr = finished(
+        harness(slurm.environment, *suite, *ON_SLURM, "--out", out)
+    )
+    assert returncode == 0, stderr
+    [(job_id, element)] = elements(stdout).items()
+    first_checkpoint(out, job_id)
+    # A job of the higher-priority partition that needs every CPU of the node preempts the element (PreemptMode
+    # REQUEUE): SIGTERM, then SLURM requeues it.
+    slurm.run(
+        "sbatch", "--partition=urgent", "--cpus-per-task=4", "--output=/dev/null", "--wrap=sleep 1"
+    )
+    returncode, report, stderr = finished(harness(slurm.environment, "report", out, "--wait"))
+    assert returncode == 0 and finished(local)[0] == 0, stderr + report
+    assert learnt(out) == learnt(tmp_path / "local")
+    events = story(out, job_id)
+    assert [event["event"] for event in events if event["event"] in ("start", "stop", "end")] == [
+        "start", "stop", "start", "end"
+    ], events  # fmt: skip
+    stop = next(event for event in events if event["event"] == "stop")
+    assert stop["signal"] == "SIGTERM" and stop["checkpoint_seconds"] is not None
+    assert "DUE TO PREEMPTION" in (out / "slurm" / "logs" / f"{element}.log").read_text()
+
+
 def test_failed_elements_are_named_with_how_they_ended_and_their_logs_and_submitted_again(
     slurm, tmp_path
 ):
