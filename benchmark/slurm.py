@@ -45,7 +45,7 @@ FOLDER = "slurm"
 """the folder of an output folder that holds its submissions, the elements' logs and stories"""
 TIME_LIMIT_SIGNAL = signal.SIGUSR1
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-         "BOOT_FAIL", "DEADLINE"}  # fmt: skip
+         "BOOT_FAIL", "DEADLINE", "REVOKED"}  # fmt: skip
 """squeue's states of an element that will not run again (it lists them for MinJobAge)"""
 POLL_SECONDS = 5.0
 """how often --wait reads the queue"""
@@ -152,7 +152,8 @@ def check_cluster(flags: SlurmFlags) -> str:
         template = ""
     if template and placeholders(template) != 1:
         problems.append(
-            f"{path} needs {PLACEHOLDER} once, on a line of its own that runs each element (as in {TEMPLATE})"
+            f"{path} needs {PLACEHOLDER} once, on a line that is not a comment: the one that runs each "
+            f"element (as in {TEMPLATE})"
         )
     if problems:
         raise UsageError("; ".join(problems))
@@ -247,7 +248,8 @@ def queue(arrays: list[str]) -> dict[tuple[str, int], tuple[str, str]]:
     """The elements of `arrays` that squeue lists: (array job, index) -> (state, reason)."""
     if not arrays:
         return {}
-    answer = client("squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%F|%K|%T|%r")
+    # -t all: an ended element too, while squeue keeps it (MinJobAge)
+    answer = client("squeue", "-h", "-r", "-t", "all", "-u", getpass.getuser(), "-o", "%F|%K|%T|%r")
     listed = {}
     for line in answer.stdout.splitlines():
         array_job, index, state, reason = ([*line.split("|"), "", "", "", ""])[:4]
@@ -311,6 +313,10 @@ def elements_by_name(folder: Path, key: str) -> dict[str, list[Element]]:
     return by_name
 
 
+def runs(count: int) -> str:
+    return f"{count} run{'' if count == 1 else 's'}"
+
+
 def log_tail(path: Path, lines: int = LOG_LINES) -> str:
     """The last `lines` lines of a log (or why there are none)."""
     try:
@@ -356,7 +362,7 @@ def submit(args: Run, planned: Planned) -> int:
     }
     missing = [job for job in waiting if job.id not in active]
     stored = sum(job.stored is not None for job in planned.jobs)
-    print(f"slurm: {stored} runs finished, {len(active)} queued or running, {len(missing)} to submit; results in "
+    print(f"slurm: {runs(stored)} finished, {len(active)} queued or running, {len(missing)} to submit; results in "
           f"{planned.out}", flush=True)  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "run.json", {"args": asdict(args), "command": this_command()})
@@ -457,10 +463,10 @@ def gather(out: Path, wait: bool = False) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     run_jobs(measurements, 1, out / "logs")
     notes = [f"- SLURM job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays) or '(none)'}: "
-             f"{sum(job.stored is not None for job in planned.jobs)} runs finished, {len(failed)} failed"]  # fmt: skip
+             f"{runs(sum(job.stored is not None for job in planned.jobs))} finished, {len(failed)} failed"]  # fmt: skip
     for left_out, why in ((queued, "still queued or running"), (never, "never submitted")):
         if left_out:
-            notes.append(f"- {len(left_out)} runs {why} are left out ({', '.join(job.id for job in left_out)}); a "
+            notes.append(f"- {runs(len(left_out))} {why} are left out ({', '.join(job.id for job in left_out)}); a "
                          "case short of its seeds is judged on those it has")  # fmt: skip
     notes += timings(folder, [job.id for job in planned.jobs])
     jobs = [job for job in planned.jobs if job not in queued and job not in never]
@@ -468,7 +474,7 @@ def gather(out: Path, wait: bool = False) -> int:
         print(f"slurm: FAILED {job.id}: {job.error}", flush=True)
     if queued:
         print(
-            f"slurm: {len(queued)} runs still queued or running: this command again (or --wait) adds them"
+            f"slurm: {runs(len(queued))} still queued or running: this command again (or --wait) adds them"
         )
     failures = write_report(args, planned, jobs, notes, command)
     return 1 if failures else 0
@@ -500,10 +506,14 @@ def describe_failure(job: Job, element: Element, ended: dict, folder: Path, comm
     state), its log's last lines, and how to submit it again."""
     story = read_story(story_path(folder, job.id))
     last = next((event for event in reversed(story) if event.get("element") == element.name), None)
+    state = element.state or ended.get((element.array_job, element.index))
     if last is not None and last.get("error"):
         how = last["error"]
-    elif element.state or (element.array_job, element.index) in ended:
-        how = f"SLURM's state {element.state or ended[(element.array_job, element.index)]}"
+    elif last is not None and last["event"] == "stop" and last.get("step") is not None:
+        how = (f"stopped by {last['signal']} with its checkpoint at step {last['step']}, and not requeued"
+               f"{f' (SLURM: {state})' if state else ''}: submitted again, it resumes from there")  # fmt: skip
+    elif state:
+        how = f"SLURM's state {state}"
     else:
         how = "it ended without a word (killed?)"
     job.returncode = (last or {}).get("status", 1)
@@ -608,7 +618,9 @@ def run_element(
               f"{'step 0' if before is None else f'its checkpoint at step {before}'}: {shlex.join(job.command)}",
               step=before, threads=threads)  # fmt: skip
     returncode, stderr, wall_seconds, stop = supervise(
-        job.command, {"OMP_NUM_THREADS": str(threads)}
+        job.command,
+        {"OMP_NUM_THREADS": str(threads)},
+        "the run stops after its iteration with a checkpoint",
     )
     if stop is not None:
         step = checkpoint_step(job.run_dir)
@@ -628,7 +640,10 @@ def sweep_element(entry: dict[str, Any], story: Story, restarts: int, max_requeu
     """A sweep's worker: `python -m benchmark tune ... --worker NAME`, which on a restart runs only
     what its earlier starts left of its trials."""
     story.add("run", shlex.join(entry["command"]))
-    returncode, _, _, stop = supervise(entry["command"], {"OMP_NUM_THREADS": str(allocated_cpus())})
+    returncode, _, _, stop = supervise(
+        entry["command"], {"OMP_NUM_THREADS": str(allocated_cpus())},
+        "the worker stops its trial's runs, and fails the trial as interrupted",
+    )  # fmt: skip
     if stop is not None:
         return stopped(story, stop, returncode, None, None, True, restarts, max_requeues)
     story.add("end", f"the worker ended with status {returncode}", status=returncode,
@@ -637,12 +652,13 @@ def sweep_element(entry: dict[str, Any], story: Story, restarts: int, max_requeu
 
 
 def supervise(
-    command: list[str], environment: dict[str, str]
+    command: list[str], environment: dict[str, str], stopping: str
 ) -> tuple[int, str, float, tuple[int, float] | None]:
     """Run `command` in this process group (SLURM signals every process of the job: a run stopped
     by SLURM hears it too, and the same signal again within 2 s counts once), passing each stop
-    signal on to it. Returns its exit status, its stderr (also copied to ours, the log), its
-    seconds, and the first stop signal with when it came (None: none came)."""
+    signal on to it, with a line that says what it then does (`stopping`). Returns its exit status,
+    its stderr (also copied to ours, the log), its seconds, and the first stop signal with when it
+    came (None: none came)."""
     start = time.time()
     process = subprocess.Popen(command, cwd=REPO, env={**os.environ, **environment}, stderr=subprocess.PIPE,
                                text=True, errors="replace")  # fmt: skip
@@ -650,8 +666,7 @@ def supervise(
 
     def pass_on(signum: int, frame: Any) -> None:
         signals.append((signum, time.time()))
-        print(f"element: {signal.Signals(signum).name}: the run stops after its iteration with a checkpoint",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"element: {signal.Signals(signum).name}: {stopping}", file=sys.stderr, flush=True)
         process.send_signal(signum)
 
     previous = {signum: signal.signal(signum, pass_on) for signum in STOP_SIGNALS}
@@ -688,9 +703,12 @@ def stopped(
         else []
     )
     after = files[0].stat().st_mtime - at if files else None
-    wrote = f"checkpoint at step {step}, written {after:.1f} s after {name}" if after is not None and after >= 0 \
-        else f"no checkpoint after {name}"  # fmt: skip
-    story.add("stop", f"{wrote}; the run ended with status {returncode}", signal=name, step=step,
+    if after is not None and after >= 0:
+        wrote = f"checkpoint at step {step}, written {after:.1f} s after {name}"
+    else:
+        wrote = f"stopped by {name}" if run_dir is None else f"no checkpoint after {name}"
+    ended = "the worker" if run_dir is None else "the run"
+    story.add("stop", f"{wrote}; {ended} ended with status {returncode}", signal=name, step=step,
               checkpoint_seconds=after if after is not None and after >= 0 else None, status=returncode)  # fmt: skip
     if signum != TIME_LIMIT_SIGNAL:
         # SLURM's own requeue or preemption requeues the job; scancel or the time limit itself ends it

@@ -583,14 +583,16 @@ def stop_signals_set(stopping: threading.Event) -> Iterator[None]:
     main thread is."""
 
     def stop(signum: int, frame: Any) -> None:
-        if not stopping.is_set():
-            stopping.signum = signum
-            print(
-                f"\ntune: {signal.Signals(signum).name}: stopping every running trial",
-                file=sys.stderr,
-                flush=True,
-            )
+        if stopping.is_set():
+            return
+        # set before the line: the same signal from a scheduler and a parent, at once, prints once
+        stopping.signum = signum
         stopping.set()
+        print(
+            f"\ntune: {signal.Signals(signum).name}: stopping every running trial",
+            file=sys.stderr,
+            flush=True,
+        )
 
     previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
     try:

@@ -190,7 +190,7 @@ PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2
 
     def jobs(self) -> list[str]:
         """Every element squeue lists (ARRAY_INDEX), whatever its state."""
-        return self.run("squeue", "-h", "-r", "-o", "%i").stdout.split()
+        return self.run("squeue", "-h", "-r", "-t", "all", "-o", "%i").stdout.split()
 
     def stop(self) -> None:
         """Cancel every job, wait for it to end, then stop the daemons, and kill whatever of this

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -82,6 +83,16 @@ def first_checkpoint(out: Path, job_id: str, timeout: float = 120) -> None:
     while not any(out.glob(f"runs/{job_id}/*/checkpoints/step_*.pt")):
         assert time.time() < deadline, f"{job_id} wrote no checkpoint"
         time.sleep(0.05)
+
+
+def kill_every_process_naming(text: str) -> None:
+    """SIGKILL to every process whose command line holds `text`."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def story(out: Path, job_id: str) -> list[dict]:
@@ -216,53 +227,73 @@ def test_a_preempted_element_is_requeued_and_resumes_as_the_uninterrupted_run(sl
 def test_failed_elements_are_named_with_how_they_ended_and_their_logs_and_submitted_again(
     slurm, tmp_path
 ):
-    broken, limited = tmp_path / "broken", tmp_path / "limited"
+    broken = tmp_path / "broken"
     # A flag that only the run itself refuses: seed 1's element ends with the script's error line. Seed 2's, held
-    # back by the array's limit of one element at a time, is cancelled before it starts: no story, only SLURM's
-    # accounting says how it ended.
+    # back by the array's limit of one element at a time, is cancelled before it starts: it has no story.
     failing = ["run", "--scripts", "ppo_fc", "--envs", "Probe1-v0", "--seeds", "1", "2"]
     failing += ["--script-flags", "ppo_fc=--save-trajectories /dev/null/below-a-file"]
     failing += [*ON_SLURM, "--slurm-max-running", "1", "--total-timesteps", "2048", "--out", broken]
     returncode, stdout, stderr = finished(harness(slurm.environment, *failing))
     assert returncode == 0, stderr
-    cancelled = next(
-        element for job_id, element in elements(stdout).items() if job_id.endswith("__2")
-    )
+    cancelled = next(element for job, element in elements(stdout).items() if job.endswith("__2"))
     slurm.run("scancel", cancelled)
-    # An element started more often than --slurm-max-requeues allows ends as failed, without running.
-    requeued = ["run", "--scripts", "ppo_fc", "--envs", "Pendulum-v1", "--seeds", "1"]
-    requeued += ["--script-flags", "ppo_fc=--num-steps 256 --checkpoint-every 1"]
-    requeued += [
-        *ON_SLURM,
-        "--slurm-max-requeues",
-        "0",
-        "--total-timesteps",
-        "8192",
-        "--out",
-        limited,
-    ]
-    returncode, stdout, stderr = finished(harness(slurm.environment, *requeued))
-    assert returncode == 0, stderr
-    [(job_id, element)] = elements(stdout).items()
-    first_checkpoint(limited, job_id)
-    slurm.run("scontrol", "requeue", element)
+    # Runs stopped part-way: one requeued more often than --slurm-max-requeues allows, which ends as failed
+    # without running again; one that scancel stops, which checkpoints and is not requeued; one killed outright
+    # (SIGKILL to the element and its run), whose end only SLURM's accounting knows once squeue forgets it.
+    pendulum = ["run", "--scripts", "ppo_fc", "--envs", "Pendulum-v1", "--seeds", "1", *ON_SLURM]
+    pendulum += ["--script-flags", "ppo_fc=--num-steps 256 --checkpoint-every 1"]
+    pendulum += ["--total-timesteps", "32768"]
+    stops = {
+        "limited": (["--slurm-max-requeues", "0"], ["scontrol", "requeue"]),
+        "stopped": ([], ["scancel"]),
+        "killed": ([], None),
+    }
+    stopped_elements = {}
+    for name, (flags, stop) in stops.items():
+        command = [*pendulum, *flags, "--out", tmp_path / name]
+        returncode, stdout, stderr = finished(harness(slurm.environment, *command))
+        assert returncode == 0, stderr
+        [(job_id, element)] = elements(stdout).items()
+        first_checkpoint(tmp_path / name, job_id)
+        if (
+            stop is None
+        ):  # on its node: the element and its run, whose command lines name the folder
+            kill_every_process_naming(str(tmp_path / name))
+        else:
+            slurm.run(*stop, element)
+        stopped_elements[name] = element
 
-    deadline = time.time() + 120
-    while cancelled in slurm.jobs():  # until squeue forgets it (MinJobAge): then sacct alone knows
-        assert time.time() < deadline
-        time.sleep(0.5)
-    report = harness(slurm.environment, "report", broken, "--wait")
-    returncode, stdout, _ = finished(report, timeout=200)
-    assert returncode == 1 and stdout.count("slurm: FAILED ppo_fc__Probe1-v0__") == 2, stdout
+    def report(name: str) -> str:
+        returncode, stdout, _ = finished(
+            harness(slurm.environment, "report", tmp_path / name, "--wait")
+        )
+        assert returncode == 1 and "slurm: FAILED " in stdout, stdout
+        return stdout
+
+    report("broken")
     results = (broken / "results.md").read_text()
     assert "0 runs finished, 2 failed" in results and "## Failures" in results
     assert "error: --save-trajectories '/dev/null/below-a-file'" in results, results
-    assert f"element {cancelled} failed: SLURM's state CANCELLED by 0 0:0" in results, results
+    # a pending element cancelled before SLURM split it from its array leaves no record, in squeue or sacct
+    assert re.search(
+        rf"element {cancelled} failed: (it ended without a word|SLURM's state CANCELLED)", results
+    )
     assert "its log" in results and "to submit it again: python -m benchmark run" in results
 
-    returncode, stdout, _ = finished(harness(slurm.environment, "report", limited, "--wait"))
-    assert returncode == 1, stdout
-    assert "requeued 1 times, more than --slurm-max-requeues 0: not run again" in stdout, stdout
+    said = report("limited")
+    assert "requeued 1 times, more than --slurm-max-requeues 0: not run again" in said, said
+    said = report("stopped")
+    stop = r"failed: stopped by SIGTERM with its checkpoint at step (\d+), and not requeued \(SLURM: CANCELLED"
+    assert re.search(stop, said) and "submitted again, it resumes from there" in said, said
+
+    deadline = time.time() + 120
+    while (
+        stopped_elements["killed"] in slurm.jobs()
+    ):  # until squeue forgets it (MinJobAge): then sacct alone knows
+        assert time.time() < deadline
+        time.sleep(0.5)
+    said = report("killed")
+    assert f"element {stopped_elements['killed']} failed: SLURM's state FAILED 0:9" in said, said
 
     # To submit them again is the same command: it submits only what failed.
     returncode, stdout, stderr = finished(harness(slurm.environment, *failing))
