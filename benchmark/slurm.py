@@ -702,14 +702,17 @@ def stopped(
         if run_dir and step is not None
         else []
     )
-    after = files[0].stat().st_mtime - at if files else None
-    if after is not None and after >= 0:
+    # A run exits with 128 + a stop signal only once its stop checkpoint is written. SLURM signals every process
+    # of the job, so the run may hear it, and write, a moment before the element does: no less than 0 s.
+    wrote_it = files and returncode in {128 + stop_signal for stop_signal in STOP_SIGNALS}
+    after = max(0.0, files[0].stat().st_mtime - at) if wrote_it else None
+    if after is not None:
         wrote = f"checkpoint at step {step}, written {after:.1f} s after {name}"
     else:
         wrote = f"stopped by {name}" if run_dir is None else f"no checkpoint after {name}"
     ended = "the worker" if run_dir is None else "the run"
     story.add("stop", f"{wrote}; {ended} ended with status {returncode}", signal=name, step=step,
-              checkpoint_seconds=after if after is not None and after >= 0 else None, status=returncode)  # fmt: skip
+              checkpoint_seconds=after, status=returncode)  # fmt: skip
     if signum != TIME_LIMIT_SIGNAL:
         # SLURM's own requeue or preemption requeues the job; scancel or the time limit itself ends it
         return returncode
