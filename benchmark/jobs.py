@@ -14,7 +14,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+import tyro
 
 from benchmark.cases import (
     SUITES,
@@ -94,7 +96,7 @@ class Run(SlurmFlags):
     --total-timesteps and --nproc"""
     nproc: int | None = None
     """processes under torchrun for every script run (default 1: plain python; a suite sets its cases' own)"""
-    script_flags: tuple[str, ...] = ()
+    script_flags: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """SCRIPT=FLAGS: flags added to every case of that script, e.g. 'ppo_transformer=--learning-rate 1e-3'"""
     workers: int = 1
     """processes at a time: a job under torchrun counts as its processes, and one of more processes than this runs

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import gymnasium as gym
 import numpy as np
 import pytest
+import tyro
 from helpers import assert_one_error_line, each_in_one_process
 from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import ScalarEvent
@@ -862,6 +863,10 @@ def test_script_flags_reach_every_case_of_their_script_and_the_cases_others_are_
             assert after.reference.case.flags[-2:] == ("--learning-rate", "5e-4")
     both = ("ppo_transformer=--learning-rate 1e-3", "ppo_transformer=--n-layers 3")
     (case,) = cases_to_run(Run(scripts=("ppo_transformer",), script_flags=both))[0]
+    assert case.flags == ("--learning-rate", "1e-3", "--n-layers", "3")
+    # On the command line, given twice it adds up (a second --script-flags once replaced the first, silently).
+    command = ["--scripts", "ppo_transformer", "--script-flags", both[0], "--script-flags", both[1]]
+    (case,) = cases_to_run(tyro.cli(Run, args=command))[0]
     assert case.flags == ("--learning-rate", "1e-3", "--n-layers", "3")
 
 

@@ -36,7 +36,10 @@ pytestmark = pytest.mark.xdist_group("cluster")
 TINY = ["--scripts", "ppo_fc", "ddpg", "--envs", "Pendulum-v1", "--seeds", "1", "2"]
 TINY += ["--total-timesteps", "4000", "--eval-episodes", "2"]
 TINY += ["--script-flags", "ppo_fc=--num-steps 256"]
-TINY += ["ddpg=--learning-starts 500 --buffer-size 5000 --hidden-size 64 --checkpoint-every 500"]
+TINY += [
+    "--script-flags",
+    "ddpg=--learning-starts 500 --buffer-size 5000 --hidden-size 64 --checkpoint-every 500",
+]
 ON_SLURM = ["--launcher", "slurm", "--slurm-cpus-per-task", "1"]
 # the tune tests' two one-step probes, whose random policy scores 0
 PROBES = [*TUNE_PROBES, "--random", "Probe4-v0=0", "--random", "Probe5-v0=0", *QUICK]
