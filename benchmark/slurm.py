@@ -44,6 +44,8 @@ PLACEHOLDER = "{{command}}"
 FOLDER = "slurm"
 """the folder of an output folder that holds its submissions, the elements' logs and stories"""
 TIME_LIMIT_SIGNAL = signal.SIGUSR1
+STOPPED_WITH_A_CHECKPOINT = {128 + signum for signum in STOP_SIGNALS}
+"""a run's exit statuses after a stop signal: 128 + its number, once its stop checkpoint is written"""
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE", "REVOKED"}  # fmt: skip
 """squeue's states of an element that will not run again (it lists them for MinJobAge)"""
@@ -328,18 +330,19 @@ def log_tail(path: Path, lines: int = LOG_LINES) -> str:
 # ---- the benchmark's array ----
 
 
+JOB_FIELDS = ("kind", "id", "group", "label", "env_id", "seed", "command", "window", "nproc")
+"""what an element needs of its `Job` beside its run folder (the rest is how it ended)"""
+
+
 def job_record(job: Job, store: Path | None) -> dict[str, Any]:
-    return {"id": job.id, "kind": job.kind, "group": job.group, "label": job.label, "env_id": job.env_id,
-            "seed": job.seed, "command": job.command, "run_dir": str(job.run_dir), "window": job.window,
-            "nproc": job.nproc, "store": str(store) if store else None}  # fmt: skip
+    record = {name: getattr(job, name) for name in JOB_FIELDS}
+    return {**record, "run_dir": str(job.run_dir), "store": str(store) if store else None}
 
 
 def job_from(record: dict[str, Any]) -> Job:
     from benchmark.jobs import Job
 
-    return Job(record["kind"], record["id"], record["group"], record["label"], record["env_id"],
-               record["seed"], record["command"], Path(record["run_dir"]), window=record["window"],
-               nproc=record["nproc"])  # fmt: skip
+    return Job(**{name: record[name] for name in JOB_FIELDS}, run_dir=Path(record["run_dir"]))
 
 
 def submit(args: Run, planned: Planned) -> int:
@@ -627,12 +630,8 @@ def run_element(
         return stopped(story, stop, returncode, step, job.run_dir, progress=step is not None and step != before,
                        restarts=restarts, max_requeues=max_requeues)  # fmt: skip
     read_back(job, returncode, wall_seconds, "", stderr)
-    line = job_status(job, store)
-    if job.summary is not None:
-        run = job.summary
-        line += (f"; the run: {run.steps} steps in {run.sessions} session{'s' if run.sessions > 1 else ''}, "
-                 f"{len(run.episode_returns)} episodes")  # fmt: skip
-    story.add("end", line, status=returncode, error=job.error)
+    # the run's own summary line, above, tells its episodes over all its sessions
+    story.add("end", job_status(job, store), status=returncode, error=job.error)
     return 0 if job.error is None else returncode or 1
 
 
@@ -704,7 +703,7 @@ def stopped(
     )
     # A run exits with 128 + a stop signal only once its stop checkpoint is written. SLURM signals every process
     # of the job, so the run may hear it, and write, a moment before the element does: no less than 0 s.
-    wrote_it = files and returncode in {128 + stop_signal for stop_signal in STOP_SIGNALS}
+    wrote_it = files and returncode in STOPPED_WITH_A_CHECKPOINT
     after = max(0.0, files[0].stat().st_mtime - at) if wrote_it else None
     if after is not None:
         wrote = f"checkpoint at step {step}, written {after:.1f} s after {name}"

@@ -40,6 +40,7 @@ from benchmark.processes import start_stoppable, stderr_tail, stop
 from benchmark.registry import HARNESS_SET, REPO, SCRIPTS, resolve_args
 from benchmark.slurm import (
     FOLDER,
+    STOPPED_WITH_A_CHECKPOINT,
     SlurmFlags,
     check_cluster,
     elements_by_name,
@@ -62,6 +63,8 @@ EVENTS_EVERY_SECONDS = 5.0
 STALE_HEARTBEATS = 3
 """a running trial whose process missed this many heartbeats is failed by the next process that
 looks"""
+STOPPED = {-signum for signum in STOP_SIGNALS} | STOPPED_WITH_A_CHECKPOINT
+"""the exit statuses of a run that a stop signal ended: killed by it, or stopped with a checkpoint"""
 TUNE_FOLDER = Path("runs") / "tune"
 """where a study's journal (<study>.journal) and its trials' run folders (<study>/) go by default"""
 
@@ -463,8 +466,7 @@ def watch_trial(trial: Any, plan: Plan, runs: list[TrialRun], stopping: threadin
     while True:
         ended = all(run.process.poll() is not None for run in runs)
         # A scheduler's stop reaches the runs too: one it ended was stopped, it did not fail.
-        stopped = {-signum for signum in STOP_SIGNALS} | {128 + signum for signum in STOP_SIGNALS}
-        if stopping.is_set() or any(run.process.poll() in stopped for run in runs):
+        if stopping.is_set() or any(run.process.poll() in STOPPED for run in runs):
             raise Interrupted
         for run in runs:
             if run.process.poll() not in (None, 0):

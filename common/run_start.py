@@ -33,15 +33,8 @@ __all__ = ["Run", "TrainResult"]
 
 Config = TypeVar("Config")
 
-RUN_KEYS = (
-    "iteration",
-    "reward_rms",
-    "episodes",
-    "trajectories",
-    "wandb",
-    "evaluation",
-    "finished",
-)
+RUN_KEYS = ("iteration", "reward_rms", "episodes", "trajectories", "wandb", "evaluation")
+RUN_KEYS += ("finished",)  # the run's episodes over its sessions, for its summary line
 """What `Run.save` adds to a checkpoint beside the script's `saved`: keys `saved` may not use"""
 
 
@@ -151,7 +144,9 @@ class Run:
             self.make_env, self.args, actions
         )
         self.world_size = distributed.world_size()
-        self.global_step = int(self.checkpoint["global_step"]) if self.checkpoint else 0
+        self.start_step = self.global_step = (
+            int(self.checkpoint["global_step"]) if self.checkpoint else 0
+        )
         self.writer = None
 
     def start(
@@ -219,8 +214,8 @@ class Run:
 
     def _open_folder(self, args: Any, checkpoint: dict | None, batch_size: int) -> Path:
         """The run's folder and writer (`path`, `writer`: None on every rank but 0 under torchrun)
-        and where it stands (`global_step`, `iterations_done`): a new run's at step 0, or the
-        checkpoint's, whose TensorBoard curves go on from the step after it. Returns the video
+        and its `iterations_done` at `global_step` (`__init__`'s: 0, or the checkpoint's, whose
+        TensorBoard curves go on from the step after it). Returns the video
         folder: a resumed run's is a folder of its own, so that file names never clash.
         `batch_size` counts every rank's steps."""
         # before the run folder: bad input leaves nothing written
@@ -231,7 +226,7 @@ class Run:
             notice(f"--total-timesteps is rounded down to whole batches of {batch_size}: {rounded}")
         main = distributed.is_main()
         if checkpoint is None:
-            self.global_step = self.iterations_done = 0
+            self.iterations_done = 0
             name = args.run_name or run_name(args.env_id, args.exp_name, args.seed)
             if (
                 self.flags.resume == "auto"
@@ -249,7 +244,6 @@ class Run:
             self.writer = start_tracking(self.path, args) if main else None
             return self.path / "videos"
         self.path = resume_folder(args.resume)
-        self.global_step = int(checkpoint["global_step"])
         # In this run's batches: a checkpoint of another number of processes made iterations of
         # another size.
         self.iterations_done = self.global_step // batch_size
@@ -303,13 +297,8 @@ class Run:
         state["reward_rms"] = checkpoints.reward_normalizer_state(self.reward_normalizer)
         state["episodes"] = env_state.capture(self.envs, self.next_obs, **carried)
         state["trajectories"] = self.recorder.checkpoint_state()
-        count, returns = self._earlier_episodes()
-        this_session = self.log.episodes.returns
-        # for a resumed run's summary: the run's episodes, not its last session's
-        state["finished"] = {
-            "count": count + len(this_session),
-            "last_returns": [float(value) for value in [*returns, *this_session][-100:]],
-        }
+        count, last_returns = self._run_episodes()
+        state["finished"] = {"count": count, "last_returns": list(last_returns)}
         self.log.flush(global_step)
         history = wandb_history(self.writer)  # the rows its transaction log may lack (after flush)
         state["wandb"] = history.checkpoint_state() if history is not None else None
@@ -438,7 +427,6 @@ class Run:
                 checkpoints.record_evaluation(self.saving.path, eval_returns)
         self.log.finish()
         episodes = self.log.episodes
-        start_step = int(self.checkpoint["global_step"]) if self.checkpoint else 0
         return TrainResult(
             agent,
             self.global_step,
@@ -447,11 +435,13 @@ class Run:
             episodes.lengths,
             eval_returns,
             self.saving.path,
-            start_step,
-            *self._earlier_episodes(),
+            self.start_step,
+            self._run_episodes(),
         )
 
-    def _earlier_episodes(self) -> tuple[int, list[float]]:
-        """The episodes the run finished before this session, and the returns of the last 100."""
+    def _run_episodes(self) -> tuple[int, tuple[float, ...]]:
+        """The episodes the run has finished over all its sessions, and the returns of the last 100."""
         earlier = self.checkpoint.get("finished", {}) if self.checkpoint else {}
-        return earlier.get("count", 0), list(earlier.get("last_returns", []))
+        returns = self.log.episodes.returns
+        last_returns = (*earlier.get("last_returns", ()), *returns[-100:])[-100:]
+        return earlier.get("count", 0) + len(returns), last_returns

@@ -28,22 +28,22 @@ class TrainResult:
     checkpoint: Path | None = None
     """the last checkpoint written, if any"""
     start_step: int = 0
-    """the step this session started from: a resumed run's checkpoint's"""
-    earlier_episodes: int = 0
-    """episodes the run finished before this session"""
-    earlier_returns: list[float] = field(default_factory=list)
-    """the returns of the last 100 of them"""
+    """the step this session started from (a resumed run's checkpoint's)"""
+    run_episodes: tuple[int, tuple[float, ...]] = (0, ())
+    """the episodes the run finished over all its sessions, and the returns of the last 100"""
 
     def summary(self) -> str:
         """One line for the end of a command-line run: the run's, over all its sessions."""
-        episodes = self.earlier_episodes + len(self.episode_returns)
+        episodes, last_returns = self.run_episodes
         line = f"{self.run_dir}: {self.global_step} steps, {episodes} episodes"
-        if self.start_step == self.global_step and self.start_step:
-            line += " (it had ended: this session trained nothing)"
-        elif self.start_step:
-            line += f" ({len(self.episode_returns)} in this session, from step {self.start_step})"
-        if recent := [*self.earlier_returns, *self.episode_returns][-100:]:
-            line += f", last-100 return {np.mean(recent):.2f}"
+        if self.start_step:
+            this_session = (
+                f"{len(self.episode_returns)} in this session, from step {self.start_step}"
+            )
+            ended = self.start_step == self.global_step
+            line += f" ({'it had ended: this session trained nothing' if ended else this_session})"
+        if last_returns:
+            line += f", last-100 return {np.mean(last_returns):.2f}"
         if self.eval_returns:
             line += (
                 f", eval return {np.mean(self.eval_returns):.2f} +- {np.std(self.eval_returns):.2f}"
