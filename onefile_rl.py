@@ -2,11 +2,12 @@
 
 Every script imports this module before its own `common` and `probe_envs` imports. In the checkout, those packages
 sit beside the script and Python finds them first; nothing changes. A copy kept elsewhere (`cp ppo_fc.py
-~/exp/my_ppo.py`) finds this module through `pip install -e .` (the one top-level name the install adds, after the
-project), and this module appends the checkout to the end of `sys.path`, so that nothing already on the path is
-shadowed. If another project's `common` or `probe_envs` is still found first, the run stops with one `error:` line
-naming the file found: a package of another project must not stand in for the checkout's, silently. Other programs
-never see the checkout's packages: only a script that imports this module puts them on its path."""
+~/exp/my_ppo.py`) finds this module through `pip install -e .`, whose finder also gives the checkout's `common`,
+`benchmark` and `probe_envs` to any program, after everything on `sys.path` (pyproject.toml). Where that finder is
+missing (this file installed alone), this module appends the checkout to the end of `sys.path`, so that nothing
+already on the path is shadowed. If another project's `common` or `probe_envs` is still found first, the run stops
+with one `error:` line naming the file found: a package of another project must not stand in for the checkout's,
+silently."""
 
 from __future__ import annotations
 

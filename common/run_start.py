@@ -65,13 +65,16 @@ def _setup(
     broadcast, its sampling noise and minibatches are its own) and the device. Returns the run's
     settings, the checkpoint (None for a new run) and the device."""
     distributed.launched_size()  # a WORLD_SIZE that is not a number, before check_args reads it
-    check_args(args)
+    # A resumed run's budget is checked with its checkpoint's settings (its batch size, say).
+    check_args(checkpoints.without_budget(args) if args.resume else args)
     distributed.setup(getattr(args, "dist_backend", None), args.cuda)
     args = checkpoints.auto_resume(args)
     kept = (*checkpoints.RUN_TIME_FLAGS, *kept)
     args, checkpoint = checkpoints.load_with_settings(
         args.resume, args, check_args, kept, strict=True, required=("episodes",)
     )
+    if checkpoint is None:  # --resume auto's new run
+        check_args(args)
     seed = distributed.rank_seed(args.seed)
     device = seed_and_pick_device(seed, args.torch_deterministic, args.torch_threads, args.cuda)
     return args, checkpoint, device
@@ -255,7 +258,8 @@ class Run:
         if self.iterations_done >= num_iterations:
             if self.flags.resume != "auto":
                 raise UsageError(
-                    f"{args.resume!r} is the end of its run: nothing to resume (see --eval-checkpoint)"
+                    f"{args.resume!r} is the end of its run, at step {self.global_step}: to train it on, "
+                    "give a larger --total-timesteps; to evaluate it, see --eval-checkpoint"
                 )
             # The same command again (a requeued job, a restart, a benchmark killed before it
             # stored the run): no step is trained, and the run is evaluated once.

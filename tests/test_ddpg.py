@@ -190,6 +190,21 @@ def test_resume_with_the_buffer_gives_the_uninterrupted_run(tmp_path, monkeypatc
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
+def test_a_larger_budget_trains_a_finished_run_on_as_a_run_started_with_it(tmp_path):
+    settings = dict(env_id="Pendulum-v1", num_envs=2, learning_starts=200, noise="ou")
+    settings |= dict(save_model=True, save_buffer=True)  # the buffer of the run's end: exact
+    whole = ddpg.train(quick_args(tmp_path / "whole", total_timesteps=600, **settings))
+    short = ddpg.train(quick_args(tmp_path / "short", total_timesteps=300, **settings))
+    extended = ddpg.train(
+        ddpg.Args(resume=str(short.checkpoint), total_timesteps=600, progress=False)
+    )
+    assert extended.global_step == whole.global_step == 600
+    for (name, a), b in zip(
+        whole.agent.state_dict().items(), extended.agent.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
 def test_resume_without_the_buffer_says_so_and_refills_a_batch_first(tmp_path, capsys):
     settings = dict(total_timesteps=300, learning_starts=100, checkpoint_every=100, save_model=True)
     whole = ddpg.train(quick_args(tmp_path, **settings))

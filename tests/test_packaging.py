@@ -8,6 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,10 +23,9 @@ def test_the_torch_floor_has_fused_adam_on_the_cpu():
     assert floor >= (2, 4), torch
 
 
-def test_the_install_puts_one_module_of_its_own_name_at_the_top_level_of_site_packages(tmp_path):
-    # `common` and `probe_envs` are found in the checkout, beside the scripts: installed at the top level of
-    # site-packages they would clash with another project's `common`. The wheel carries onefile_rl.py, through which a
-    # copy kept elsewhere finds the checkout, and the dependencies.
+def test_the_install_holds_the_shared_packages_and_no_script_or_test(tmp_path):
+    # The wheel carries onefile_rl.py, through which a copy kept elsewhere finds the checkout, the packages that
+    # `python -m` runs from any folder, and the dependencies; the scripts, tests and docs stay in the checkout.
     source = tmp_path / "source"
     skipped = shutil.ignore_patterns(
         ".*", "docs", "runs", "wandb", "build", "*.egg-info", "__pycache__"
@@ -38,7 +38,8 @@ def test_the_install_puts_one_module_of_its_own_name_at_the_top_level_of_site_pa
     )  # fmt: skip
     (wheel,) = (tmp_path / "wheel").glob("onefile_rl-*.whl")
     installed = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
-    assert installed == {"onefile_rl.py", f"{wheel.name.split('-py')[0]}.dist-info"}, installed
+    expected = {"onefile_rl.py", "common", "benchmark", "probe_envs"}
+    assert installed == expected | {f"{wheel.name.split('-py')[0]}.dist-info"}, installed
 
 
 def run_copy(folder: Path, *, pythonpath: str | None = None, code: str | None = None):
@@ -64,9 +65,26 @@ def test_a_copy_outside_the_checkout_runs_after_the_install_alone(tmp_path):
     assert "--env-id" in done.stdout
     # with the checkout on PYTHONPATH too, as the README asked before
     assert run_copy(tmp_path, pythonpath=str(REPO)).returncode == 0
-    # Other programs are not given the checkout's packages: only a script that imports onefile_rl reaches them.
-    other = run_copy(tmp_path, code="import common")
-    assert other.returncode == 1 and "No module named 'common'" in other.stderr
+
+
+@pytest.mark.parametrize(
+    "module", ["benchmark --help", "common.trajectories --help", "benchmark.same_parameters --help"]
+)
+def test_the_modules_run_with_python_m_from_any_folder_after_the_install(tmp_path, module):
+    done = subprocess.run(
+        [sys.executable, "-m", *module.split()], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
+
+
+def test_the_installed_packages_come_after_everything_on_the_path(tmp_path):
+    # found in the checkout where nothing else is; another project's `common` earlier on the path is not shadowed
+    found = "import common; print(common.__file__)"
+    assert run_copy(tmp_path, code=found).stdout.strip() == str(REPO / "common" / "__init__.py")
+    (tmp_path / "elsewhere" / "common").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "common" / "__init__.py").write_text("")
+    other = run_copy(tmp_path, pythonpath=str(tmp_path / "elsewhere"), code=found)
+    assert other.stdout.strip() == str(tmp_path / "elsewhere" / "common" / "__init__.py")
 
 
 def test_another_projects_common_found_first_stops_a_copy_with_one_error_line(tmp_path):

@@ -5,6 +5,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -967,15 +968,47 @@ def test_resume_refuses_flags_the_checkpoint_decides_and_a_finished_run(tmp_path
     )
     run = ppo_fc.train(quick_args(tmp_path, **settings)).run_dir / "checkpoints"
     with pytest.raises(
-        UsageError, match="--total-timesteps 9999 differs from the checkpoint's 2048"
+        UsageError, match=re.escape("--learning-rate 0.001 differs from the checkpoint's 0.00025")
     ):
         ppo_fc.train(
-            ppo_fc.Args(resume=str(run / "step_1024.pt"), total_timesteps=9999, progress=False)
+            ppo_fc.Args(resume=str(run / "step_1024.pt"), learning_rate=1e-3, progress=False)
         )
-    with pytest.raises(UsageError, match="nothing to resume"):
-        ppo_fc.train(ppo_fc.Args(resume=str(run / "latest.pt"), progress=False))
+    finished = "the end of its run, at step 2048: to train it on, give a larger --total-timesteps"
+    for budget in ({}, {"total_timesteps": 2048}, {"total_timesteps": 1024}):
+        with pytest.raises(UsageError, match=finished):
+            ppo_fc.train(ppo_fc.Args(resume=str(run / "latest.pt"), progress=False, **budget))
     events = sorted(run.parent.glob("events.*"))
     assert len(events) == 1  # nothing was written by the refused runs
+
+
+@pytest.mark.parametrize("anneal_lr", [False, True])
+def test_a_larger_budget_trains_a_finished_run_on_as_a_run_started_with_it(tmp_path, anneal_lr):
+    settings = dict(env_id="CartPole-v1", num_envs=2, num_steps=16, num_minibatches=2)
+    settings.update(save_model=True, norm_obs=True, norm_reward=True, anneal_lr=anneal_lr)
+    whole = ppo_fc.train(quick_args(tmp_path / "whole", total_timesteps=6 * 32, **settings))
+    short = ppo_fc.train(
+        quick_args(tmp_path / "short", total_timesteps=3 * 32, eval_episodes=2, **settings)
+    )
+    time.sleep(1.1)  # event files sort by the second they were opened (see the ppo_lstm test)
+    extended = ppo_fc.train(
+        ppo_fc.Args(resume=str(short.checkpoint), total_timesteps=6 * 32, progress=False)
+    )
+    assert extended.run_dir == short.run_dir and extended.global_step == 192
+    assert torch.load(extended.checkpoint, weights_only=True)["args"]["total_timesteps"] == 192
+    logged, expected = read_scalars(extended.run_dir), read_scalars(whole.run_dir)
+    # From the checkpoint on, the schedule is the larger budget's: the learning rate of each later iteration is
+    # the one a run started with that budget has there.
+    rates = logged["charts/learning_rate"]
+    assert [step for step, _ in rates] == [32 * k for k in range(1, 7)]  # each step once
+    np.testing.assert_allclose(rates[3:], expected["charts/learning_rate"][3:])
+    if anneal_lr:  # before it, the smaller budget's faster decay: another policy
+        assert rates[1][1] < expected["charts/learning_rate"][1][1]
+        return
+    for (name, expected_value), actual in zip(
+        whole.agent.state_dict().items(), extended.agent.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(actual, expected_value, rtol=0, atol=0, msg=name)
+    assert logged["charts/episodic_return"] == expected["charts/episodic_return"]
 
 
 def test_resume_needs_a_checkpoint_inside_a_run_folder(tmp_path):
