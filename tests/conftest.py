@@ -32,10 +32,11 @@ def fresh_notices(monkeypatch):
     monkeypatch.setattr("common.cli._printed_notices", set())
 
 
-# The quick tier (`python -m pytest -n 2 -m quick`): each script trains a few iterations from its command line,
-# resumes a cut run exactly, refuses bad input with one `error:` line and learns its fastest probe; then the shared
-# plumbing's own tests, the docs' commands and the packaging. An entry takes the tests whose id it is, or begins
-# (followed by "::", "[" or "-"); an entry that takes none is an error.
+# The quick tier (`python -m pytest -n 2 -m quick`): each PPO script trains a few iterations from its command line,
+# answers --help, refuses bad input with one `error:` line, resumes a cut run exactly and learns the value of
+# Probe1-v0; ddpg.py trains twice to the same bits, resumes a cut run with its buffer exactly and refuses bad input;
+# then the shared plumbing's own tests, the README's CI commands and the packaging. An entry takes the tests whose id
+# it is, or begins (followed by "::", "[" or "-"); an entry that takes none is an error.
 QUICK = [
     *(
         f"tests/test_{script}.py::{test}"

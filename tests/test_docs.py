@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -201,21 +202,34 @@ def test_every_flag_in_a_command_exists(programs_and_their_help):
 
 
 COMMIT_NAMED = re.compile(r"\bgit ([0-9a-f]{7,40}(?: \(uncommitted changes\))?)")
+BENCHMARK_PAGE = REPO / "docs" / "benchmark.md"
+FIGURE_SOURCES = "Where each figure comes from"  # docs/benchmark.md's table of the README's figures
 
 
-def readme_results_links() -> list[tuple[str, Path]]:
-    """Each results file or folder (under docs/benchmark/, figures aside) the README links to, with
-    the README's line that links to it."""
+def section(text: str, heading: str) -> str:
+    """The text under a `## heading` of a Markdown page, up to the next heading of its level or above."""
+    found = re.search(
+        rf"^## {re.escape(heading)}[ \t]*\n(.*?)(?=^#{{1,2}} |\Z)", text, re.MULTILINE | re.DOTALL
+    )
+    assert found, f"no section '## {heading}'"
+    return found.group(1)
+
+
+def figure_results_links() -> list[tuple[str, Path]]:
+    """Each results file or folder (under docs/benchmark/, figures aside) that docs/benchmark.md's table of the
+    README's figures links to, with the table's line that links to it."""
     links = []
-    for line in README.read_text(encoding="utf-8").splitlines():
+    for line in section(BENCHMARK_PAGE.read_text(encoding="utf-8"), FIGURE_SOURCES).splitlines():
         for target in link_targets(line):
-            if target.startswith("docs/benchmark/") and not target.endswith(".png"):
-                links.append((line, REPO / target.split("#", 1)[0]))
+            if target.startswith("benchmark/") and not target.endswith(".png"):
+                links.append((line, BENCHMARK_PAGE.parent / target.split("#", 1)[0]))
     return links
 
 
-def test_each_results_file_the_readme_links_names_the_commit_the_readme_gives():
-    links = readme_results_links()
+def test_each_results_file_the_figure_table_links_names_the_commit_it_gives():
+    # the README sends its reader to the table for where its figures come from
+    assert "(docs/benchmark.md#where-each-figure-comes-from)" in README.read_text(encoding="utf-8")
+    links = figure_results_links()
     assert len(links) >= 10
     for line, path in links:
         if path.is_dir():  # a stored run per file, each made at its own commit
@@ -225,15 +239,90 @@ def test_each_results_file_the_readme_links_names_the_commit_the_readme_gives():
         named = COMMIT_NAMED.search(path.read_text(encoding="utf-8"))
         assert named, f"{path.relative_to(REPO)} names no commit"
         # as the file gives it, "(uncommitted changes)" too
-        assert named.group(1) in line, f"the README cites {path.name} without {named.group(1)!r}"
+        assert named.group(1) in line, (
+            f"the figure table cites {path.name} without {named.group(1)!r}"
+        )
+
+
+def shell_commands(lines: list[str]) -> list[str]:
+    """Each command of shell lines, split at `&&`, as its words (quotes and comments gone, and pip's --quiet)."""
+    commands: list[str] = []
+    for line in lines:
+        words = [word for word in tokens(line) if word != "--quiet"]
+        for command in " ".join(words).split(" && "):
+            if command.strip():
+                commands.append(command.strip())
+    return commands
 
 
 def test_ci_runs_the_readme_test_commands():
     readme = README.read_text(encoding="utf-8")
-    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    for tests in ("python -m pytest -n 2 -m quick", "python -m pytest -n 2"):
-        assert f'pip install torch==2.13.0 && pip install -e ".[test]" && {tests}\n' in readme
-        assert tests in ci
+    # the README's Development section gives CI's commands, all of them and in CI's order
+    development = shell_commands(command_lines(section(readme, "Development"), inline=False))
+    ci = [
+        command
+        for command in shell_commands(
+            (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+        )
+        if command.split()[0] in ("pip", "ruff", "python")
+    ]
+    quick, full = "python -m pytest -n 2 -m quick", "python -m pytest -n 2"
+    assert {"pip install torch==2.13.0", quick, full} <= set(ci)
+    assert development == ci
+    assert "`bash .ci/run`" in section(readme, "Development")
+    # and the test commands of its set-up are CI's
+    set_up = shell_commands(command_lines(section(readme, "Set-up"), inline=False))
+    assert [command for command in set_up if "pytest" in command] == [quick, full]
+
+
+# A pytest session in another process that collects the suite as the README's commands do and prints how many
+# tests it holds and how many of them the quick tier takes.
+COUNT_TESTS = """
+import sys, pytest
+class Count:
+    def pytest_collection_finish(self, session):
+        quick = sum(1 for item in session.items if item.get_closest_marker("quick"))
+        print(f"collected {len(session.items)} {quick}")
+sys.exit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[Count()]))
+"""
+
+
+def test_the_readme_gives_the_number_of_tests_pytest_collects():
+    readme = README.read_text(encoding="utf-8")
+    given = [
+        int(re.search(rf"the {tier}: (\d+) tests", readme).group(1))
+        for tier in ("full suite", "quick tier")
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT_TESTS], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    (counts,) = re.findall(r"^collected (\d+) (\d+)$", done.stdout, re.MULTILINE)
+    assert given == [int(count) for count in counts], "the README's test counts are not pytest's"
+
+
+MAX_LINES, MAX_LINE = 150, 120
+
+
+def front_page_excess(text: str) -> list[str]:
+    """Where a front page is over its limits: more lines than MAX_LINES, a line over MAX_LINE characters (a table's
+    rows too, so that no cell is over it either)."""
+    lines = text.splitlines()
+    excess = [f"{len(lines)} lines, more than {MAX_LINES}"] if len(lines) > MAX_LINES else []
+    return excess + [
+        f"line {number}: {len(line)} characters: {line[:50]}..."
+        for number, line in enumerate(lines, 1)
+        if len(line) > MAX_LINE
+    ]
+
+
+def test_the_readme_is_a_front_page():
+    assert front_page_excess(README.read_text(encoding="utf-8")) == []
+    # each limit is found
+    assert front_page_excess("line\n" * (MAX_LINES - 1) + "| " + "x" * (MAX_LINE - 2)) == []
+    assert front_page_excess("line\n" * (MAX_LINES + 1)) == [
+        f"{MAX_LINES + 1} lines, more than {MAX_LINES}"
+    ]
+    assert len(front_page_excess("| " + "x" * (MAX_LINE - 1))) == 1
 
 
 def documented_modules() -> list[str]:
