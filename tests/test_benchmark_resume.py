@@ -13,12 +13,12 @@ import pytest
 
 from tests.helpers import REPO, learnt
 
-# A tiny suite: ppo_fc, then ddpg, one at a time. ddpg's checkpoint at step 1000 (with its buffer: exact after a
-# SIGKILL too) says when to stop it: past its random steps, well before its end.
+# A tiny suite: ppo_fc, then ddpg, one at a time. ddpg's checkpoint at step 600 (with its buffer: exact after a
+# SIGKILL too) says when to stop it: past its random steps, well before its end (1,448 steps of updates to go).
 TINY_SUITE = ["run", "--scripts", "ppo_fc", "ddpg", "--envs", "Pendulum-v1", "--seeds", "1"]
-TINY_SUITE += ["--total-timesteps", "4096", "--eval-episodes", "2", "--workers", "1"]
-TINY_SUITE += ["--script-flags", "ddpg=--learning-starts 500 --buffer-size 5000 --hidden-size 64"]
-TINY_SUITE += ["--script-flags", "ddpg=--checkpoint-every 1000 --save-buffer"]
+TINY_SUITE += ["--total-timesteps", "2048", "--eval-episodes", "2", "--workers", "1"]
+TINY_SUITE += ["--script-flags", "ddpg=--learning-starts 300 --buffer-size 5000 --hidden-size 64"]
+TINY_SUITE += ["--script-flags", "ddpg=--checkpoint-every 600 --save-buffer"]
 TINY_SUITE += ["--script-flags", "ppo_fc=--num-steps 256"]
 
 
@@ -27,6 +27,10 @@ def suite(out: Path, **popen: object) -> subprocess.Popen:
     return subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
     )
+
+
+# one xdist worker for the module: its uninterrupted suite is made once
+pytestmark = pytest.mark.xdist_group("benchmark_resume")
 
 
 @pytest.fixture(scope="module")

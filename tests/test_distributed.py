@@ -149,51 +149,50 @@ def test_the_return_statistics_after_a_rollout_are_those_of_all_envs(tmp_path):
         )
 
 
-def test_after_training_both_ranks_hold_the_same_parameters(tmp_path):
+@pytest.fixture(scope="module")
+def trained_on_two_ranks(tmp_path_factory) -> Path:
+    """The folder of a torchrun of 2 ranks x 2 envs that trained 16 iterations with observation and reward
+    normalisation, recording each rank's rollouts (`rollouts.npz`, `rollouts.rank1.npz`), run folder in `runs/`."""
+    out = tmp_path_factory.mktemp("two_ranks")
     settings = dict(
-        SMALL,
-        env_id="CartPole-v1",
-        num_envs=4,
-        total_timesteps=8 * 128,
-        run_dir=str(tmp_path / "runs"),
+        SMALL, env_id="CartPole-v1", num_envs=2, total_timesteps=16 * 64, save_model=False
     )
+    settings.update(norm_obs=True, norm_reward=True)
     assert_ok(
         torchrun(
-            tmp_path, "ppo_fc", dict(settings, norm_obs=True, norm_reward=True, save_model=False)
+            out,
+            "ppo_fc",
+            dict(settings, run_dir=str(out / "runs"), save_trajectories=str(out / "rollouts.npz")),
         )
     )
-    rank0, rank1 = ended(tmp_path, 0), ended(tmp_path, 1)
-    assert rank0["global_step"] == rank1["global_step"] == 8 * 128
+    return out
+
+
+@pytest.mark.xdist_group("trained_on_two_ranks")  # its module fixture made once
+def test_after_training_both_ranks_hold_the_same_parameters(trained_on_two_ranks):
+    rank0, rank1 = ended(trained_on_two_ranks, 0), ended(trained_on_two_ranks, 1)
+    assert rank0["global_step"] == rank1["global_step"] == 16 * 64
     for name, value in rank0["state"].items():
         torch.testing.assert_close(rank1["state"][name], value, rtol=0, atol=0, msg=name)
 
 
-def test_rank_0_logs_the_episodes_of_every_rank(tmp_path):
-    path = tmp_path / "rollouts.npz"
-    settings = dict(
-        SMALL, env_id="CartPole-v1", num_envs=2, total_timesteps=16 * 64, save_model=False
-    )
-    assert_ok(
-        torchrun(
-            tmp_path,
-            "ppo_fc",
-            dict(settings, run_dir=str(tmp_path / "runs"), save_trajectories=str(path)),
-        )
-    )
+@pytest.mark.xdist_group("trained_on_two_ranks")  # its module fixture made once
+def test_rank_0_logs_the_episodes_of_every_rank(trained_on_two_ranks):
+    out = trained_on_two_ranks
     finished = {
         rank: [
             episode.total_reward
             for episode in split_episodes(load_trajectories(file))
             if episode.finished
         ]
-        for rank, file in ((0, path), (1, tmp_path / "rollouts.rank1.npz"))
+        for rank, file in ((0, out / "rollouts.npz"), (1, out / "rollouts.rank1.npz"))
     }
     assert len(finished[0]) > 5 and len(finished[1]) > 5
-    (run,) = (tmp_path / "runs").iterdir()
+    (run,) = (out / "runs").iterdir()
     logged = [value for _, value in read_scalars(run)["charts/episodic_return"]]
     assert sorted(logged) == sorted(finished[0] + finished[1])
-    assert ended(tmp_path, 0)["returns"] == ended(tmp_path, 1)["returns"] and len(
-        ended(tmp_path, 0)["returns"]
+    assert ended(out, 0)["returns"] == ended(out, 1)["returns"] and len(
+        ended(out, 0)["returns"]
     ) == len(logged)
 
 

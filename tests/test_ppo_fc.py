@@ -1199,7 +1199,8 @@ def test_sampling_from_a_distribution_it_cannot_draw_stops():
 # channels first, channels last
 @pytest.mark.parametrize("env_id", ["ImageBandit-v0", "ImageBanditRGB-v0"])
 def test_the_image_bandit_is_learnt_through_the_cnn(tmp_path, env_id):
-    agent = ppo_fc.train(quick_args(tmp_path, env_id=env_id, total_timesteps=10_240)).agent
+    # 5,120 steps (2026-12-06), seeds 1-3: the values within 0.010 and the action at 0.996 or more, both images
+    agent = ppo_fc.train(quick_args(tmp_path, env_id=env_id, total_timesteps=5_120)).agent
     assert isinstance(agent.network, ppo_fc.NatureCNN)
     for env, observation in visit_states(env_id):
         value, policy = agent_at(agent, observation)
@@ -1209,10 +1210,11 @@ def test_the_image_bandit_is_learnt_through_the_cnn(tmp_path, env_id):
 
 def test_a_dict_of_an_image_and_a_vector_is_learnt_through_both(tmp_path):
     # The right action is the lit half XOR the Discrete part: neither part alone earns anything, and the heads being
-    # linear, the two must meet before the 512 units (the convolutions leave 64 features of a 36x36 image).
+    # linear, the two must meet before the 512 units (the convolutions leave 64 features of a 36x36 image). At 10,240
+    # steps (2026-12-06), seeds 1-3: the values within 0.018 and the action at 0.985 or more.
     agent = ppo_fc.train(
         quick_args(
-            tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=20_480, learning_rate=1e-3
+            tmp_path, env_id="ImageVectorBandit-v0", total_timesteps=10_240, learning_rate=1e-3
         )
     ).agent
     assert (

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from common import checkpoints
-from tests.helpers import REPO, read_scalars
+from tests.helpers import REPO, each_in_one_process, read_scalars
 
 QUICK = ["--no-progress", "--eval-episodes", "0", "--checkpoint-minutes", "0"]
 SCRIPT_FLAGS = {
@@ -37,7 +37,7 @@ def start(script: str, runs: Path, *flags: str) -> subprocess.Popen:
     )
 
 
-def wait_until_training(process: subprocess.Popen, runs: Path, seconds: float = 2.0) -> None:
+def wait_until_training(process: subprocess.Popen, runs: Path, seconds: float = 0.5) -> None:
     """Until the run has logged an iteration, then `seconds` more."""
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None:
@@ -212,9 +212,12 @@ def test_a_stop_signal_to_the_benchmark_harness_reaches_its_runs(tmp_path):
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.time() + 180
-    while not list(out.rglob("events.*")) and time.time() < deadline:
-        time.sleep(0.5)
-    time.sleep(3)
+    # until the run has logged an iteration (past the hyperparameters table), then a little more
+    while time.time() < deadline and not any(
+        events.stat().st_size > 2000 for events in out.rglob("events.*")
+    ):
+        time.sleep(0.2)
+    time.sleep(0.5)
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 143, stderr[-3000:]
@@ -419,18 +422,26 @@ def test_the_same_command_evaluates_a_run_killed_during_its_evaluation_once(tmp_
     assert read_scalars(latest.parent.parent)["eval/episodic_return"] == evaluated  # not twice
 
 
-@pytest.mark.parametrize("name", [None, "a/b", ".."])
-def test_resume_auto_needs_a_run_name(tmp_path, name):
-    flags = ["--resume", "auto", "--run-dir", str(tmp_path)] + (
-        ["--run-name", name] if name else []
-    )
-    completed = subprocess.run(
-        [sys.executable, "ppo_fc.py", *flags], cwd=REPO, capture_output=True, text=True
-    )
+NAMELESS = [None, "a/b", ".."]
+
+
+@pytest.fixture(scope="module")
+def nameless_resumes(tmp_path_factory) -> dict:
+    """`ppo_fc.py --resume auto` with each of NAMELESS as its --run-name (None: none), all in one process: by name, the
+    completed call and the --run-dir it was given."""
+    folder = tmp_path_factory.mktemp("nameless")
+    flag_lists = [["--run-name", name] if name else [] for name in NAMELESS]
+    done = each_in_one_process(["ppo_fc.py", "--resume", "auto"], flag_lists, folder)
+    return {name: done[tuple(flags)] for name, flags in zip(NAMELESS, flag_lists, strict=True)}
+
+
+@pytest.mark.parametrize("name", NAMELESS)
+def test_resume_auto_needs_a_run_name(nameless_resumes, name):
+    completed, run_dir = nameless_resumes[name]
     assert completed.returncode == 2 and completed.stderr.startswith(
         "error: --resume auto needs --run-name"
     )
-    assert len(completed.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+    assert len(completed.stderr.strip().splitlines()) == 1 and not run_dir.exists()
 
 
 def test_checkpoints_by_wall_clock_keep_latest_alone(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ def recordings(tmp_path_factory):
     return folder
 
 
+@pytest.mark.xdist_group("reward_terms_recordings")  # its module fixture made once
 def test_the_terms_add_up_to_each_episodes_return(recordings):
     # Hopper-v5 pays no healthy reward on the step that ends an episode, but its forward and control terms are in
     # that step's final_info: without it the terms fall short of the return.
@@ -40,6 +41,7 @@ def test_the_terms_add_up_to_each_episodes_return(recordings):
         assert terms["reward_survive"] == pytest.approx(1.0 * (episode.length - 1))
 
 
+@pytest.mark.xdist_group("reward_terms_recordings")  # its module fixture made once
 def test_the_command_line_gives_the_table_and_refuses_a_recording_without_terms(recordings):
     table, no_terms, unfinished, missing = run_in_one_process(
         [

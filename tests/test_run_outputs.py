@@ -437,9 +437,10 @@ def assert_whole_in_minari(recording: Path, dataset_id: str) -> None:
 def test_image_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(tmp_path, monkeypatch):
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     # Killed: the files written before the kill read back, frames and final frames uint8.
-    # two envs, not four: a file is 2,048 steps of each, and the kill comes after two
+    # two envs, not four: a file is 2,048 steps of each, and the kill comes after two; one epoch: what is checked is
+    # the recording, not what is learnt
     flags = ["--env-id", "ImageMemory-v0", "--num-envs", "2", "--run-dir", str(tmp_path / "runs")]
-    flags.append("--no-progress")
+    flags += ["--no-progress", "--update-epochs", "1"]
     assert_whole_in_minari(
         killed_recording("ppo_fc.py", flags, tmp_path / "killed"), "images/killed-v0"
     )
@@ -448,6 +449,8 @@ def test_image_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(tmp_pa
     clean, runs = tmp_path / "clean", tmp_path / "atari"
     flags = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "2", "--total-timesteps", "1024"]
     flags += [
+        "--update-epochs",
+        "1",
         "--run-dir",
         str(runs),
         "--no-progress",
@@ -463,7 +466,8 @@ def test_image_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(tmp_pa
 def test_image_and_vector_recordings_reach_minari_whole_after_a_kill_and_a_clean_end(
     tmp_path, monkeypatch
 ):
-    # ppo_transformer on images: each observation is a uint8 frame and a vector (the previous action and reward).
+    # ppo_transformer on images: each observation is a uint8 frame and a vector (the previous action and reward). One
+    # epoch: what is checked is the recording, not what is learnt.
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     flags = [
         "--env-id",
@@ -473,6 +477,8 @@ def test_image_and_vector_recordings_reach_minari_whole_after_a_kill_and_a_clean
         "--eval-episodes",
         "0",
         "--no-progress",
+        "--update-epochs",
+        "1",
     ]
     flags += ["--run-dir", str(tmp_path / "runs")]
     assert_whole_in_minari(
@@ -516,24 +522,24 @@ def test_an_atari_checkpoint_evaluates_whole_games_in_a_fresh_process(tmp_path):
     assert min(lengths) > 100  # five lives of a random-ish Breakout agent: a single life is shorter
 
 
-KILLED_RUNS = {  # one-step episodes: many wandb rows, so that wandb-core writes rows past a checkpoint before a kill
-    "ppo_fc.py": (
-        ["--env-id", "Probe1-v0", "--num-steps", "128", "--total-timesteps", str(40 * 512)],
-        512,
-    ),
-    "ppo_lstm.py": (
-        ["--env-id", "Probe1-v0", "--num-steps", "128", "--total-timesteps", str(40 * 512)],
-        512,
-    ),
+# One-step episodes: many wandb rows, so that wandb-core writes rows past a checkpoint before a kill. A checkpoint
+# every 8 iterations: the first kill comes 3 x 512 rows past one (later where wandb lags), the second at the next,
+# which comes before the run's end. ppo_fc: 32 iterations of 4 x 128 steps; the recurrent scripts: 20 iterations of
+# their 8 x 128 (their rollout's cost is by the step of the vector env, whatever its number of envs). Few epochs and
+# small networks: what is checked is the rows, not what is learnt.
+PROBE1_RUN = ["--env-id", "Probe1-v0", "--num-steps", "128"]
+KILLED_RUNS = {
+    "ppo_fc.py": ([*PROBE1_RUN, "--num-envs", "4", "--total-timesteps", str(32 * 512)], 512),
+    "ppo_lstm.py": ([*PROBE1_RUN, "--total-timesteps", str(40 * 512), "--update-epochs", "2"], 512),
     "ppo_transformer.py": (
-        ["--env-id", "Probe1-v0", "--num-steps", "128", "--total-timesteps", str(40 * 512)],
+        [*PROBE1_RUN, "--total-timesteps", str(40 * 512), "--update-epochs", "2"],
         512,
     ),
     "ddpg.py": (
         [
             *("--env-id", "ContinuousProbe1-v0", "--num-envs", "4", "--total-timesteps", "6000"),
             *("--learning-starts", "2000", "--buffer-size", "8000", "--save-buffer"),
-            *("--torch-threads", "1"),
+            *("--torch-threads", "1", "--hidden-size", "64", "--batch-size", "64"),
         ],
         100,  # 25 vector steps, and an iteration's row every 25
     ),
