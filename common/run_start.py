@@ -6,6 +6,7 @@ over torchrun's processes, evaluates and ends the run."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -244,7 +245,11 @@ class Run:
             self.path = distributed.broadcast_object(
                 create_run_folder(args.run_dir, name) if main else None
             )
-            self.writer = start_tracking(self.path, args) if main else None
+            try:
+                self.writer = start_tracking(self.path, args) if main else None
+            except UsageError:  # --track could not start: the new folder holds nothing else yet
+                shutil.rmtree(self.path)
+                raise
             return self.path / "videos"
         self.path = resume_folder(args.resume)
         # In this run's batches: a checkpoint of another number of processes made iterations of

@@ -18,7 +18,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from common import distributed
-from common.cli import notice
+from common.cli import notice, one_line
+from common.errors import UsageError
 from common.resident_memory import rss_mb
 from common.run_folder import write_atomically
 from common.wandb_file import TransactionLog
@@ -80,15 +81,20 @@ class WandbHistory:
         # how many of the rows sent are not yet in it.
         self.unconfirmed: list[dict[str, Any]] = []
         self.sent_unconfirmed: list[int] = []  # their steps, in order
-        run = wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            name=run_path.name,
-            id=run_id,  # None: a new run, whose id wandb draws
-            resume="allow",
-            dir=str(run_path),
-            save_code=True,
-        )
+        try:
+            run = wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                name=run_path.name,
+                id=run_id,  # None: a new run, whose id wandb draws
+                resume="allow",
+                dir=str(run_path),
+                save_code=True,
+            )
+        except wandb.errors.UsageError as error:  # no API key, with no terminal to ask for one
+            raise UsageError(
+                f"--track: wandb: {one_line(str(error)).rstrip('.')}; or log offline: WANDB_MODE=offline"
+            ) from None
         self.run_id: str = run.id
         self.log = TransactionLog(Path(run.settings.sync_file))
         # A resumed run's flags that the command line decides (--resume, --track) differ from the

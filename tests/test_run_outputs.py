@@ -20,7 +20,14 @@ from common import evaluation
 from common.envs import evaluation_env
 from common.trajectories import load_trajectories, split_episodes
 from common.wandb_file import TransactionLog
-from tests.helpers import REPO, read_scalars, read_wandb_runs, run_in_one_process, run_script
+from tests.helpers import (
+    REPO,
+    assert_one_error_line,
+    read_scalars,
+    read_wandb_runs,
+    run_in_one_process,
+    run_script,
+)
 
 OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "SDL_VIDEODRIVER": "dummy"}
 EPISODE_KEYS = ("charts/episodic_return", "charts/episodic_length")
@@ -39,6 +46,29 @@ def wandb_env(tmp_path: Path) -> dict[str, str]:
         "WANDB_DATA_DIR": folders["data"],
         "WANDB_ARTIFACT_DIR": folders["artifacts"],
     }
+
+
+def test_track_without_a_wandb_key_is_one_error_line_and_leaves_no_run_folder(tmp_path):
+    # online (no WANDB_MODE), no API key and no terminal to ask for one: wandb raises its UsageError
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
+    environment |= wandb_env(tmp_path) | {"HOME": str(tmp_path), "WANDB_SILENT": "true"}
+    del environment["WANDB_MODE"]
+    runs = tmp_path / "runs"
+    command = [
+        sys.executable,
+        "ppo_fc.py",
+        "--track",
+        "--run-dir",
+        str(runs),
+        "--total-timesteps",
+        "1024",
+    ]
+    done = subprocess.run(
+        command, cwd=REPO, env=environment, stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
+    assert_one_error_line(done, "--track: wandb: No API key configured")
+    assert "WANDB_MODE=offline" in done.stderr
+    assert not any(runs.iterdir())
 
 
 def steps_by_key(rows: list[dict], keys) -> dict[str, Counter]:
