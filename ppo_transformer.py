@@ -428,7 +428,8 @@ class Agent(nn.Module):
             for layer in block.modules():
                 if isinstance(layer, nn.Linear):
                     nn.init.normal_(layer.weight, 0.0, 0.02)
-                    nn.init.zeros_(layer.bias)
+                    if layer.bias is not None:  # an edit's layer may have none
+                        nn.init.zeros_(layer.bias)
             for layer in (block.attn.c_proj, block.mlp.c_proj):
                 nn.init.normal_(layer.weight, 0.0, 0.02 / math.sqrt(2 * len(self.blocks)))
 

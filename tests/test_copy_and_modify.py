@@ -551,6 +551,30 @@ def test_a_copy_with_one_more_block_rebuilds_a_rollouts_context_from_as_many_ste
         torch.testing.assert_close(step_value, value[:, t], rtol=1e-5, atol=1e-5)
 
 
+def test_a_copy_whose_block_layers_have_no_bias_builds_with_the_initialisation_of_the_weights(
+    tmp_path, monkeypatch
+):
+    # GPT-2-style bias-free projections: the init loop zeroes the biases there are
+    edit = Edit(
+        "ppo_transformer",
+        (
+            (
+                "self.c_fc = nn.Linear(config.d_model, 4 * config.d_model)",
+                "self.c_fc = nn.Linear(config.d_model, 4 * config.d_model, bias=False)",
+            ),
+        ),
+        rollout=None,
+    )
+    copy = edited_copy(edit, tmp_path, monkeypatch, "bias_free")
+    observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    torch.manual_seed(0)
+    agent = copy.Agent(observation_space, gym.spaces.Discrete(2), copy.Args())
+    for block in agent.blocks:
+        assert block.mlp.c_fc.bias is None
+        assert block.mlp.c_fc.weight.std().item() == pytest.approx(0.02, rel=0.1)
+        assert not block.mlp.c_proj.bias.any()
+
+
 def test_a_copy_that_draws_at_random_while_acting_stops_and_says_so(tmp_path, monkeypatch):
     copy = edited_copy(Edit("ppo_transformer", NOISE_WHILE_ACTING), tmp_path, monkeypatch, "noise")
     args = copy.Args(
