@@ -483,9 +483,14 @@ class Acting:
                 f"along a sequence as step by step {self.section}"
             )
         return (
-            "rollout_policy's policy calls the update's modules on the same inputs but draws otherwise: a change "
-            "after the network made in the rollout's policy alone (a temperature, a scale, a clip); the update "
-            f"scores actions with Agent.distribution, so the change belongs there {self.section}"
+            "rollout_policy's policy calls the update's modules on the same inputs but draws otherwise, first at "
+            f"step {step}, env {env}: the network's outputs agree, so the draws part after it, in one of two places. "
+            "Either the rollout's policy alone changes the draw (a temperature, a scale, a clip: the update scores "
+            "actions with Agent.distribution, so such a change belongs there), or the update's scoring does not "
+            "give back the drawn action (Agent.distribution and Agent.sample: an unstable inverse, as atanh of a "
+            "saturated tanh action, or a precision loss). To tell them apart, let rollout_policy's policy draw as "
+            "the original script's does (Agent.sample of Agent.distribution of the network's output): a run that "
+            f"still stops here has its cause in the update's scoring {self.section}"
         )
 
 

@@ -772,7 +772,8 @@ WRONG_EDITS = {
         "ppo_fc",
         ((FC_POLICY, FC_POLICY.replace("agent(obs)[0]", "agent(obs)[0] / 2.0")),),
         r"^the rollout acted with another policy than the update's: .*rollout_policy's policy calls the update's "
-        r"modules on the same inputs but draws otherwise: .*a temperature.*the change belongs there \(docs/ppo_fc",
+        r"modules on the same inputs but draws otherwise, first at step \d+, env \d+: .*a temperature.*belongs "
+        r"there\), or the update's scoring .*an unstable inverse.*To tell them apart.* \(docs/ppo_fc",
         ((FC_CATEGORICAL, FC_CATEGORICAL.replace("logits=actor_out", "logits=actor_out / 2.0")),),
     ),
     "noise_scaled_in_the_loop": WrongEdit(
