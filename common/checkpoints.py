@@ -58,9 +58,9 @@ EVALUATION_FLAGS += (
     "video_every",
 )
 EVALUATION_FLAGS += ("track", "wandb_project_name", "wandb_entity", "compile", "cuda_graphs")
-# Given with --resume, a setting that the checkpoint otherwise decides: a new budget trains the run on (or
-# ends it sooner), from the checkpoint's step (docs/outputs.md, "Training a run on").
-BUDGET_FLAGS = ("total_timesteps",)
+# The setting --resume takes from the command line where given, that the checkpoint otherwise decides: a new budget
+# trains the run on (or ends it sooner) from the checkpoint's step (docs/outputs.md, "Training a run on").
+BUDGET = "total_timesteps"
 
 
 def save(
@@ -146,12 +146,11 @@ def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) 
     A setting that is no field of `args` (another algorithm's) is a UsageError. With `strict` (a
     resumed run), so is any other field of `args` that differs both from its default and from the
     checkpoint: the checkpoint decides it, and the flag would otherwise be ignored without a word;
-    but a BUDGET_FLAGS field given so is taken from `args` (a flag equal to its default reads as not
-    given: the checkpoint's budget)."""
+    but BUDGET given so is taken from `args` (a flag equal to its default reads as not given)."""
     defaults = type(args)()
     kept = set(kept)
-    if strict:
-        kept |= {name for name in BUDGET_FLAGS if getattr(args, name) != getattr(defaults, name)}
+    if strict and getattr(args, BUDGET) != getattr(defaults, BUDGET):
+        kept.add(BUDGET)
     fields = {field.name for field in dataclasses.fields(args)}
     unknown = sorted(set(checkpoint["args"]) - fields)
     if unknown:
@@ -169,12 +168,6 @@ def settings(checkpoint: dict, args: Config, kept: Iterable[str], strict: bool) 
     return type(args)(
         **{**checkpoint["args"], **{name: getattr(args, name) for name in kept if name in fields}}
     )
-
-
-def without_budget(args: Config) -> Config:
-    """`args` with the BUDGET_FLAGS fields at their defaults."""
-    defaults = type(args)()
-    return dataclasses.replace(args, **{name: getattr(defaults, name) for name in BUDGET_FLAGS})
 
 
 def load_with_settings(

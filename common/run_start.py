@@ -6,6 +6,7 @@ over torchrun's processes, evaluates and ends the run."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -66,8 +67,9 @@ def _setup(
     broadcast, its sampling noise and minibatches are its own) and the device. Returns the run's
     settings, the checkpoint (None for a new run) and the device."""
     distributed.launched_size()  # a WORLD_SIZE that is not a number, before check_args reads it
-    # A resumed run's budget is checked with its checkpoint's settings (its batch size, say).
-    check_args(checkpoints.without_budget(args) if args.resume else args)
+    # a resumed run's budget is checked with its checkpoint's settings (its batch size, say)
+    default_budget = {checkpoints.BUDGET: getattr(type(args)(), checkpoints.BUDGET)}
+    check_args(dataclasses.replace(args, **default_budget) if args.resume else args)
     distributed.setup(getattr(args, "dist_backend", None), args.cuda)
     args = checkpoints.auto_resume(args)
     kept = (*checkpoints.RUN_TIME_FLAGS, *kept)

@@ -576,6 +576,78 @@ KILLED_RUNS = {
 }
 
 
+def test_a_finished_run_trained_on_and_killed_on_the_way_reads_back_as_the_run_started_with_that_budget(
+    tmp_path,
+):
+    # A clean end at 2,048 steps, then the same run name with --resume auto and --total-timesteps 6,144, killed
+    # once a checkpoint past the first end is written, then that command again: the checkpoint read in a fresh
+    # process, TensorBoard's reader and wandb's offline file give what a run started at 6,144 gives.
+    runs, env = tmp_path / "runs", {**os.environ, **wandb_env(tmp_path)}
+    flags = [
+        "--env-id",
+        "CartPole-v1",
+        "--num-steps",
+        "128",
+        "--no-anneal-lr",
+        "--track",
+        "--save-model",
+    ]
+    flags += [
+        "--run-dir",
+        str(runs),
+        "--checkpoint-every",
+        "1",
+        "--no-progress",
+        "--eval-episodes",
+        "2",
+    ]
+
+    def run(*more: str, wait: bool = True) -> subprocess.Popen:
+        process = subprocess.Popen(
+            [sys.executable, "ppo_fc.py", *more],
+            cwd=REPO,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert not wait or process.wait() == 0, process.stderr.read()[-3000:]
+        return process
+
+    run(*flags, "--run-name", "whole", "--total-timesteps", "6144")
+    run(*flags, "--run-name", "trained-on", "--total-timesteps", "2048")
+    again = ["--run-name", "trained-on", "--resume", "auto", "--total-timesteps", "6144"]
+    again += ["--run-dir", str(runs), "--track", "--no-progress"]
+    stop_when(
+        run(*again, wait=False), lambda: (runs / "trained-on/checkpoints/step_3072.pt").exists()
+    )
+    run(*again)
+
+    whole, trained_on = (
+        torch.load(runs / name / "checkpoints" / "latest.pt", weights_only=True)
+        for name in ("whole", "trained-on")
+    )
+    assert trained_on["global_step"] == 6144 and trained_on["model"].keys() == whole["model"].keys()
+    for key, value in whole["model"].items():
+        torch.testing.assert_close(trained_on["model"][key], value, rtol=0, atol=0, msg=key)
+    scalars = {name: read_scalars(runs / name) for name in ("whole", "trained-on")}
+    assert (
+        scalars["trained-on"]["charts/episodic_return"]
+        == scalars["whole"]["charts/episodic_return"]
+    )
+    assert [step for step, _ in scalars["trained-on"]["charts/learning_rate"]] == list(
+        range(512, 6145, 512)
+    )
+    episodes = {}
+    for name in ("whole", "trained-on"):
+        rows = [row for part in read_wandb_runs(runs / name) for row in part.history]
+        episodes[name] = Counter(
+            (row["global_step"], row["charts/episodic_return"])
+            for row in rows
+            if EPISODE_KEYS[0] in row
+        )
+    assert episodes["trained-on"] == episodes["whole"] and max(episodes["whole"].values()) == 1
+
+
 @pytest.mark.parametrize("script", list(KILLED_RUNS))
 def test_wandb_holds_every_row_once_after_kills_long_after_and_just_after_a_checkpoint(
     tmp_path, script
