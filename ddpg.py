@@ -105,6 +105,8 @@ class Args:
     """the run folder's name in --run-dir (default: {env_id}__{exp_name}__{seed}__{unix time})"""
     resume: str | None = None
     """continue this checkpoint's run (settings, folder, step, schedule); auto: --run-name's, if any"""
+    check_resume: bool = False
+    """if toggled, check that this script resumes exactly: a short run, whole and stopped then resumed"""
     eval_checkpoint: str | None = None
     """evaluate this checkpoint's actor for --eval-episodes episodes, without noise, then exit"""
     eval_episodes: int = 10

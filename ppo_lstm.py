@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -129,6 +129,8 @@ class Args:
     """the run folder's name in --run-dir (default: {env_id}__{exp_name}__{seed}__{unix time})"""
     resume: str | None = None
     """continue this checkpoint's run (settings, folder, step, schedule); auto: --run-name's, if any"""
+    check_resume: bool = False
+    """if toggled, check that this script resumes exactly: a short run, whole and stopped then resumed"""
     eval_checkpoint: str | None = None
     """evaluate the agent of this checkpoint for --eval-episodes episodes, then exit"""
     eval_episodes: int = 10
@@ -278,6 +280,16 @@ class Core(nn.Module):
         return torch.cat(state, -1) if isinstance(state, tuple) else state
 
 
+class AgentOutput(NamedTuple):
+    """What `Agent.forward` gives, taken by name where it is called: an auxiliary output (a
+    prediction head, say) is one more field here, given in `forward`."""
+
+    actor_out: Tensor
+    value: Tensor
+    state: Tensor | None
+    """the state after the step (one step alone: T = 1), else None"""
+
+
 class Agent(nn.Module):
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, args: Args):
         super().__init__()
@@ -334,9 +346,7 @@ class Agent(nn.Module):
         episode `starts` (B,)."""
         return torch.where(starts[None, :, None], self.initial_state(state.shape[1]), state)
 
-    def forward(
-        self, x: Tensor, state: Tensor, episode_starts: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
+    def forward(self, x: Tensor, state: Tensor, episode_starts: Tensor) -> AgentOutput:
         """Along observations `x` (T, B, obs) from `state` (layers, B, state size), the initial
         state wherever `episode_starts` (T, B): the actor's output and the value at each step; for
         one step (T = 1) also the state after it."""
@@ -355,7 +365,9 @@ class Agent(nn.Module):
                 x, state[..., self.core.state_size :], segments
             )
             next_state = torch.cat([next_state, critic_state], -1) if segments is None else None
-        return self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state
+        return AgentOutput(
+            self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state
+        )
 
     def update_obs_norm(self, x: Tensor | dict[str, Tensor]) -> None:
         """With --norm-obs (never of an image through the CNN): the running statistics take in the
@@ -384,7 +396,7 @@ class Agent(nn.Module):
         state = torch.as_tensor(state, device=device)
         if starts is None:
             starts = np.zeros(state.shape[1], dtype=bool)
-        return self(x, state, torch.as_tensor(starts, device=device)[None])[1][0].cpu().numpy()
+        return self(x, state, torch.as_tensor(starts, device=device)[None]).value[0].cpu().numpy()
 
     def distribution(self, actor_out: Tensor) -> Categorical | Normal:
         """The policy given the actor's output: its one definition, used by the rollout, the update
@@ -510,7 +522,8 @@ def train(args: Args) -> TrainResult:
                 b_starts = torch.as_tensor(episode_starts, device=device)
                 b_actions = torch.as_tensor(actions, device=device)
                 b_rnn_states = torch.as_tensor(rnn_states, device=device)
-                b_actor_outs, b_values, _ = agent(b_obs, b_rnn_states[0], b_starts)
+                rollout_pass = agent(b_obs, b_rnn_states[0], b_starts)
+                b_actor_outs, b_values = rollout_pass.actor_out, rollout_pass.value
                 b_logprobs = check_policy(b_actor_outs, b_noise, b_actions, agent, act)
                 next_value = agent.bootstrap_value(next_obs, next_rnn_state, next_starts)
                 advantages = compute_gae(
@@ -535,7 +548,8 @@ def train(args: Args) -> TrainResult:
                     mb_inds = sequences.index(mb)  # its sequences' steps, (length, sequences)
                     mb_initial_state = sequences.initial_state(b_rnn_states, mb)
                     mb_sequences = (b_obs[mb_inds], mb_initial_state, b_starts[mb_inds])
-                    actor_out, newvalue, _ = agent(*mb_sequences)
+                    output = agent(*mb_sequences)
+                    actor_out, newvalue = output.actor_out, output.value
                     if epoch == 0 and i == 0:  # no step yet: this pass replays the rollout's
                         recorded = (b_actor_outs[mb_inds], b_values[mb_inds])
                         in_eval = partial(eval_pass, agent, act.buffers, *mb_sequences)
@@ -678,8 +692,8 @@ def rollout_policy(
 
     @torch.no_grad()
     def policy_step(obs: Tensor, state: Tensor, starts: Tensor, noise: Tensor):
-        actor_out, _, next_state = agent(obs[None], state, starts[None])
-        return agent.sample(agent.distribution(actor_out[0]), noise), next_state
+        output = agent(obs[None], state, starts[None])
+        return agent.sample(agent.distribution(output.actor_out[0]), noise), output.state
 
     def torch_step(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
         x = observation_tensor(obs, device)
@@ -688,7 +702,7 @@ def rollout_policy(
 
     def update_pass(obs: np.ndarray, state: np.ndarray, starts: np.ndarray, noise: np.ndarray):
         x = observation_tensor(obs, device)  # the update's pass, for one step
-        return agent(x[None], as_tensor(state), as_tensor(starts)[None])[0][0]
+        return agent(x[None], as_tensor(state), as_tensor(starts)[None]).actor_out[0]
 
     act = torch_step
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
@@ -752,9 +766,9 @@ def eval_pass(agent: Agent, buffers: dict[str, Tensor], *inputs: Tensor) -> tupl
     """The actor outputs and values of `agent` in eval mode, with the `buffers` (batch norm's
     statistics) it had then: as the rollout acted."""
     agent.eval()
-    actor_out, value, _ = torch.func.functional_call(agent, buffers, inputs)
+    output = torch.func.functional_call(agent, buffers, inputs)
     agent.train()
-    return actor_out, value
+    return output.actor_out, output.value
 
 
 class TrainingSequences:
@@ -830,8 +844,9 @@ def evaluate(agent: Agent, run: Run, record_to: Path | None = None) -> list[floa
         obs_tensor = observation_tensor(obs, device)[None]
         starts = torch.as_tensor(episode_starts, device=device)[None]
         acted_from = agent.reset_state(state, starts[0])
-        actor_out, _, state = agent(obs_tensor, state, starts)
-        action = run.select_action(agent.distribution(actor_out[0]))
+        output = agent(obs_tensor, state, starts)
+        state = output.state
+        action = run.select_action(agent.distribution(output.actor_out[0]))
         fields = {"policy": {"hidden_state": acted_from.transpose(0, 1).cpu().numpy()}}
         return agent.env_action(action.cpu().numpy()), fields
 

@@ -70,8 +70,8 @@ SHARED_UNMATCHED = {
     **dict.fromkeys(
         (
             "exp_name", "track", "wandb_project_name", "wandb_entity", "capture_video", "video_every", "run_dir",
-            "progress", "save_model", "checkpoint_every", "checkpoint_minutes", "run_name", "resume", "eval_checkpoint",
-            "eval_episodes", "save_trajectories", "env_id", "total_timesteps", "seed",
+            "progress", "save_model", "checkpoint_every", "checkpoint_minutes", "run_name", "resume", "check_resume",
+            "eval_checkpoint", "eval_episodes", "save_trajectories", "env_id", "total_timesteps", "seed",
         ),
         RUN_PLUMBING + " (env id, steps, seed and evaluation episodes are given to both as they are)",
     ),

@@ -8,7 +8,10 @@ import io
 import multiprocessing
 import re
 import sys
+import tempfile
+import traceback
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import tyro
@@ -16,6 +19,7 @@ import tyro
 from common import distributed
 from common.errors import RunStopped, UsageError
 from common.interrupt import stop_signals_raise
+from common.resume_check import check_resume
 
 Config = TypeVar("Config")
 
@@ -129,7 +133,11 @@ def exit_status(run: Callable[[], object]) -> int:
         return status
     except Exception as exc:
         if not distributed.collective_failed(exc):
-            raise
+            raised = raised_in_common(exc)
+            if raised is None:
+                raise
+            print(f"error: {raised}", file=sys.stderr)
+            return 1
         failed = f"rank {distributed.rank()}: a collective failed"
         failed += ", most likely because another process of the run stopped"
         print(f"error: {failed} ({type(exc).__name__}: {one_line(str(exc))})", file=sys.stderr)
@@ -138,19 +146,64 @@ def exit_status(run: Callable[[], object]) -> int:
     return 0
 
 
+def raised_in_common(exc: BaseException) -> str | None:
+    """Where `exc` was raised inside common/ (or in a library it called) while it ran a script's
+    code, what to say of it on one line: the exception, where in common/, the script's function
+    that called in (an edit there, or in what it hands common/, is the likely cause) and its docs
+    page's section; the whole traceback goes to a file the line names. None where it was raised in
+    the script itself (a user's own line: its traceback says it best) or outside any script."""
+    frames = [(frame, line) for frame, line in traceback.walk_tb(exc.__traceback__)]
+    common_folder = Path(__file__).resolve().parent
+    project = [
+        (frame, line)
+        for frame, line in frames
+        if Path(frame.f_code.co_filename).resolve().parent == common_folder
+        or "PAGE" in frame.f_globals
+    ]
+    if not project or "PAGE" in project[-1][0].f_globals:
+        return None
+    scripts = [(frame, line) for frame, line in project if "PAGE" in frame.f_globals]
+    if not scripts:
+        return None
+    inner, inner_line = project[-1]
+    script, script_line = scripts[-1]
+    with tempfile.NamedTemporaryFile(
+        "w", prefix="onefile-rl-traceback-", suffix=".txt", delete=False
+    ) as saved:
+        traceback.print_exception(exc, file=saved)
+    raiser = frames[-1][0].f_code
+    parts = Path(raiser.co_filename).parts
+    library = parts[parts.index("site-packages") + 1] if "site-packages" in parts else None
+    by = (
+        f", raised by {library}'s {raiser.co_qualname}"
+        if library and raiser is not inner.f_code
+        else ""
+    )
+    return (
+        f"{type(exc).__name__} in common/{Path(inner.f_code.co_filename).name}:{inner_line} "
+        f"({inner.f_code.co_name}){by}: {one_line(str(exc)) or 'no message'}; it ran "
+        f"{Path(script.f_code.co_filename).name}'s {script.f_code.co_qualname} (line {script_line}), so the cause "
+        f'is most likely an edit there or in what it hands common/ ({script.f_globals["PAGE"]}, "When a check '
+        f'stops a run"); the traceback: {saved.name}'
+    )
+
+
 def main(
     config: type[Config],
     train: Callable[[Config], Any],
     evaluate_checkpoint: Callable[[Config], object],
     argv: Sequence[str] | None = None,
 ) -> int:
-    """A script's command line: its flags parsed into `config`, then `evaluate_checkpoint(args)`
-    with --eval-checkpoint, else `train(args)`, whose result's summary is printed; the exit status
-    (see `exit_status`)."""
+    """A script's command line: its flags parsed into `config`, then `check_resume` with
+    --check-resume, `evaluate_checkpoint(args)` with --eval-checkpoint, else `train(args)`, whose
+    result's summary is printed; the exit status (see `exit_status`)."""
 
     def run() -> None:
         args = parse_args(config, argv)
-        if args.eval_checkpoint:
+        if getattr(args, "check_resume", False):
+            script = sys.modules[config.__module__].__file__
+            check_resume(script, list(sys.argv[1:] if argv is None else argv), args)
+        elif args.eval_checkpoint:
             evaluate_checkpoint(args)
         else:
             train(args).print_summary()

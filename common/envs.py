@@ -503,31 +503,37 @@ Discrete space"""
 
 
 def make(
-    env_id: str, frame_stack: int = 1, video_folder: str | None = None, video_every: int = 1
+    env_id: str,
+    frame_stack: int = 1,
+    video_folder: str | None = None,
+    video_every: int = 1,
+    joint: bool = True,
 ) -> gym.Env:
     """One env as the PPO scripts' networks take it: `gym.make(env_id)` (an Atari game with
     `common.atari.make_kwargs`: it skips no frames itself), recorded by gymnasium's RecordVideo
     into `video_folder`, every `video_every`-th episode, where that is given; then `prepared` with
-    `frame_stack`. While `envpool_envs` makes its envs, one of EnvPool's games in its place."""
+    `frame_stack` and `joint`. While `envpool_envs` makes its envs, one of EnvPool's games in its
+    place."""
     if _pool_games is not None:
         return _pool_games.slot(frame_stack)
     if video_folder is None:
-        return prepared(gym.make(env_id, **make_kwargs(env_id)), frame_stack)
+        return prepared(gym.make(env_id, **make_kwargs(env_id)), frame_stack, joint)
     env = gym.make(env_id, render_mode="rgb_array", **make_kwargs(env_id))
     env = gym.wrappers.RecordVideo(
         env, video_folder, episode_trigger=lambda n: n % video_every == 0
     )
-    return prepared(env, frame_stack)
+    return prepared(env, frame_stack, joint)
 
 
-def prepared(env: gym.Env, frame_stack: int = 1) -> gym.Env:
+def prepared(env: gym.Env, frame_stack: int = 1, joint: bool = True) -> gym.Env:
     """`env` as the PPO scripts' networks take it: an Atari game preprocessed as CleanRL's Atari
     scripts do (`common.atari.preprocessed`, `frame_stack` frames in each observation), the
-    observation a vector, an image, or an image and a vector (`flat_observations`), and
-    MultiDiscrete or MultiBinary actions as one Discrete (`joint_actions`). Wrapped per env:
-    gymnasium's vector observation wrappers refuse SAME_STEP autoreset."""
-    env = preprocessed(env, frame_stack)
-    return joint_actions(flat_observations(env, keep_images=True, image_parts=True))
+    observation a vector, an image, or an image and a vector (`flat_observations`), and, with
+    `joint`, MultiDiscrete or MultiBinary actions as one Discrete (`joint_actions`; a copy whose
+    agent draws a choice per part passes False). Wrapped per env: gymnasium's vector observation
+    wrappers refuse SAME_STEP autoreset."""
+    env = flat_observations(preprocessed(env, frame_stack), keep_images=True, image_parts=True)
+    return joint_actions(env) if joint else env
 
 
 def joint_actions(env: gym.Env) -> gym.Env:

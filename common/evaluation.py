@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from torch.distributions import Categorical, Normal
+from torch.distributions import Categorical, Distribution, Normal, TransformedDistribution
 from torch.utils.tensorboard import SummaryWriter
 
 from common import distributed
@@ -161,15 +161,13 @@ def evaluate_checkpoint(
     return returns
 
 
-def select_action(
-    policy: Categorical | Normal, method: str, temperature: float, k: int
-) -> torch.Tensor:
+def select_action(policy: Distribution, method: str, temperature: float, k: int) -> torch.Tensor:
     """An action of `policy` for evaluation (--sampling-method): greedy (argmax / mean), basic
     (sample), temperature (logits divided by it, or the std multiplied), topk or bottomk (a sample
     among the `k` most or least likely actions of a categorical). Another distribution takes greedy
-    and basic (its `mode` and `sample`)."""
+    (`greedy_action`) and basic (its `sample`)."""
     if method == "greedy":
-        return policy.mode
+        return greedy_action(policy)
     if method == "basic":
         return policy.sample()
     if method == "temperature" and isinstance(policy, Categorical):
@@ -184,3 +182,22 @@ def select_action(
     raise UsageError(
         f"--sampling-method {method} does not apply to a {type(policy).__name__} policy"
     )
+
+
+def greedy_action(policy: Distribution) -> torch.Tensor:
+    """The policy's `mode`; for a TransformedDistribution that has none (a tanh-squashed Gaussian,
+    a Beta scaled to the bounds), its transforms applied to its base distribution's greedy action
+    (tanh of the Gaussian's mean, as SAC evaluates)."""
+    try:
+        return policy.mode
+    except NotImplementedError:
+        if not isinstance(policy, TransformedDistribution):
+            raise UsageError(
+                f"--sampling-method greedy takes the policy's mode, and Agent.distribution's "
+                f"{type(policy).__name__} has none: define its `mode` property, or evaluate with --sampling-method "
+                "basic"
+            ) from None
+    action = greedy_action(policy.base_dist)
+    for transform in policy.transforms:
+        action = transform(action)
+    return action

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import signal
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -19,7 +20,7 @@ import torch
 from torch.distributions import Distribution
 from torch.utils.tensorboard import SummaryWriter
 
-from common import checkpoints, distributed, env_state, evaluation
+from common import checkpoints, distributed, env_state, evaluation, resume_check
 from common.checkpoints import resume_folder
 from common.cli import notice
 from common.envs import checked_spaces, training_envs
@@ -326,6 +327,8 @@ class Run:
         timing starts."""
         self._loop_state = (iteration, global_step, carried)
         self.global_step = global_step
+        if iteration == resume_check.stop_after():  # as a SIGTERM: --check-resume's stop
+            self.interrupt.signum = signal.SIGTERM
         # one decision for every rank, whether a signal reached one or all of them
         signum, time_due = distributed.max_over_ranks(self.interrupt.signum, self.saving.time_due())
         # only ever set here: a signal handled as the all-reduce returns (most land while a rank

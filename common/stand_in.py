@@ -170,9 +170,10 @@ def check_actions(
     draws: str = DRAWS,
 ) -> None:
     """Stop the run (PolicyMismatch) unless the rollout's `acted` actions are the torch policy's:
-    the `sampled` ones it draws with the same `noise` (`check_same_actions`, where given), and
-    plausibly draws from `policy`, its distribution (`check_draws`). A Categorical's actions are
-    its logits' argmax with Gumbel noise; any other distribution's are checked by its mean and std.
+    the `sampled` ones it draws with the same `noise` (`check_same_actions`, where given), scored
+    as possible by `policy`, its distribution (a finite log-probability), and plausibly its draws
+    (`check_draws`). Any torch distribution: a Categorical's actions are checked by its logits and
+    probabilities, a Normal's by its mean and std, any other's by its `log_prob` and `sample`.
     `explain(wrong)`: what the message says of the steps whose actions differ (`Acting.explain`);
     `draws`: what it says of actions that are not draws (where the fix goes)."""
     if sampled is not None and noise is None:
@@ -183,8 +184,38 @@ def check_actions(
         check_draws(acted, probs=policy.probs, why=draws)
         return
     if sampled is not None:
-        check_same_actions(acted, sampled, explain, std=policy.stddev)
-    check_draws(acted, mean=policy.mean, std=policy.stddev, why=draws)
+        check_same_actions(acted, sampled, explain)
+    scored = row_log_probs(policy, acted)
+    if not torch.isfinite(scored).all():
+        first = int((~torch.isfinite(scored)).nonzero()[0, 0])
+        raise PolicyMismatch(
+            f"Agent.distribution scores {int((~torch.isfinite(scored)).sum())} of the {len(scored)} actions the "
+            f"rollout drew as impossible (first: {acted[first].tolist()}, log-probability {scored[first].item()}): "
+            "the update's ratios would be NaN. The draw and the scoring part in Agent.distribution's log_prob: an "
+            "unstable inverse (atanh of a tanh action that float32 rounds to the bound) or a support the draw "
+            "leaves; clamp the action inside the support before scoring it, or keep what the draw inverts"
+        )
+    if isinstance(policy, torch.distributions.Normal):
+        check_draws(acted, mean=policy.mean, std=policy.stddev, why=draws)
+        return
+    try:
+        device = acted.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            fresh = policy.sample()  # the run's draws stay as they are
+    except NotImplementedError:
+        raise PolicyMismatch(
+            f"the action check compares the rollout's actions with draws of Agent.distribution, and its "
+            f"{type(policy).__name__} has no `sample`: define `sample` (or `rsample`) on the distribution's class, "
+            f"as torch.distributions' own do"
+        ) from None
+    check_draws(acted, log_probs=(scored, row_log_probs(policy, fresh)), why=draws)
+
+
+def row_log_probs(policy: torch.distributions.Distribution, actions: torch.Tensor) -> torch.Tensor:
+    """`policy.log_prob(actions)`, one per row: summed over what is left after the batch axis (the
+    independent dimensions of a Normal's or a Beta's action)."""
+    log_probs = policy.log_prob(actions)
+    return log_probs.reshape(len(actions), -1).sum(-1)
 
 
 def check_same_actions(
@@ -192,32 +223,35 @@ def check_same_actions(
     expected: torch.Tensor,
     explain: Callable[[torch.Tensor], str] | None = None,
     scores: torch.Tensor | None = None,
-    std: torch.Tensor | None = None,
 ) -> None:
     """Raise PolicyMismatch unless the rollout's `acted` actions are the `expected` ones, which the
     torch policy gives for the same observations and noise; `explain(wrong)` (a mask of the actions
     that differ) says why, where given.
 
-    NumPy and torch round float32 differently. Discrete actions (pass the `scores` they are the
-    argmax of) may differ only where the two actions' scores tie to 1e-5; continuous ones (pass the
-    policy's `std`) must agree to 1% of a standard deviation, plus 1e-4 relative to the action. NaN
-    in the torch policy's output (from an observation or a parameter) is a TrainingDiverged."""
+    NumPy and torch round float32 differently. Categorical actions (pass the `scores` they are the
+    argmax of) may differ only where the two actions' scores tie to 1e-5; other integer actions
+    (a draw per part of a MultiDiscrete action, say) in one step alone, as such a tie would;
+    continuous ones must agree to 1% of the action's scale (its standard deviation over the batch,
+    per dimension), plus 1e-4 relative to the action. NaN in the torch policy's output (from an
+    observation or a parameter) is a TrainingDiverged."""
     if torch.isnan(scores if scores is not None else expected).any():
         raise TrainingDiverged("the policy's output is NaN: an observation or a parameter is")
+    if torch.equal(acted, expected):  # nearly always: the ties below are rare
+        return
     if scores is not None:
-        if torch.equal(acted, expected):  # nearly always: the ties below are rare
-            return
         acted_score, expected_score = (
             scores.gather(-1, acted[:, None]),
             scores.gather(-1, expected[:, None]),
         )
         wrong = ~torch.isclose(acted_score, expected_score, rtol=1e-5, atol=1e-5).squeeze(-1)
+    elif not expected.is_floating_point():
+        wrong = (acted != expected).reshape(len(acted), -1).any(-1)
+        wrong = wrong & (wrong.sum() > 1)
     else:
-        wrong = (
-            ((acted - expected).abs() > 1e-2 * std + 1e-4 * expected.abs())
-            .reshape(len(acted), -1)
-            .any(-1)
-        )
+        flat = expected.reshape(len(expected), -1)
+        scale = flat.std(0) if len(flat) > 1 else flat.abs()
+        differ = (acted.reshape(flat.shape) - flat).abs() > 1e-2 * scale + 1e-4 * flat.abs()
+        wrong = differ.any(-1)
     if wrong.any():
         first = int(wrong.nonzero()[0, 0])
         raise PolicyMismatch(
@@ -604,9 +638,16 @@ def check_draws(
     mean: torch.Tensor | None = None,
     std: torch.Tensor | None = None,
     why: str = "",
+    log_probs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Raise PolicyMismatch when `actions` are not plausibly draws from the policy, by more than 6
     standard errors; the message ends with `why` (where the fix goes).
+
+    Any distribution (`log_probs`: the policy's log-probability of each row's action, and of a draw
+    of its own at each row): a sign test. Two draws from one distribution are as likely to come
+    either way, so the actions' log-probabilities exceed the draws' at half the rows; sharper
+    actions exceed them more often, flatter or shifted ones less (ties and non-finite pairs left
+    out).
 
     Gaussian (`mean`, `std`): the mean and the variance of the standardised actions. Discrete
     (`probs`): the count of each action whose count has a variance of 25 or more (smaller ones are
@@ -628,6 +669,11 @@ def check_draws(
         )
         transform = ordered.values.cumsum(-1).gather(-1, rank).squeeze(-1) - drawn * uniform
         z = torch.cat([z, ((transform.mean() - 0.5) * (12 * len(actions)) ** 0.5)[None]])
+    elif log_probs is not None:
+        scored, drawn = log_probs
+        kept = torch.isfinite(scored) & torch.isfinite(drawn)
+        signs = torch.sign(scored[kept] - drawn[kept])
+        z = signs.sum()[None] / max(int(signs.abs().sum()), 1) ** 0.5
     else:
         standardised = ((actions - mean) / std).flatten()
         n = len(standardised)

@@ -569,6 +569,29 @@ def load_trajectories(path: str | Path) -> dict[str, np.ndarray]:
     return data
 
 
+def transitions(data: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A recording's steps as a replay buffer's transitions, time-major, `(T, num_envs, ...)`: the
+    order in which ddpg.py's loop adds them (`.reshape(-1, ...)` gives its buffer's rows). Each
+    step's `next_observations` is the true one: the next step's observation, or where the episode
+    ended there, its last (`/infos/final_obs`). The last recorded step is left out, as its next
+    observation is not recorded unless its episode ended. For checking a buffer edit
+    (docs/ddpg.md, "Checking a replay-buffer edit")."""
+    ended = data["/terminations"] | data["/truncations"]
+    following = data["/observations"][:, 1:]
+    if "/infos/final_obs" in data:
+        mask = ended[:, :-1].reshape(*ended[:, :-1].shape, *(1,) * (following.ndim - 2))
+        following = np.where(mask, data["/infos/final_obs"][:, :-1], following)
+    steps = {
+        "observations": data["/observations"][:, :-1],
+        "next_observations": following,
+        "actions": data["/actions"][:, :-1],
+        "rewards": data["/rewards"][:, :-1],
+        "terminations": data["/terminations"][:, :-1],
+        "truncations": data["/truncations"][:, :-1],
+    }
+    return {name: np.swapaxes(value, 0, 1) for name, value in steps.items()}
+
+
 def summarize(data: Mapping[str, np.ndarray]) -> str:
     """A human-readable summary: envs, steps, episodes, returns of finished episodes, and every
     key's statistics."""

@@ -6,6 +6,7 @@ Importing this package registers the ids below with gymnasium:
   memory probe (7); discrete actions.
 - ``RepeatCue-v0``: a memory-length probe, a cue needed up to 127 steps after it was shown.
 - ``ContinuousProbe1-v0`` ... ``ContinuousProbe5-v0``: the same ideas with a Box(-1, 1, (1,)) action.
+- ``MultiDiscreteProbe-v0``: probe 5 with a MultiDiscrete([2, 3]) action, each part from the observation.
 - ``CartPoleNoVel-v1``, ``PendulumNoVel-v1``: classic control with velocities hidden (partially observed).
 - ``ImageBandit-v0``, ``ImageMemory-v0`` and their channels-last ``...RGB-v0`` forms: probes 5 and 7 seen as images;
   ``ImageVectorBandit-v0``: a Dict of an image and a vector, both needed (``probe_envs.images``).
@@ -29,6 +30,7 @@ from probe_envs.probes import (
     ContinuousProbe3,
     ContinuousProbe4,
     ContinuousProbe5,
+    MultiDiscreteProbe,
     Probe1,
     Probe2,
     Probe3,
@@ -54,6 +56,7 @@ PROBES = {
     "ContinuousProbe3-v0": ContinuousProbe3,
     "ContinuousProbe4-v0": ContinuousProbe4,
     "ContinuousProbe5-v0": ContinuousProbe5,
+    "MultiDiscreteProbe-v0": MultiDiscreteProbe,
     "ImageBandit-v0": ImageBandit,
     "ImageBanditRGB-v0": ImageBanditRGB,
     "ImageMemory-v0": ImageMemory,
@@ -93,6 +96,7 @@ __all__ = [
     "ImageMemory",
     "ImageMemoryRGB",
     "ImageVectorBandit",
+    "MultiDiscreteProbe",
     "PendulumNoVelEnv",
     "Probe1",
     "Probe2",

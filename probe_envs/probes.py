@@ -317,3 +317,22 @@ class ContinuousProbe5(Probe2):
 
     def optimal_value(self, gamma):
         return 0.0
+
+
+class MultiDiscreteProbe(Probe5):
+    """Observation [0] or [1] at random, one step, a MultiDiscrete([2, 3]) action (a, b): reward +0.5 if a equals
+    the observation, and +0.5 if b equals twice the observation.
+
+    Breaks: an agent that draws one choice per part, each from the observation, and adds the parts'
+    log-probabilities. Optimal action: (o, 2o); V*([0]) = V*([1]) = 1.
+    """
+
+    def __init__(self, render_mode: str | None = None):
+        super().__init__(render_mode)
+        self.action_space = spaces.MultiDiscrete([2, 3])
+
+    def _reward(self, action):
+        return 0.5 * float(int(action[0]) == self.cue) + 0.5 * float(int(action[1]) == 2 * self.cue)
+
+    def optimal_action(self):
+        return np.array([self.cue, 2 * self.cue])
