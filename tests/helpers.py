@@ -19,6 +19,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from common.wandb_file import history_row, item_key, records
 
 REPO = Path(__file__).resolve().parents[1]
+CONTINUOUS = dict(
+    num_envs=1,
+    num_steps=2048,
+    num_minibatches=32,
+    update_epochs=10,
+    learning_rate=3e-4,
+    ent_coef=0.0,
+    anneal_lr=False,
+)
+"""CleanRL's continuous-control settings."""
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -12,19 +12,10 @@ import numpy as np
 import pytest
 import torch
 from distribution_edits import BETA, MULTI_DISCRETE, TANH_GAUSSIAN, copy_source
-from helpers import run_in_one_process, visit_states
+from helpers import CONTINUOUS, run_in_one_process, visit_states
 
 from common.evaluation import greedy_action
 
-CONTINUOUS = dict(  # tests/test_ppo_fc.py's settings for its continuous probes
-    num_envs=1,
-    num_steps=2048,
-    num_minibatches=32,
-    update_epochs=10,
-    learning_rate=3e-4,
-    ent_coef=0.0,
-    anneal_lr=False,
-)
 TORCH_ROLLOUT = (
     "notice: the rollout acts with the torch policy at every step (no NumPy copy: no NumPy form for torch's double "
     "in Agent)"

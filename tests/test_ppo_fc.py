@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    CONTINUOUS,
     NanRewardEnv,
     assert_checkpoints_refused,
     assert_one_error_line,
@@ -43,16 +44,6 @@ from common.stand_in import check_actions
 from common.trajectories import load_trajectories, split_episodes
 
 REPO = Path(__file__).resolve().parents[1]
-CONTINUOUS = dict(
-    num_envs=1,
-    num_steps=2048,
-    num_minibatches=32,
-    update_epochs=10,
-    learning_rate=3e-4,
-    ent_coef=0.0,
-    anneal_lr=False,
-)
-"""CleanRL's continuous-control settings."""
 
 
 def vectors(size: int) -> gym.spaces.Box:
