@@ -23,8 +23,9 @@ from torch.distributions import Categorical, Normal
 
 import onefile_rl  # noqa: F401  (a copy kept outside the checkout finds common/ through it)
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import capture, cli, envs, stand_in
+from common import capture, cli, envs, rollout_checks
 from common.envs import cnn_layout, observation_tensor, observation_zeros
+from common.numpy_copy import numpy_copy
 from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
@@ -419,7 +420,7 @@ def train(args: Args) -> TrainResult:
 
     # dropout, batch norm: one notice that the update's ratios start away from 1
     forward = lambda net, obs: net(observation_tensor(obs, device))  # noqa: E731
-    stand_in.acts_otherwise_in_training(agent, forward, next_obs)
+    rollout_checks.acts_otherwise_in_training(agent, forward, next_obs)
     with run:  # after a Ctrl-C, the run stops at the end of this block with status 130
         for iteration in range(run.iterations_done + 1, num_iterations + 1):
             if args.anneal_lr:
@@ -584,7 +585,7 @@ def rollout_policy(
     first: tuple[np.ndarray, np.ndarray],
     stored: tuple[np.ndarray, np.ndarray],
     fast: capture.StandIn | None = None,
-) -> stand_in.Acting:
+) -> rollout_checks.Acting:
     """`Agent.sample(Agent.distribution(agent(obs)[0]), noise)` on NumPy arrays, as the rollout
     calls it: a NumPy copy (with `numpy_rollout`: recorded from the torch policy and checked against
     it on the rollout's `first` observations and noise) or a torch call (`fast` with --compile or
@@ -607,16 +608,16 @@ def rollout_policy(
     act = torch_act
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     if numpy_rollout and not agent.cnn and not agent.parts and not fast.enabled:
-        act = stand_in.numpy_copy(policy, first, agent) or torch_act
+        act = numpy_copy(policy, first, agent) or torch_act
     plain = partial(torch_act, call=lambda function, *inputs: function(*inputs))
     names = ("obs[step]", "noise[step]")
-    return stand_in.Acting(
+    return rollout_checks.Acting(
         act, plain, act is not torch_act, agent, update_pass, names, stored, PAGE
     )
 
 
 def check_policy(
-    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: stand_in.Acting
+    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: rollout_checks.Acting
 ) -> Tensor:
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
     policy's `actor_outs`, after checking that the loop acted through `act` as it stored and that
@@ -624,7 +625,7 @@ def check_policy(
     act.check(agent, actions)
     policy = agent.distribution(actor_outs)
     explain = partial(act.explain, actor_outs)
-    stand_in.check_actions(actions, policy, agent.sample(policy, noise), noise, explain)
+    rollout_checks.check_actions(actions, policy, agent.sample(policy, noise), noise, explain)
     if agent.discrete:
         return policy.log_prob(actions)
     return policy.log_prob(actions).sum(-1)

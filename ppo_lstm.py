@@ -23,8 +23,9 @@ from torch.distributions import Categorical, Normal
 
 import onefile_rl  # noqa: F401  (a copy kept outside the checkout finds common/ through it)
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import cli, envs, stand_in
+from common import cli, envs, rollout_checks
 from common.envs import cnn_layout, observation_tensor, observation_zeros
+from common.numpy_copy import numpy_copy
 from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
 
@@ -680,7 +681,7 @@ def rollout_policy(
     numpy_rollout: bool,
     first: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     stored: tuple[np.ndarray, np.ndarray, np.ndarray],
-) -> stand_in.Acting:
+) -> rollout_checks.Acting:
     """One step of `Agent.sample(Agent.distribution(.), noise)` and the state update, on NumPy
     arrays, as the rollout calls it: (observations, state, episode starts, noise) -> (actions, state
     after the step). A NumPy copy (with `numpy_rollout`: recorded from the torch step and checked
@@ -707,20 +708,20 @@ def rollout_policy(
     act = torch_step
     # Images act through the torch policy: a NumPy copy of a CNN would not be faster.
     if numpy_rollout and not agent.cnn and not agent.parts:
-        act = stand_in.numpy_copy(policy_step, first, agent) or torch_step
+        act = numpy_copy(policy_step, first, agent) or torch_step
     names = ("obs[step]", "next_rnn_state", "next_starts", "noise[step]")
     keeps = (stored[0], None, *stored[1:])  # not the state: the loop stores it after its reset
     start_state = (
         "define it in Agent.initial_state alone, which Agent.reset_state and Segments read"
     )
-    return stand_in.Acting(
+    return rollout_checks.Acting(
         act, torch_step, act is not torch_step, agent, update_pass, names, keeps, PAGE,
         action_of=lambda output: output[0], starts=2, start_state=start_state,
     )  # fmt: skip
 
 
 def check_policy(
-    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: stand_in.Acting
+    actor_outs: Tensor, noise: Tensor, actions: Tensor, agent: Agent, act: rollout_checks.Acting
 ) -> Tensor:
     """The log-probabilities of the rollout's `actions` under `Agent.distribution` at the torch
     policy's `actor_outs`, after checking that the loop acted through `act` as it stored and that
@@ -729,7 +730,7 @@ def check_policy(
     policy = agent.distribution(actor_outs.flatten(0, 1))
     flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
     explain = partial(act.explain, actor_outs.flatten(0, 1))
-    stand_in.check_actions(flat_actions, policy, agent.sample(policy, noise), noise, explain)
+    rollout_checks.check_actions(flat_actions, policy, agent.sample(policy, noise), noise, explain)
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 
@@ -758,7 +759,7 @@ def check_replay(
         "state recorded in the rollout and reset it where an episode starts, to Agent.initial_state "
         f'(read by Segments.initial_state and Agent.reset_state; {PAGE}, "When a check stops a run")'
     )
-    stand_in.check_replay(recorded, replayed, why, where, eval_replay)
+    rollout_checks.check_replay(recorded, replayed, why, where, eval_replay)
 
 
 @torch.no_grad()

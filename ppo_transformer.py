@@ -25,7 +25,7 @@ from torch.distributions import Categorical, Normal
 
 import onefile_rl  # noqa: F401  (a copy kept outside the checkout finds common/ through it)
 import probe_envs  # noqa: F401  (registers the probe ids with gymnasium)
-from common import cli, envs, stand_in
+from common import cli, envs, rollout_checks
 from common.envs import cnn_layout, observation_map, observation_tensor, observation_zeros
 from common.run_start import Run, TrainResult
 from common.running_norm import RunningNorm
@@ -927,14 +927,14 @@ def check_outputs(
     eval_replay: Callable[[], tuple[Tensor, Tensor]] | None = None,
 ) -> None:  # fmt: skip
     """Stop unless `replayed` actor outputs and values equal the `recorded` ones (B, T, ...) to
-    1e-4 of their largest magnitude plus 1e-5 (`common.stand_in.check_replay`, with `eval_replay`);
+    1e-4 of their largest magnitude plus 1e-5 (`common.rollout_checks.check_replay`, with `eval_replay`);
     the message says at which step of an episode (`positions`: the whole sequences' (B, prefix + T))."""
     positions = positions[:, positions.shape[1] - recorded[1].shape[1] :]
 
     def where(index: int) -> str:
         return f"at step {int(positions.flatten()[index])} of an episode"
 
-    stand_in.check_replay(recorded, replayed, why, where, eval_replay)
+    rollout_checks.check_replay(recorded, replayed, why, where, eval_replay)
 
 
 def check_replay(
@@ -951,14 +951,14 @@ def check_replay(
 
 def check_policy(actor_outs: Tensor, actions: Tensor, agent: Agent) -> Tensor:
     """The log-probabilities of the rollout's `actions` at the policy's `actor_outs`, after checking
-    that the actions are plausibly its draws (common/stand_in.py)."""
+    that the actions are plausibly its draws (common/rollout_checks.py)."""
     draws = (
         "the loop must store the action agent.distribution(actor_out).sample() drew; exploration, a "
         f'temperature or a change of the action belongs in Agent.distribution ({PAGE}, "When a check '
         'stops a run")'
     )
     policy = agent.distribution(actor_outs.flatten(0, 1))
-    stand_in.check_actions(actions.flatten(0, 1), policy, draws=draws)
+    rollout_checks.check_actions(actions.flatten(0, 1), policy, draws=draws)
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 

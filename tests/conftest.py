@@ -56,7 +56,7 @@ QUICK = [
     "tests/test_ddpg.py::test_the_same_seed_gives_the_same_run",
     "tests/test_data_helpers.py",
     "tests/test_common.py",
-    "tests/test_stand_in.py",
+    "tests/test_numpy_copy.py",
     "tests/test_trajectories.py",
     "tests/test_envs.py",
     "tests/test_minari_export.py",

@@ -19,9 +19,9 @@ from common import checkpoints, env_state, seeding, tracking
 from common.cli import check_ranges, notice, one_line, parse_args
 from common.envs import vector_env
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError, check_finite
+from common.rollout_checks import check_draws
 from common.run_folder import create_run_folder
 from common.running_norm import RunningNorm
-from common.stand_in import check_draws
 from common.tracking import TrainingLog
 from common.trajectories import RolloutRecorder, load_trajectories, new_recording_folder
 

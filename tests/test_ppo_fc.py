@@ -38,9 +38,9 @@ from benchmark.registry import script_agent
 from common.envs import observation_tensor
 from common.errors import PolicyMismatch, TrainingDiverged, UsageError
 from common.evaluation import select_action
+from common.rollout_checks import check_actions
 from common.run_start import Run
 from common.seeding import seed_and_pick_device
-from common.stand_in import check_actions
 from common.trajectories import load_trajectories, split_episodes
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,6 +24,7 @@ from helpers import (
     sharp_agent,
 )
 
+import common.numpy_cells
 import ppo_fc
 import ppo_lstm
 from benchmark.cases import CONTINUOUS_FLAGS
@@ -308,14 +309,14 @@ def test_a_replay_that_ignores_episode_starts_is_stopped(tmp_path, monkeypatch):
 def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(
     tmp_path, monkeypatch
 ):
-    numpy_copy = ppo_lstm.stand_in.numpy_copy
+    numpy_copy = ppo_lstm.numpy_copy
 
     # passes the check before acting (its first step starts every episode from zeros), then acts wrongly
     def forgetful_copy(*args):
         step = numpy_copy(*args)
         return lambda obs, state, starts, noise: step(obs, state, np.zeros_like(starts), noise)
 
-    monkeypatch.setattr(ppo_lstm.stand_in, "numpy_copy", forgetful_copy)
+    monkeypatch.setattr(ppo_lstm, "numpy_copy", forgetful_copy)
     monkeypatch.setattr(ppo_lstm, "Agent", sharp_recurrent_agent_class(seed=2))
     with pytest.raises(PolicyMismatch, match="--no-numpy-rollout"):
         ppo_lstm.train(quick_args(tmp_path, num_steps=64, total_timesteps=256))
@@ -326,7 +327,7 @@ def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(
 
 
 def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypatch, capsys):
-    numpy_cell, build_agent, agents = ppo_lstm.stand_in.numpy_cell, ppo_lstm.build_agent, []
+    numpy_cell, build_agent, agents = common.numpy_cells.numpy_cell, ppo_lstm.build_agent, []
 
     # the NumPy form of the critic core's cell carries another state than the cell's
     def wrong_cell(rnn):
@@ -344,7 +345,7 @@ def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypa
         agents.append(build_agent(*args, **kwargs))
         return agents[-1]
 
-    monkeypatch.setattr(ppo_lstm.stand_in, "numpy_cell", wrong_cell)
+    monkeypatch.setattr(common.numpy_cells, "numpy_cell", wrong_cell)
     monkeypatch.setattr(ppo_lstm, "build_agent", recording_build_agent)
     result = ppo_lstm.train(
         quick_args(tmp_path, num_steps=64, total_timesteps=256, shared_core=False)

@@ -1,4 +1,5 @@
-"""common/stand_in.py: the NumPy copy of a policy function, recorded from one call of it, and what it refuses."""
+"""common/numpy_copy.py and numpy_cells.py: the NumPy copy of a policy function, recorded from one call of it, and
+what it refuses."""
 
 import numpy as np
 import pytest
@@ -7,9 +8,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributions import Categorical, Normal
 
-from common import stand_in
+from common import numpy_copy as numpy_copy_module
+from common import rollout_checks
 from common.errors import PolicyMismatch
-from common.stand_in import LAYERS, NoNumpyForm, numpy_cell, numpy_copy, record_numpy_copy
+from common.numpy_cells import numpy_cell
+from common.numpy_copy import LAYERS, NoNumpyForm, numpy_copy, record_numpy_copy
 
 
 def assert_copies(policy, network, *inputs, later=()):
@@ -222,9 +225,11 @@ def test_what_it_cannot_follow_makes_torch_act_with_one_notice(capsys):
 
 def test_a_copy_that_computes_otherwise_names_the_module_and_is_not_used(capsys, monkeypatch):
     network = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
-    linear = stand_in.LAYERS[nn.Linear]
+    linear = numpy_copy_module.LAYERS[nn.Linear]
     monkeypatch.setitem(
-        stand_in.LAYERS, nn.Linear, lambda layer: (lambda f: lambda x: f(x) + 1)(linear(layer))
+        numpy_copy_module.LAYERS,
+        nn.Linear,
+        lambda layer: (lambda f: lambda x: f(x) + 1)(linear(layer)),
     )
     assert numpy_copy(network, (np.ones((4, 3), np.float32),), network) is None
     assert "computes otherwise than torch in Linear at 0" in capsys.readouterr().err
@@ -253,16 +258,16 @@ def test_a_network_that_trains_otherwise_is_told_without_touching_the_run():
     x = np.zeros((8, 3), np.float32)  # a probe's observation: zeros would show no dropout at work
     plain = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
     forward = lambda net, obs: net(torch.as_tensor(obs))  # noqa: E731
-    assert not stand_in.acts_otherwise_in_training(plain, forward, x)
+    assert not rollout_checks.acts_otherwise_in_training(plain, forward, x)
     normed = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     dropout = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
     state = torch.random.get_rng_state()
-    assert stand_in.acts_otherwise_in_training(normed, forward, x)
+    assert rollout_checks.acts_otherwise_in_training(normed, forward, x)
     assert torch.equal(normed[1].running_mean, torch.zeros(3))  # its statistics are untouched
     with torch.no_grad():
         for layer in (normed[0], dropout[0]):
             layer.bias.zero_()  # as a new network's
-    assert stand_in.acts_otherwise_in_training(dropout, forward, x)
+    assert rollout_checks.acts_otherwise_in_training(dropout, forward, x)
     assert torch.equal(torch.random.get_rng_state(), state)  # and the run's draws
     assert dropout.training and normed.training
 
@@ -391,7 +396,9 @@ def acting_on(steps=3, envs=2):
         return (o[:, 0] > n.mean()).astype(np.int64)
 
     names = ("obs[step]", "noise[step]")
-    act = stand_in.Acting(policy, policy, True, nn.Linear(2, 2), None, names, (obs, noise), "p.md")
+    act = rollout_checks.Acting(
+        policy, policy, True, nn.Linear(2, 2), None, names, (obs, noise), "p.md"
+    )
     return act, obs, noise, np.zeros((steps, envs), np.int64)
 
 
