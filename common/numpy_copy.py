@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -48,66 +49,8 @@ def _linear(layer: nn.Linear) -> NumpyFunction:
     return lambda x: x @ weight + bias
 
 
-def _layer_norm(layer: nn.LayerNorm) -> NumpyFunction:
-    weight = float32_copy(layer.weight) if layer.weight is not None else np.float32(1)
-    bias = float32_copy(layer.bias) if layer.bias is not None else np.float32(0)
-    axes = tuple(range(-len(layer.normalized_shape), 0))
-    eps = np.float32(layer.eps)
-
-    def layer_norm(x: np.ndarray) -> np.ndarray:
-        centred = x - x.mean(axes, keepdims=True)
-        return (
-            centred / np.sqrt((centred * centred).mean(axes, keepdims=True) + eps) * weight + bias
-        )
-
-    return layer_norm
-
-
-def _leaky_relu(layer: nn.LeakyReLU) -> NumpyFunction:
-    slope = np.float32(layer.negative_slope)
-    return lambda x: np.where(x >= 0, x, x * slope)
-
-
-def _elu(layer: nn.ELU) -> NumpyFunction:
-    alpha = np.float32(layer.alpha)
-    return lambda x: np.where(x > 0, x, alpha * np.expm1(x))
-
-
-LAYERS: dict[type[nn.Module], Callable[[nn.Module], NumpyFunction]] = {
-    nn.Linear: _linear,
-    nn.LayerNorm: _layer_norm,
-    nn.Tanh: lambda layer: np.tanh,
-    nn.ReLU: lambda layer: lambda x: np.maximum(x, np.float32(0)),
-    nn.LeakyReLU: _leaky_relu,
-    nn.ELU: _elu,
-    nn.Sigmoid: lambda layer: lambda x: np.float32(1) / (np.float32(1) + np.exp(-x)),
-    nn.SiLU: lambda layer: lambda x: x / (np.float32(1) + np.exp(-x)),
-    nn.Identity: lambda layer: lambda x: x,
-}
-"""The layer types a snapshot knows, each with the function that builds its NumPy form from a layer.
-"""
-
-
 def has_forward_hooks(module: nn.Module) -> bool:
     return bool(module._forward_hooks or module._forward_pre_hooks)
-
-
-BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
-
-
-def batch_norm(layer: nn.Module) -> NumpyFunction:
-    """Batch norm as it acts in eval mode: by its running statistics."""
-    scale = float32_copy(layer.weight if layer.affine else torch.ones_like(layer.running_var))
-    scale /= np.sqrt(float32_copy(layer.running_var) + np.float32(layer.eps))
-    shift = (float32_copy(layer.bias) if layer.affine else np.float32(0)) - float32_copy(
-        layer.running_mean
-    ) * scale
-
-    def normalised(x: np.ndarray) -> np.ndarray:
-        channels = (-1,) + (1,) * (x.ndim - 2)  # axis 1
-        return x * scale.reshape(channels) + shift.reshape(channels)
-
-    return normalised
 
 
 class _Slot:
@@ -445,6 +388,45 @@ def _batch_norm_function(
     return x * np.reshape(scale, channels) + np.reshape(shift, channels)
 
 
+LAYERS: dict[type[nn.Module], Callable[[nn.Module], NumpyFunction]] = {
+    nn.Linear: _linear,
+    nn.LayerNorm: lambda layer: partial(
+        _layer_norm_function,
+        normalized_shape=layer.normalized_shape,
+        weight=None if layer.weight is None else float32_copy(layer.weight),
+        bias=None if layer.bias is None else float32_copy(layer.bias),
+        eps=layer.eps,
+    ),
+    nn.Tanh: lambda layer: np.tanh,
+    nn.ReLU: lambda layer: _relu,
+    nn.LeakyReLU: lambda layer: partial(_leaky_relu_function, negative_slope=layer.negative_slope),
+    nn.ELU: lambda layer: partial(_elu_function, alpha=layer.alpha),
+    nn.Sigmoid: lambda layer: _sigmoid,
+    nn.SiLU: lambda layer: _silu,
+    nn.Identity: lambda layer: _identity,
+    nn.Flatten: lambda layer: partial(_flatten, start_dim=layer.start_dim, end_dim=layer.end_dim),
+    nn.GELU: lambda layer: partial(_gelu, approximate=layer.approximate),
+    nn.Softmax: lambda layer: partial(_softmax, dim=layer.dim),
+}
+"""The layer types the copy calls whole, each with the function that makes its NumPy form from a
+layer (its weights as they are then)."""
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+def _batch_norm(layer: nn.Module) -> NumpyFunction:
+    """Batch norm as it acts in eval mode: by its running statistics."""
+    weight, bias = (None if x is None else float32_copy(x) for x in (layer.weight, layer.bias))
+    mean, variance = float32_copy(layer.running_mean), float32_copy(layer.running_var)
+    return partial(
+        _batch_norm_function,
+        running_mean=mean,
+        running_var=variance,
+        weight=weight,
+        bias=bias,
+        eps=layer.eps,
+    )
+
+
 _IDENTITIES = {_identity, _dropout, np.broadcast_to}
 """Forms that give their input back: the copy leaves them out"""
 
@@ -555,20 +537,12 @@ def _module_form(module: nn.Module) -> Callable[..., Any] | None:
     """The NumPy form of a call of a known torch module, with its arguments; None where the module
     is the user's own (followed into) or a container."""
     kind = type(module)
-    if kind is nn.Identity or (
-        kind in (nn.Dropout, nn.Dropout1d, nn.AlphaDropout) and not module.training
-    ):
+    if kind in (nn.Dropout, nn.Dropout1d, nn.AlphaDropout) and not module.training:
         return _identity
     if kind in LAYERS:
         return LAYERS[kind](module)
     if kind in BATCH_NORMS:
-        return batch_norm(module)
-    if kind is nn.Flatten:
-        return lambda x: _flatten(x, module.start_dim, module.end_dim)
-    if kind is nn.GELU:
-        return lambda x: _gelu(x, module.approximate)
-    if kind is nn.Softmax:
-        return lambda x: _softmax(x, module.dim)
+        return _batch_norm(module)
     if kind in (nn.LSTM, nn.GRU):
         from common.numpy_cells import numpy_cell  # which takes this module's helpers
 
@@ -583,7 +557,7 @@ def _has_form(module: nn.Module) -> bool:
     return (
         (kind in BATCH_NORMS and not module.training and module.running_var is not None)
         or kind in LAYERS
-        or kind in (nn.Flatten, nn.GELU, nn.Softmax, nn.LSTM, nn.GRU)
+        or kind in (nn.LSTM, nn.GRU)
         or (kind in (nn.Dropout, nn.Dropout1d, nn.AlphaDropout) and not module.training)
         or callable(getattr(module, "numpy_snapshot", None))
     )

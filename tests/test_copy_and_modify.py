@@ -70,6 +70,15 @@ LEARNED_START = (
 )
 
 EDITS = {
+    # a copy made before common/stand_in.py was split (2026-12-06): its names are still there
+    "fc_made_before_the_split": Edit(
+        "ppo_fc",
+        (
+            ("from common.numpy_copy import numpy_copy\n", ""),
+            (" numpy_copy(", " stand_in.numpy_copy("),
+            ("rollout_checks", "stand_in"),
+        ),
+    ),
     # ppo_fc: the MLP's activations, width, norms, torso and heads, its loss
     "fc_relu_and_wider": Edit(
         "ppo_fc",

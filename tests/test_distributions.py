@@ -174,6 +174,14 @@ def test_the_copies_train_on_pendulum_and_evaluate_and_the_edits_that_cannot_wor
             "Agent.sample with Agent.sampling_noise",
         ),
         "no_sample": (1, "its MultiCategorical has no `sample`: define `sample`"),
+        # raised inside common/ (by torch's base class): one line, the traceback in a file it names
+        "no_log_prob": (
+            1,
+            "error: NotImplementedError in common/rollout_checks.py:",
+            "(row_log_probs), raised by torch's Distribution.log_prob: no message; it ran run_no_log_prob.py's "
+            "check_policy (line ",
+            '(docs/ppo_fc.md, "When a check stops a run"); the traceback: ',
+        ),
         "no_mode": (
             2,
             "Agent.distribution's MultiCategorical has none: define its `mode` property",
