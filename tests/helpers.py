@@ -315,8 +315,8 @@ def play_optimally(agent: torch.nn.Module, env_id: str, seeds=range(8)):
         if env.t == 0:
             state, start = agent.initial_state(1), torch.ones(1, 1, dtype=torch.bool)
         with torch.no_grad():
-            actor_out, value, state = agent(
+            output = agent(
                 torch.as_tensor(observation[None, None], dtype=torch.float32), state, start
             )
-        start = torch.zeros(1, 1, dtype=torch.bool)
-        yield env, value.item(), agent.distribution(actor_out[0])
+        state, start = output.state, torch.zeros(1, 1, dtype=torch.bool)
+        yield env, output.value.item(), agent.distribution(output.actor_out[0])

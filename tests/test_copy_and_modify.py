@@ -241,6 +241,32 @@ EDITS = {
     ),
     # the state every episode starts from, learned: one definition to edit (Agent.initial_state), with its parameter
     "lstm_learned_initial_state": Edit("ppo_lstm", (LEARNED_START_PARAMETER, LEARNED_START)),
+    # an auxiliary head and its loss: one more field of AgentOutput, given in forward; no call site changes
+    "lstm_auxiliary_output": Edit(
+        "ppo_lstm",
+        (
+            (
+                '    """the state after the step (one step alone: T = 1), else None"""\n',
+                '    """the state after the step (one step alone: T = 1), else None"""\n'
+                "    observation: Tensor | None = None\n",
+            ),
+            (
+                LEARNED_START_PARAMETER[0],
+                LEARNED_START_PARAMETER[0]
+                + "        self.observation_head = nn.Linear(self.cores()[-1].rnn.hidden_size, 1)\n",
+            ),
+            (
+                "            self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state\n",
+                "            self.actor(actor_hidden), self.critic(critic_hidden).squeeze(-1), next_state,\n"
+                "            self.observation_head(actor_hidden),\n",
+            ),
+            (
+                "                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n",
+                "                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n"
+                "                    loss = loss + ((output.observation - b_obs[mb_inds][..., :1]) ** 2).mean()\n",
+            ),
+        ),
+    ),
     "lstm_relu_deeper_encoder": Edit(
         "ppo_lstm",
         (
