@@ -470,9 +470,7 @@ def train(args: Args) -> TrainResult:
     obs = observation_zeros(run.envs.single_observation_space, args.num_steps, args.num_envs)
     actions = np.zeros((args.num_steps, args.num_envs, *action_shape), dtype=action_dtype)
     rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    truncations = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    episode_starts = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    terminations, truncations, episode_starts = np.zeros((3, *rewards.shape), dtype=bool)
     # where an episode was truncated: the value of its last observation
     final_values = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
     # the state each step acted from (an episode's start state): training sequences start there
