@@ -162,45 +162,15 @@ def _gelu(x, approximate="none"):
     return (np.float32(0.5) * x * (1 + erf(x / np.float32(math.sqrt(2))))).astype(x.dtype)
 
 
-@_fn("mish")
-def _mish(x, inplace=False):
-    return x * np.tanh(_softplus(x))
-
-
-@_fn("hardtanh")
-def _hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
-    return np.clip(x, x.dtype.type(min_val), x.dtype.type(max_val))
-
-
-@_fn("relu6")
-def _relu6(x, inplace=False):
-    return np.clip(x, x.dtype.type(0), x.dtype.type(6))
-
-
 @_fn("hardsigmoid")
 def _hardsigmoid(x, inplace=False):
     return np.clip(x / x.dtype.type(6) + x.dtype.type(0.5), x.dtype.type(0), x.dtype.type(1))
-
-
-@_fn("hardswish")
-def _hardswish(x, inplace=False):
-    return x * _hardsigmoid(x)
 
 
 @_fn("selu")
 def _selu(x, inplace=False):
     alpha, scale = 1.6732632423543772, 1.0507009873554805
     return x.dtype.type(scale) * _elu_function(x, alpha)
-
-
-@_fn("celu")
-def _celu(x, alpha=1.0, inplace=False):
-    return np.where(x > 0, x, x.dtype.type(alpha) * np.expm1(x / x.dtype.type(alpha)))
-
-
-@_fn("logsigmoid")
-def _logsigmoid(x):
-    return -_softplus(-x)
 
 
 @_fn("group_norm")
@@ -230,11 +200,6 @@ def _norm(x, p="fro", dim=None, keepdim=False, dtype=None):
     return np.linalg.norm(x, order, axis=axis, keepdims=keepdim).astype(x.dtype)
 
 
-@_fn("normalize")
-def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
-    return x / np.maximum(_norm(x, p, dim, keepdim=True), x.dtype.type(eps))
-
-
 def _spread(function: Callable) -> Callable:
     def spread(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
         ddof = correction if correction is not None else (0 if unbiased is False else 1)
@@ -247,50 +212,10 @@ def _spread(function: Callable) -> Callable:
 FUNCTIONS.update(var=_spread(np.var), std=_spread(np.std))
 
 
-@_fn("masked_fill")
-def _masked_fill(x, mask, value):
-    return np.where(mask, np.asarray(value, x.dtype), x)
-
-
-@_fn("repeat")
-def _repeat(x, *sizes):
-    return np.tile(x, _shape(sizes))
-
-
-@_fn("cumsum")
-def _cumsum(x, dim, dtype=None):
-    return np.cumsum(x, axis=dim)
-
-
-@_fn("flip")
-def _flip(x, dims):
-    return np.flip(x, axis=tuple(dims) if isinstance(dims, (list, tuple)) else dims)
-
-
-@_fn("roll")
-def _roll(x, shifts, dims=None):
-    return np.roll(x, shifts, axis=dims)
-
-
-@_fn("lerp")
-def _lerp(x, end, weight):
-    return x + weight * (end - x)
-
-
-@_fn("addcmul")
-def _addcmul(x, tensor1, tensor2, value=1):
-    return x + value * tensor1 * tensor2
-
-
 @_fn("glu")
 def _glu(x, dim=-1):
     a, b = np.split(x, 2, axis=dim)
     return a * _sigmoid(b)
-
-
-@_fn("softmin")
-def _softmin(x, dim=None, _stacklevel=3, dtype=None):
-    return _softmax(-x, dim)
 
 
 @_fn("erf")
@@ -305,11 +230,6 @@ def _einsum(equation, *operands):
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = operands[0]
     return np.einsum(equation, *operands)
-
-
-@_fn("softsign")
-def _softsign(x):
-    return x / (x.dtype.type(1) + np.abs(x))
 
 
 @_fn("rms_norm")
@@ -332,17 +252,6 @@ def _softplus(x, beta=1.0, threshold=20.0):
     return np.where(scaled > threshold, x, np.log1p(np.exp(scaled)) / x.dtype.type(beta))
 
 
-@_fn("clamp")
-@_fn("clip")
-def _clamp(x, min=None, max=None):
-    return np.clip(x, min, max)
-
-
-@_fn("linear")
-def _linear_function(x, weight, bias=None):
-    return x @ weight.T + bias if bias is not None else x @ weight.T
-
-
 @_fn("layer_norm")
 def _layer_norm_function(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     axes = tuple(range(-len(normalized_shape), 0))
@@ -355,11 +264,6 @@ def _layer_norm_function(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 def _softmax(x, dim=None, _stacklevel=3, dtype=None):
     e = np.exp(x - x.max(dim, keepdims=True))
     return e / e.sum(dim, keepdims=True)
-
-
-@_fn("log_softmax")
-def _log_softmax(x, dim=None, _stacklevel=3, dtype=None):
-    return x - _logsumexp(x, dim, keepdim=True)
 
 
 @_fn("logsumexp")
@@ -427,13 +331,40 @@ def _batch_norm(layer: nn.Module) -> NumpyFunction:
     )
 
 
+FUNCTIONS.update({
+    "mish": lambda x, inplace=False: x * np.tanh(_softplus(x)),
+    "hardtanh": lambda x, min_val=-1.0, max_val=1.0, inplace=False:
+        np.clip(x, x.dtype.type(min_val), x.dtype.type(max_val)),
+    "relu6": lambda x, inplace=False: np.clip(x, x.dtype.type(0), x.dtype.type(6)),
+    "hardswish": lambda x, inplace=False: x * _hardsigmoid(x),
+    "celu": lambda x, alpha=1.0, inplace=False:
+        np.where(x > 0, x, x.dtype.type(alpha) * np.expm1(x / x.dtype.type(alpha))),
+    "logsigmoid": lambda x: -_softplus(-x),
+    "normalize": lambda x, p=2.0, dim=1, eps=1e-12, out=None:
+        x / np.maximum(_norm(x, p, dim, keepdim=True), x.dtype.type(eps)),
+    "masked_fill": lambda x, mask, value: np.where(mask, np.asarray(value, x.dtype), x),
+    "repeat": lambda x, *sizes: np.tile(x, _shape(sizes)),
+    "cumsum": lambda x, dim, dtype=None: np.cumsum(x, axis=dim),
+    "flip": lambda x, dims: np.flip(x, axis=tuple(dims) if isinstance(dims, (list, tuple)) else dims),
+    "roll": lambda x, shifts, dims=None: np.roll(x, shifts, axis=dims),
+    "lerp": lambda x, end, weight: x + weight * (end - x),
+    "addcmul": lambda x, tensor1, tensor2, value=1: x + value * tensor1 * tensor2,
+    "softmin": lambda x, dim=None, _stacklevel=3, dtype=None: _softmax(-x, dim),
+    "softsign": lambda x: x / (x.dtype.type(1) + np.abs(x)),
+    **dict.fromkeys(("clamp", "clip"), lambda x, min=None, max=None: np.clip(x, min, max)),
+    "linear": lambda x, weight, bias=None: x @ weight.T + bias if bias is not None else x @ weight.T,
+    "log_softmax": lambda x, dim=None, _stacklevel=3, dtype=None: x - _logsumexp(x, dim, keepdim=True),
+    "argmax": lambda x, dim=None, keepdim=False: x.argmax(dim, keepdims=True) if keepdim else x.argmax(dim),
+    **dict.fromkeys(("reshape", "view"), lambda x, *shape: x.reshape(_shape(shape))),
+    "permute": lambda x, *dims: np.transpose(x, _shape(dims)),
+    **dict.fromkeys(("cat", "concat", "concatenate"), lambda tensors, dim=0: np.concatenate(tensors, axis=dim)),
+    "stack": lambda tensors, dim=0: np.stack(tensors, axis=dim),
+})  # fmt: skip
+"""NumPy forms of one line, by torch's name, with torch's arguments"""
+
+
 _IDENTITIES = {_identity, _dropout, np.broadcast_to}
 """Forms that give their input back: the copy leaves them out"""
-
-
-@_fn("argmax")
-def _argmax(x, dim=None, keepdim=False):
-    return x.argmax(dim, keepdims=True) if keepdim else x.argmax(dim)
 
 
 def _extreme(reduce: Callable, arg: Callable) -> Callable:
@@ -454,12 +385,6 @@ def _shape(shape: tuple) -> tuple:
     return tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
 
 
-@_fn("reshape")
-@_fn("view")
-def _reshape(x, *shape):
-    return x.reshape(_shape(shape))
-
-
 @_fn("expand")
 def _expand(x, *sizes):
     sizes = _shape(sizes)
@@ -467,11 +392,6 @@ def _expand(x, *sizes):
     return np.broadcast_to(
         x, tuple(s if s != -1 else x.shape[i - lead] for i, s in enumerate(sizes))
     )
-
-
-@_fn("permute")
-def _permute(x, *dims):
-    return np.transpose(x, _shape(dims))
 
 
 @_fn("flatten")
@@ -506,18 +426,6 @@ def _piece_index(whole: torch.Tensor, piece: torch.Tensor) -> tuple:
 def _items(indices: list[tuple]) -> Callable[[np.ndarray], tuple[np.ndarray, ...]]:
     get = operator.itemgetter(*indices)
     return (lambda x: (get(x),)) if len(indices) == 1 else get
-
-
-@_fn("cat")
-@_fn("concat")
-@_fn("concatenate")
-def _cat(tensors, dim=0):
-    return np.concatenate(tensors, axis=dim)
-
-
-@_fn("stack")
-def _stack(tensors, dim=0):
-    return np.stack(tensors, axis=dim)
 
 
 _NUMPY_DTYPES = {
