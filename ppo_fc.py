@@ -625,7 +625,8 @@ def check_policy(
     act.check(agent, actions)
     policy = agent.distribution(actor_outs)
     explain = partial(act.explain, actor_outs)
-    rollout_checks.check_actions(actions, policy, agent.sample(policy, noise), noise, explain)
+    sampled = agent.sample(policy, noise)
+    rollout_checks.check_actions(actions, policy, sampled, noise, explain, section=act.section)
     if agent.discrete:
         return policy.log_prob(actions)
     return policy.log_prob(actions).sum(-1)

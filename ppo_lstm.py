@@ -728,7 +728,8 @@ def check_policy(
     policy = agent.distribution(actor_outs.flatten(0, 1))
     flat_actions, noise = actions.flatten(0, 1), noise.flatten(0, 1)
     explain = partial(act.explain, actor_outs.flatten(0, 1))
-    rollout_checks.check_actions(flat_actions, policy, agent.sample(policy, noise), noise, explain)
+    sampled = agent.sample(policy, noise)
+    rollout_checks.check_actions(flat_actions, policy, sampled, noise, explain, section=act.section)
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 

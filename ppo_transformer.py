@@ -954,11 +954,11 @@ def check_policy(actor_outs: Tensor, actions: Tensor, agent: Agent) -> Tensor:
     that the actions are plausibly its draws (common/rollout_checks.py)."""
     draws = (
         "the loop must store the action agent.distribution(actor_out).sample() drew; exploration, a "
-        f'temperature or a change of the action belongs in Agent.distribution ({PAGE}, "When a check '
-        'stops a run")'
+        "temperature or a change of the action belongs in Agent.distribution"
     )
     policy = agent.distribution(actor_outs.flatten(0, 1))
-    rollout_checks.check_actions(actions.flatten(0, 1), policy, draws=draws)
+    section = f'({PAGE}, "When a check stops a run")'
+    rollout_checks.check_actions(actions.flatten(0, 1), policy, draws=draws, section=section)
     return agent.log_prob_and_entropy(actor_outs, actions)[0]
 
 

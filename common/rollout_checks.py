@@ -39,6 +39,7 @@ def check_actions(
     noise: torch.Tensor | None = None,
     explain: Callable[[torch.Tensor], str] | None = None,
     draws: str = DRAWS,
+    section: str = "",
 ) -> None:
     """Stop the run (PolicyMismatch) unless the rollout's `acted` actions are the torch policy's:
     the `sampled` ones it draws with the same `noise` (`check_same_actions`, where given), scored
@@ -46,9 +47,17 @@ def check_actions(
     (`check_draws`). Any torch distribution: a Categorical's actions are checked by its logits and
     probabilities, a Normal's by its mean and std, any other's by its `log_prob` and `sample`.
     `explain(wrong)`: what the message says of the steps whose actions differ (`Acting.explain`);
-    `draws`: what it says of actions that are not draws (where the fix goes)."""
+    `draws`: what it says of actions that are not draws (where the fix goes); `section`: the docs
+    section each message ends with."""
     if sampled is not None and noise is None:
         raise ValueError("check_actions: `sampled` needs the `noise` it was drawn with")
+    if sampled is not None and sampled.shape != acted.shape:
+        raise PolicyMismatch(
+            f"Agent.sample drew actions of shape {tuple(sampled.shape)} for the update's {len(acted)} steps, where "
+            f"the rollout stored them as {tuple(acted.shape)}: a draw is one action per row of the batch it is "
+            f"given, shaped as the distribution's own sample() {section}"
+        )
+    draws = f"{draws} {section}".strip()
     if isinstance(policy, torch.distributions.Categorical):
         if sampled is not None:
             check_same_actions(acted, sampled, explain, scores=policy.logits + noise)
@@ -64,7 +73,7 @@ def check_actions(
             f"rollout drew as impossible (first: {acted[first].tolist()}, log-probability {scored[first].item()}): "
             "the update's ratios would be NaN. The draw and the scoring part in Agent.distribution's log_prob: an "
             "unstable inverse (atanh of a tanh action that float32 rounds to the bound) or a support the draw "
-            "leaves; clamp the action inside the support before scoring it, or keep what the draw inverts"
+            f"leaves; clamp the action inside the support before scoring it, or keep what the draw inverts {section}"
         )
     if isinstance(policy, torch.distributions.Normal):
         check_draws(acted, mean=policy.mean, std=policy.stddev, why=draws)
@@ -77,7 +86,7 @@ def check_actions(
         raise PolicyMismatch(
             f"the action check compares the rollout's actions with draws of Agent.distribution, and its "
             f"{type(policy).__name__} has no `sample`: define `sample` (or `rsample`) on the distribution's class, "
-            f"as torch.distributions' own do"
+            f"as torch.distributions' own do {section}"
         ) from None
     check_draws(acted, log_probs=(scored, row_log_probs(policy, fresh)), why=draws)
 

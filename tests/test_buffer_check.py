@@ -49,7 +49,11 @@ WINDOW = (
     "    updates = np.zeros((), dtype=np.int64)\n",
     "    updates = np.zeros((), dtype=np.int64)\n    recent, step_rewards = [], np.zeros(args.num_envs, np.float32)\n",
 )
-THREE_STEP = ((ADD, N_STEP_LOOP), WINDOW, ("\n\ndef next_noise(", N_STEP_FUNCTION))
+BOOTSTRAP = (
+    "not_done * args.gamma * qf1_next_target",
+    "not_done * args.gamma**N_STEP * qf1_next_target",
+)
+THREE_STEP = ((ADD, N_STEP_LOOP), WINDOW, ("\n\ndef next_noise(", N_STEP_FUNCTION), BOOTSTRAP)
 # the bug: the window holds one array, refilled in place, for every step's rewards
 ALIASED = (
     (
@@ -59,6 +63,7 @@ ALIASED = (
     ),
     WINDOW,
     ("\n\ndef next_noise(", N_STEP_FUNCTION),
+    BOOTSTRAP,
 )
 
 
@@ -117,8 +122,8 @@ def check_rows(buffer: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -
     """The recipe's comparison: the buffer's first rows, as many as the rule gives, equal the rule's."""
     for field in FIELDS:
         rows = expected[field].reshape(-1, *expected[field].shape[2:])
-        np.testing.assert_array_equal(
-            buffer[field][: len(rows)], rows.astype(buffer[field].dtype), err_msg=field
+        np.testing.assert_allclose(
+            buffer[field][: len(rows)], rows.astype(buffer[field].dtype), rtol=1e-6, err_msg=field
         )
 
 

@@ -16,6 +16,7 @@ from helpers import CONTINUOUS, run_in_one_process, visit_states
 
 from common.evaluation import greedy_action
 
+SECTION = '(docs/ppo_fc.md, "When a check stops a run")'
 TORCH_ROLLOUT = (
     "notice: the rollout acts with the torch policy at every step (no NumPy copy: no NumPy form for torch's double "
     "in Agent)"
@@ -110,6 +111,11 @@ def test_the_copies_train_on_pendulum_and_evaluate_and_the_edits_that_cannot_wor
         MULTI_DISCRETE,
         [("    def log_prob(self, action: Tensor)", "    def _log_prob(self, action: Tensor)")],
     )
+    wrong_shape = (
+        variant(  # a draw with a leading axis: the rollout's (1, envs, 2) stores as (envs, 2)
+            MULTI_DISCRETE, [("for part, n in parts], -1)\n", "for part, n in parts], -1)[None]\n")]
+        )
+    )
     no_mode = variant(
         MULTI_DISCRETE, [("    @property\n    def mode(self)", "    def _mode(self)")]
     )
@@ -122,6 +128,7 @@ def test_the_copies_train_on_pendulum_and_evaluate_and_the_edits_that_cannot_wor
             narrow=narrow,
             no_sample=no_sample,
             no_log_prob=no_log_prob,
+            wrong_shape=wrong_shape,
             no_mode=no_mode,
         ).items()
     }
@@ -142,6 +149,7 @@ def test_the_copies_train_on_pendulum_and_evaluate_and_the_edits_that_cannot_wor
         "narrow": [*pendulum, "--total-timesteps", "1024"],
         "no_sample": probe,
         "no_log_prob": probe,
+        "wrong_shape": probe,
         "no_mode": [*probe, "--eval-episodes", "1"],
     }
     done = dict(
@@ -166,14 +174,22 @@ def test_the_copies_train_on_pendulum_and_evaluate_and_the_edits_that_cannot_wor
             1,
             "Agent.distribution scores",
             "as impossible",
-            "clamp the action inside the support",
+            "clamp the action inside the support before scoring it, or keep what the draw inverts "
+            + SECTION,
         ),
         "narrow": (
             1,
             "are not draws from Agent.distribution",
             "Agent.sample with Agent.sampling_noise",
+            "a distribution family of its own needs its draw written there " + SECTION,
         ),
-        "no_sample": (1, "its MultiCategorical has no `sample`: define `sample`"),
+        "no_sample": (1, "its MultiCategorical has no `sample`: define `sample`", SECTION),
+        "wrong_shape": (
+            1,
+            "error: Agent.sample drew actions of shape (1, 256, 2) for the update's 256 steps, where the rollout "
+            "stored them as (256, 2): a draw is one action per row of the batch it is given, shaped as the "
+            "distribution's own sample() " + SECTION,
+        ),
         # raised inside common/ (by torch's base class): one line, the traceback in a file it names
         "no_log_prob": (
             1,
