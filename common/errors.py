@@ -22,6 +22,11 @@ class TrainingDiverged(RunStopped):
     """A loss or parameter became NaN or inf."""
 
 
+class NoNumpyForm(Exception):
+    """A module or function has no NumPy form in the rollout's NumPy copy of the policy
+    (`common.numpy_copy`); the message names it. The rollout then acts with torch."""
+
+
 class PolicyMismatch(RunStopped):
     """The rollout acted with another policy than the one whose log-probabilities the update uses."""
 

@@ -1,5 +1,6 @@
 """One step of an `nn.LSTM` or `nn.GRU` in NumPy, as the rollout's NumPy copy of a recurrent
-policy calls it (`common.numpy_copy`), made from the cell's weights as they are then."""
+policy calls it (`common.numpy_copy`), made from the cell's weights as they are then; and what
+every NumPy form of a module takes from it, its weights as float32 arrays (`float32_copy`)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,25 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 import torch.nn as nn
 
-from common.numpy_copy import NoNumpyForm, float32_copy, has_forward_hooks
+from common.errors import NoNumpyForm
+
+
+def float32_copy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float32).numpy().copy()
+
+
+def _has_forward_hooks(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 def numpy_cell(rnn: nn.Module) -> Callable[..., tuple[np.ndarray, Any]]:
     """One step of an `nn.LSTM` or `nn.GRU` in NumPy, called as torch calls it: (input (1, B, in),
     state) -> (output (1, B, hidden), state after the step), where a state is (hidden, cell) for an
     LSTM and hidden for a GRU, each (layers, B, hidden), or None for zeros."""
-    if type(rnn) not in (nn.LSTM, nn.GRU) or has_forward_hooks(rnn):
+    if type(rnn) not in (nn.LSTM, nn.GRU) or _has_forward_hooks(rnn):
         raise NoNumpyForm(f"no NumPy form for the cell {rnn.__class__.__name__}")
     if (
         rnn.bidirectional

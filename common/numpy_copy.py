@@ -30,16 +30,10 @@ from torch.nn.modules import module as torch_module
 from torch.utils import _pytree as pytree
 
 from common.cli import notice
+from common.errors import NoNumpyForm
+from common.numpy_cells import float32_copy, numpy_cell
 
 NumpyFunction = Callable[[np.ndarray], np.ndarray]
-
-
-class NoNumpyForm(Exception):
-    """A module has no NumPy form here; the message names it."""
-
-
-def float32_copy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().to("cpu", torch.float32).numpy().copy()
 
 
 def _linear(layer: nn.Linear) -> NumpyFunction:
@@ -47,10 +41,6 @@ def _linear(layer: nn.Linear) -> NumpyFunction:
     weight = np.ascontiguousarray(float32_copy(layer.weight).T)
     bias = float32_copy(layer.bias) if layer.bias is not None else np.float32(0)
     return lambda x: x @ weight + bias
-
-
-def has_forward_hooks(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 class _Slot:
@@ -452,8 +442,6 @@ def _module_form(module: nn.Module) -> Callable[..., Any] | None:
     if kind in BATCH_NORMS:
         return _batch_norm(module)
     if kind in (nn.LSTM, nn.GRU):
-        from common.numpy_cells import numpy_cell  # which takes this module's helpers
-
         return numpy_cell(module)
     if callable(getattr(module, "numpy_snapshot", None)):
         return module.numpy_snapshot()

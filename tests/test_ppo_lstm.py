@@ -24,7 +24,7 @@ from helpers import (
     sharp_agent,
 )
 
-import common.numpy_cells
+import common.numpy_copy
 import ppo_fc
 import ppo_lstm
 from benchmark.cases import CONTINUOUS_FLAGS
@@ -327,7 +327,7 @@ def test_a_numpy_copy_that_forgets_episode_starts_is_stopped_after_the_rollout(
 
 
 def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypatch, capsys):
-    numpy_cell, build_agent, agents = common.numpy_cells.numpy_cell, ppo_lstm.build_agent, []
+    numpy_cell, build_agent, agents = common.numpy_copy.numpy_cell, ppo_lstm.build_agent, []
 
     # the NumPy form of the critic core's cell carries another state than the cell's
     def wrong_cell(rnn):
@@ -345,7 +345,7 @@ def test_a_numpy_copy_whose_critic_state_is_wrong_is_not_used(tmp_path, monkeypa
         agents.append(build_agent(*args, **kwargs))
         return agents[-1]
 
-    monkeypatch.setattr(common.numpy_cells, "numpy_cell", wrong_cell)
+    monkeypatch.setattr(common.numpy_copy, "numpy_cell", wrong_cell)
     monkeypatch.setattr(ppo_lstm, "build_agent", recording_build_agent)
     result = ppo_lstm.train(
         quick_args(tmp_path, num_steps=64, total_timesteps=256, shared_core=False)
