@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import tyro
+from tqdm import tqdm
 
 from common import distributed
 from common.errors import RunStopped, UsageError
@@ -108,7 +109,8 @@ def notice(message: str, every_rank: bool = False) -> None:
     if distributed.rank() and not every_rank:
         return
     _printed_notices.add(message)
-    print(
+    # tqdm's write: on a line of its own above a progress bar, not after it
+    tqdm.write(
         f"notice: {f'rank {distributed.rank()}: ' * (distributed.world_size() > 1)}{message}",
         file=sys.stderr,
     )

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils import _pytree as pytree
 
 from common import distributed
 from common.checkpoints import RUN_TIME_FLAGS, load
@@ -92,39 +93,34 @@ def _run(command: list[str], env: dict[str, str] | None = None, status: int = 0)
         )
 
 
-def _differences(whole: Any, resumed: Any, path: str = "") -> list[str]:
-    """Where two checkpoints' contents differ: `path` names each by its keys."""
-    if path == "args":
-        keep = lambda d: {k: v for k, v in d.items() if k not in RUN_TIME_FLAGS}  # noqa: E731
-        whole, resumed = keep(whole), keep(resumed)
-    if isinstance(whole, dict) and isinstance(resumed, dict):
-        if whole.keys() != resumed.keys():
-            return [f"{path or 'the checkpoint'}'s keys ({sorted(set(whole) ^ set(resumed))})"]
-        return [
-            d
-            for key in whole
-            for d in _differences(whole[key], resumed[key], f"{path}.{key}".strip("."))
-        ]
-    if (
-        isinstance(whole, list | tuple)
-        and isinstance(resumed, list | tuple)
-        and len(whole) == len(resumed)
-    ):
-        return [
-            d
-            for i, (a, b) in enumerate(zip(whole, resumed, strict=True))
-            for d in _differences(a, b, f"{path}[{i}]")
-        ]
-    if isinstance(whole, torch.Tensor | np.ndarray) and isinstance(
-        resumed, torch.Tensor | np.ndarray
-    ):
-        a, b = torch.as_tensor(whole), torch.as_tensor(resumed)
-        if a.shape == b.shape and torch.equal(a, b):
-            return []
-        if a.shape == b.shape and a.is_floating_point():
-            return [f"{path} (by up to {(a - b).abs().max().item():.3g})"]
-        return [path]
-    return [] if whole == resumed else [f"{path} ({whole!r} against {resumed!r})"]
+def _differences(whole: dict, resumed: dict) -> list[str]:
+    """Where two checkpoints' contents differ, each named by its keys (the run-time flags left out)."""
+    flat = []
+    for checkpoint in (whole, resumed):
+        checkpoint["args"] = {
+            k: v for k, v in checkpoint["args"].items() if k not in RUN_TIME_FLAGS
+        }
+        leaves = pytree.tree_flatten_with_path(checkpoint)[0]
+        flat.append(
+            {
+                ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): x
+                for path, x in leaves
+            }
+        )
+    if flat[0].keys() != flat[1].keys():
+        return [f"the checkpoint's keys ({sorted(set(flat[0]) ^ set(flat[1]))})"]
+    differences = []
+    for name, a in flat[0].items():
+        b = flat[1][name]
+        if not isinstance(a, torch.Tensor | np.ndarray):
+            differences += [] if a == b else [f"{name} ({a!r} against {b!r})"]
+            continue
+        a, b = torch.as_tensor(a), torch.as_tensor(b)
+        if a.shape != b.shape or not a.is_floating_point():
+            differences += [] if a.shape == b.shape and torch.equal(a, b) else [name]
+        elif not torch.equal(a, b):
+            differences.append(f"{name} (by up to {(a - b).abs().max().item():.3g})")
+    return differences
 
 
 def _logged_differences(whole: Path, resumed: Path) -> list[str]:

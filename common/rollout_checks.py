@@ -65,6 +65,9 @@ def check_actions(
         return
     if sampled is not None:
         check_same_actions(acted, sampled, explain)
+    if isinstance(policy, torch.distributions.Normal):  # finite actions score finite: no log_prob
+        check_draws(acted, mean=policy.mean, std=policy.stddev, why=draws)
+        return
     scored = row_log_probs(policy, acted)
     if not torch.isfinite(scored).all():
         first = int((~torch.isfinite(scored)).nonzero()[0, 0])
@@ -75,9 +78,6 @@ def check_actions(
             "unstable inverse (atanh of a tanh action that float32 rounds to the bound) or a support the draw "
             f"leaves; clamp the action inside the support before scoring it, or keep what the draw inverts {section}"
         )
-    if isinstance(policy, torch.distributions.Normal):
-        check_draws(acted, mean=policy.mean, std=policy.stddev, why=draws)
-        return
     try:
         device = acted.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
